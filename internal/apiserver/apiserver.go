@@ -1,0 +1,148 @@
+package apiserver
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/apiserver/pkg/server/flagz"
+	"k8s.io/client-go/rest"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/component-base/cli/globalflag"
+	"k8s.io/component-base/logs"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app/options"
+
+	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/pki"
+)
+
+// Config is what the apiserver's flags are built from.
+type Config struct {
+	BindAddress          netip.Addr
+	Port                 int
+	AdvertiseAddress     netip.Addr
+	ServiceCIDR          netip.Prefix
+	ServiceNodePortRange string
+	ClusterDomain        string
+	Certs                pki.Files
+	Storage              datastore.Backend
+	ExtraArgs            []string
+}
+
+// Args returns the kube-apiserver command line for cfg.
+func Args(cfg Config) []string {
+	issuer := "https://kubernetes.default.svc." + cfg.ClusterDomain
+	flags := map[string]string{
+		"advertise-address":                  cfg.AdvertiseAddress.String(),
+		"bind-address":                       cfg.BindAddress.String(),
+		"secure-port":                        strconv.Itoa(cfg.Port),
+		"allow-privileged":                   "true",
+		"anonymous-auth":                     "true", // RBAC grants anonymous only /healthz, /livez, /readyz and /version
+		"authorization-mode":                 "Node,RBAC",
+		"enable-admission-plugins":           "NodeRestriction",
+		"client-ca-file":                     cfg.Certs.ClientCA,
+		"tls-cert-file":                      cfg.Certs.APIServerCert,
+		"tls-private-key-file":               cfg.Certs.APIServerKey,
+		"tls-min-version":                    "VersionTLS12",
+		"kubelet-certificate-authority":      cfg.Certs.ServerCA,
+		"kubelet-client-certificate":         cfg.Certs.APIServerKubeletClientCert,
+		"kubelet-client-key":                 cfg.Certs.APIServerKubeletClientKey,
+		"kubelet-preferred-address-types":    "InternalIP,ExternalIP,Hostname",
+		"proxy-client-cert-file":             cfg.Certs.AuthProxyCert,
+		"proxy-client-key-file":              cfg.Certs.AuthProxyKey,
+		"requestheader-client-ca-file":       cfg.Certs.RequestHeaderCA,
+		"requestheader-allowed-names":        "system:auth-proxy",
+		"requestheader-extra-headers-prefix": "X-Remote-Extra-",
+		"requestheader-group-headers":        "X-Remote-Group",
+		"requestheader-username-headers":     "X-Remote-User",
+		"service-account-issuer":             issuer,
+		"api-audiences":                      issuer,
+		"service-account-key-file":           cfg.Certs.ServiceAccountKey,
+		"service-account-signing-key-file":   cfg.Certs.ServiceAccountKey,
+		"service-cluster-ip-range":           cfg.ServiceCIDR.String(),
+		"service-node-port-range":            cfg.ServiceNodePortRange,
+		"storage-backend":                    "etcd3",
+		"etcd-servers":                       strings.Join(cfg.Storage.Endpoints, ","),
+		"profiling":                          "false",
+		"endpoint-reconciler-type":           "lease",
+		// Without it, shutdown waits up to --request-timeout (60 s) for
+		// the watches of in-process clients; with it, 2 s after draining.
+		"shutdown-send-retry-after": "true",
+	}
+	if cfg.Storage.CAFile != "" {
+		flags["etcd-cafile"] = cfg.Storage.CAFile
+	}
+	if cfg.Storage.CertFile != "" {
+		flags["etcd-certfile"] = cfg.Storage.CertFile
+		flags["etcd-keyfile"] = cfg.Storage.KeyFile
+	}
+	return component.Args(flags, cfg.ExtraArgs)
+}
+
+// Start parses args the way the kube-apiserver command does and runs the
+// server until ctx ends. Bad flags fail here, before anything listens.
+//
+// The upstream cobra command cannot be used as is: it installs a
+// process-wide signal handler when it is built, which the other in-process
+// components would install a second time (a panic). So kelp parses the same
+// flag sets and calls the same Complete, Validate and Run.
+func Start(ctx context.Context, args []string) (*component.Running, error) {
+	s := options.NewServerRunOptions()
+	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
+	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	named := s.Flags()
+	s.Flagz = flagz.NamedFlagSetsReader{FlagSets: named}
+	globalflag.AddGlobalFlags(named.FlagSet("global"), "kube-apiserver", logs.SkipLoggingConfigurationFlags())
+	for _, f := range named.FlagSets {
+		fs.AddFlagSet(f)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("kube-apiserver flags: %w (check --kube-apiserver-arg)", err)
+	}
+	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {
+		return nil, fmt.Errorf("kube-apiserver feature gates: %w", err)
+	}
+	// The apiserver's own loopback clients should not log self-issued warnings.
+	rest.SetDefaultWarningHandler(rest.NoWarnings{})
+	completed, err := s.Complete(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kube-apiserver options: %w", err)
+	}
+	if errs := completed.Validate(); len(errs) != 0 {
+		return nil, fmt.Errorf("kube-apiserver options: %w", errors.NewAggregate(errs))
+	}
+	return component.Go(ctx, "kube-apiserver", func(ctx context.Context) error {
+		return app.Run(ctx, completed)
+	}), nil
+}
+
+// LocalURL is where clients on this machine reach the apiserver: loopback,
+// unless it listens on one address only.
+func LocalURL(bind netip.Addr, port int) string {
+	host := "127.0.0.1"
+	if !bind.IsUnspecified() && !bind.IsLoopback() {
+		host = bind.String()
+	}
+	return "https://" + net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// WaitReady blocks until /readyz answers ok at url (see LocalURL).
+func WaitReady(ctx context.Context, r *component.Running, url, serverCA string) error {
+	pem, err := os.ReadFile(serverCA)
+	if err != nil {
+		return fmt.Errorf("read server CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return component.WaitHTTPS(ctx, r, url+"/readyz", &tls.Config{RootCAs: pool})
+}

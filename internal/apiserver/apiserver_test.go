@@ -1,0 +1,103 @@
+package apiserver
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/pki"
+)
+
+func testConfig() Config {
+	return Config{
+		BindAddress:          netip.MustParseAddr("0.0.0.0"),
+		Port:                 6443,
+		AdvertiseAddress:     netip.MustParseAddr("192.168.1.10"),
+		ServiceCIDR:          netip.MustParsePrefix("10.43.0.0/16"),
+		ServiceNodePortRange: "30000-32767",
+		ClusterDomain:        "cluster.local",
+		Certs:                pki.Files{ClientCA: "/tls/client-ca.crt", APIServerCert: "/tls/serving.crt", ServiceAccountKey: "/tls/service.key"},
+		Storage:              datastore.Backend{Endpoints: []string{"unix:///var/lib/kelp/server/db/kine.sock"}},
+	}
+}
+
+func TestArgs(t *testing.T) {
+	tests := []struct {
+		name      string
+		change    func(*Config)
+		want, not []string
+	}{
+		{
+			name: "defaults",
+			want: []string{
+				"--authorization-mode=Node,RBAC",
+				"--enable-admission-plugins=NodeRestriction",
+				"--secure-port=6443",
+				"--bind-address=0.0.0.0",
+				"--advertise-address=192.168.1.10",
+				"--service-cluster-ip-range=10.43.0.0/16",
+				"--etcd-servers=unix:///var/lib/kelp/server/db/kine.sock",
+				"--client-ca-file=/tls/client-ca.crt",
+				"--tls-cert-file=/tls/serving.crt",
+				"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+				"--service-account-signing-key-file=/tls/service.key",
+				"--profiling=false",
+			},
+			not: []string{"--etcd-cafile=", "--etcd-certfile="},
+		},
+		{
+			name: "etcd over TLS",
+			change: func(c *Config) {
+				c.Storage = datastore.Backend{Endpoints: []string{"https://127.0.0.1:2379", "https://10.0.0.2:2379"}, CAFile: "/ca", CertFile: "/c", KeyFile: "/k"}
+			},
+			want: []string{"--etcd-servers=https://127.0.0.1:2379,https://10.0.0.2:2379", "--etcd-cafile=/ca", "--etcd-certfile=/c", "--etcd-keyfile=/k"},
+		},
+		{
+			name:   "user args win",
+			change: func(c *Config) { c.ExtraArgs = []string{"profiling=true", "audit-log-path=/var/log/audit.log"} },
+			want:   []string{"--profiling=true", "--audit-log-path=/var/log/audit.log"},
+			not:    []string{"--profiling=false"},
+		},
+		{
+			name:   "port and domain",
+			change: func(c *Config) { c.Port = 7443; c.ClusterDomain = "edge.example" },
+			want:   []string{"--secure-port=7443", "--api-audiences=https://kubernetes.default.svc.edge.example"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			if tt.change != nil {
+				tt.change(&cfg)
+			}
+			args := Args(cfg)
+			for _, w := range tt.want {
+				if !slices.Contains(args, w) {
+					t.Errorf("missing %s in %v", w, args)
+				}
+			}
+			for _, n := range tt.not {
+				for _, a := range args {
+					if a == n || (n[len(n)-1] == '=' && len(a) >= len(n) && a[:len(n)] == n) {
+						t.Errorf("unexpected %s", a)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestLocalURL(t *testing.T) {
+	for bind, want := range map[string]string{
+		"0.0.0.0":   "https://127.0.0.1:6443",
+		"127.0.0.1": "https://127.0.0.1:6443",
+		"10.0.0.5":  "https://10.0.0.5:6443",
+		"::":        "https://127.0.0.1:6443",
+		"fd00::5":   "https://[fd00::5]:6443",
+	} {
+		if got := LocalURL(netip.MustParseAddr(bind), 6443); got != want {
+			t.Errorf("%s: got %s want %s", bind, got, want)
+		}
+	}
+}

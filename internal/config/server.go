@@ -1,0 +1,262 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+// Server is the validated configuration of `kelp server`.
+type Server struct {
+	DataDir              string
+	NodeName             string
+	NodeIPs              []netip.Addr
+	BindAddress          netip.Addr
+	HTTPSPort            int
+	AdvertiseAddress     netip.Addr
+	TLSSANs              []string
+	ClusterCIDR          netip.Prefix
+	ServiceCIDR          netip.Prefix
+	ServiceNodePortRange string
+	ClusterDNS           netip.Addr
+	ClusterDomain        string
+	WriteKubeconfig      string
+	WriteKubeconfigMode  os.FileMode
+	ClusterInit          bool
+	Datastore            Datastore
+	DisableAgent         bool
+	ExtraArgs            ExtraArgs
+	Debug                bool
+}
+
+// Datastore selects the storage behind the apiserver.
+type Datastore struct {
+	Endpoint                  string // empty: SQLite via kine
+	CAFile, CertFile, KeyFile string
+}
+
+// ExtraArgs are user flags appended to the generated ones, "name=value" each.
+type ExtraArgs struct {
+	APIServer, ControllerManager, Scheduler []string
+}
+
+// FirstServiceIP is the ClusterIP of the kubernetes Service.
+func (s Server) FirstServiceIP() netip.Addr {
+	return s.ServiceCIDR.Masked().Addr().Next()
+}
+
+// ServerInput holds the raw flag values of `kelp server` until Parse
+// validates them. Its zero value is ready for ServerFlags.
+type ServerInput struct {
+	dataDir, nodeName, bindAddress, advertiseAddress            string
+	clusterCIDR, serviceCIDR, clusterDNS, clusterDomain         string
+	serviceNodePortRange                                        string
+	writeKubeconfig, writeKubeconfigMode                        string
+	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey string
+	configFile                                                  string
+	httpsPort                                                   int
+	clusterInit, disableAgent, debug                            bool
+	nodeIPs, tlsSANs, apiserverArgs, cmArgs, schedulerArgs      cli.StringSlice
+}
+
+// ServerFlags returns the flags of `kelp server`, bound to in.
+func ServerFlags(in *ServerInput) []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, EnvVars: []string{configFileEnv}, Value: DefaultConfigFile, Destination: &in.configFile,
+			Usage: "config file (YAML, keys are long flag names); FILE.d/*.yaml are read after it"},
+		&cli.BoolFlag{Name: "debug", Aliases: []string{"v"}, EnvVars: env("debug"), Destination: &in.debug, Usage: "log at debug level, including the Kubernetes components"},
+		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: env("data-dir"), Value: "/var/lib/kelp", Destination: &in.dataDir, Usage: "directory for state, certificates and the unpacked bundle"},
+		&cli.StringFlag{Name: "node-name", EnvVars: env("node-name"), Destination: &in.nodeName, Usage: "node name (default: the hostname)"},
+		&cli.StringSliceFlag{Name: "node-ip", EnvVars: env("node-ip"), Destination: &in.nodeIPs, Usage: "IP address of this node (default: detected from the default route)"},
+		&cli.StringFlag{Name: "bind-address", EnvVars: env("bind-address"), Value: "0.0.0.0", Destination: &in.bindAddress, Usage: "address the apiserver listens on"},
+		&cli.IntFlag{Name: "https-listen-port", EnvVars: env("https-listen-port"), Value: 6443, Destination: &in.httpsPort, Usage: "port of the apiserver"},
+		&cli.StringFlag{Name: "advertise-address", EnvVars: env("advertise-address"), Destination: &in.advertiseAddress, Usage: "address other members reach this server at (default: the node IP)"},
+		&cli.StringSliceFlag{Name: "tls-san", EnvVars: env("tls-san"), Destination: &in.tlsSANs, Usage: "extra host name or IP in the apiserver's serving certificate"},
+		&cli.StringFlag{Name: "cluster-cidr", EnvVars: env("cluster-cidr"), Value: "10.42.0.0/16", Destination: &in.clusterCIDR, Usage: "pod network"},
+		&cli.StringFlag{Name: "service-cidr", EnvVars: env("service-cidr"), Value: "10.43.0.0/16", Destination: &in.serviceCIDR, Usage: "Service ClusterIP network"},
+		&cli.StringFlag{Name: "service-node-port-range", EnvVars: env("service-node-port-range"), Value: "30000-32767", Destination: &in.serviceNodePortRange, Usage: "port range for NodePort Services"},
+		&cli.StringFlag{Name: "cluster-dns", EnvVars: env("cluster-dns"), Destination: &in.clusterDNS, Usage: "cluster DNS Service IP (default: the 10th address of --service-cidr)"},
+		&cli.StringFlag{Name: "cluster-domain", EnvVars: env("cluster-domain"), Value: "cluster.local", Destination: &in.clusterDomain, Usage: "cluster DNS domain"},
+		&cli.StringFlag{Name: "write-kubeconfig", Aliases: []string{"o"}, EnvVars: env("write-kubeconfig"), Value: "/etc/kelp/kelp.yaml", Destination: &in.writeKubeconfig, Usage: "where to write the admin kubeconfig"},
+		&cli.StringFlag{Name: "write-kubeconfig-mode", EnvVars: env("write-kubeconfig-mode"), Value: "0600", Destination: &in.writeKubeconfigMode, Usage: "file mode of the admin kubeconfig, octal"},
+		&cli.BoolFlag{Name: "cluster-init", EnvVars: env("cluster-init"), Destination: &in.clusterInit, Usage: "store cluster state in embedded etcd instead of SQLite"},
+		&cli.StringFlag{Name: "datastore-endpoint", EnvVars: env("datastore-endpoint"), Destination: &in.datastoreEndpoint, Usage: "external datastore: postgres://, mysql:// or https:// (etcd)"},
+		&cli.StringFlag{Name: "datastore-cafile", EnvVars: env("datastore-cafile"), Destination: &in.datastoreCA, Usage: "CA bundle to verify the external datastore"},
+		&cli.StringFlag{Name: "datastore-certfile", EnvVars: env("datastore-certfile"), Destination: &in.datastoreCert, Usage: "client certificate for the external datastore"},
+		&cli.StringFlag{Name: "datastore-keyfile", EnvVars: env("datastore-keyfile"), Destination: &in.datastoreKey, Usage: "client key for the external datastore"},
+		&cli.BoolFlag{Name: "disable-agent", EnvVars: env("disable-agent"), Destination: &in.disableAgent, Usage: "run the control plane only, no node"},
+		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
+		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
+		&cli.StringSliceFlag{Name: "kube-scheduler-arg", EnvVars: env("kube-scheduler-arg"), Destination: &in.schedulerArgs, Usage: "extra kube-scheduler flag, name=value"},
+	}
+}
+
+// env names the environment variable of a flag: data-dir → KELP_DATA_DIR.
+func env(flag string) []string {
+	return []string{"KELP_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))}
+}
+
+// Parse validates the flag values into a Server. detect supplies the host
+// facts (hostname, node IP) used for defaults, so tests can fix them.
+func (in *ServerInput) Parse(host Host) (Server, error) {
+	s := Server{
+		DataDir:              filepath.Clean(in.dataDir),
+		NodeName:             strings.ToLower(in.nodeName),
+		HTTPSPort:            in.httpsPort,
+		TLSSANs:              in.tlsSANs.Value(),
+		ServiceNodePortRange: in.serviceNodePortRange,
+		ClusterDomain:        in.clusterDomain,
+		WriteKubeconfig:      in.writeKubeconfig,
+		ClusterInit:          in.clusterInit,
+		DisableAgent:         in.disableAgent,
+		Debug:                in.debug,
+		Datastore: Datastore{
+			Endpoint: in.datastoreEndpoint,
+			CAFile:   in.datastoreCA,
+			CertFile: in.datastoreCert,
+			KeyFile:  in.datastoreKey,
+		},
+		ExtraArgs: ExtraArgs{
+			APIServer:         in.apiserverArgs.Value(),
+			ControllerManager: in.cmArgs.Value(),
+			Scheduler:         in.schedulerArgs.Value(),
+		},
+	}
+	var errs []error
+	check := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if !filepath.IsAbs(in.dataDir) {
+		check(fmt.Errorf("--data-dir %q: want an absolute path", in.dataDir))
+	}
+	if s.NodeName == "" {
+		s.NodeName = strings.ToLower(host.Hostname)
+	}
+	for _, raw := range in.nodeIPs.Value() {
+		ip, err := parseIP("--node-ip", raw)
+		check(err)
+		s.NodeIPs = append(s.NodeIPs, ip)
+	}
+	if len(s.NodeIPs) == 0 && host.IP.IsValid() {
+		s.NodeIPs = []netip.Addr{host.IP}
+	}
+	var err error
+	s.BindAddress, err = parseIP("--bind-address", in.bindAddress)
+	check(err)
+	if in.httpsPort < 1 || in.httpsPort > 65535 {
+		check(fmt.Errorf("--https-listen-port %d: want a port between 1 and 65535", in.httpsPort))
+	}
+	switch {
+	case in.advertiseAddress != "":
+		s.AdvertiseAddress, err = parseIP("--advertise-address", in.advertiseAddress)
+		check(err)
+	case len(s.NodeIPs) > 0:
+		s.AdvertiseAddress = s.NodeIPs[0]
+	default:
+		check(errors.New("no node IP found: set --node-ip or --advertise-address"))
+	}
+	s.ClusterCIDR, err = parseCIDR("--cluster-cidr", in.clusterCIDR)
+	check(err)
+	s.ServiceCIDR, err = parseCIDR("--service-cidr", in.serviceCIDR)
+	check(err)
+	if s.ClusterCIDR.IsValid() && s.ServiceCIDR.IsValid() && s.ClusterCIDR.Overlaps(s.ServiceCIDR) {
+		check(fmt.Errorf("--cluster-cidr %s overlaps --service-cidr %s: pick ranges that do not overlap", s.ClusterCIDR, s.ServiceCIDR))
+	}
+	if s.ServiceCIDR.IsValid() {
+		s.ClusterDNS, err = clusterDNS(in.clusterDNS, s.ServiceCIDR)
+		check(err)
+	}
+	check(checkPortRange(in.serviceNodePortRange))
+	if in.clusterDomain == "" || strings.Trim(in.clusterDomain, ".") != in.clusterDomain {
+		check(fmt.Errorf("--cluster-domain %q: want a domain like cluster.local", in.clusterDomain))
+	}
+	mode, err := strconv.ParseUint(in.writeKubeconfigMode, 8, 32)
+	if err != nil || mode > 0o777 {
+		check(fmt.Errorf("--write-kubeconfig-mode %q: want an octal file mode like 0600 or 0644", in.writeKubeconfigMode))
+	}
+	s.WriteKubeconfigMode = os.FileMode(mode)
+	if in.clusterInit && in.datastoreEndpoint != "" {
+		check(errors.New("--cluster-init and --datastore-endpoint exclude each other: embedded etcd or an external datastore, not both"))
+	}
+	check(checkEndpoint(in.datastoreEndpoint))
+	for _, a := range [][]string{s.ExtraArgs.APIServer, s.ExtraArgs.ControllerManager, s.ExtraArgs.Scheduler} {
+		for _, arg := range a {
+			if !strings.Contains(arg, "=") && strings.HasPrefix(arg, "-") {
+				check(fmt.Errorf("extra argument %q: write it as name=value without leading dashes, e.g. v=2", arg))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return Server{}, errors.Join(errs...)
+	}
+	return s, nil
+}
+
+func parseIP(flag, raw string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(raw)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%s %q: not an IP address", flag, raw)
+	}
+	return ip, nil
+}
+
+func parseCIDR(flag, raw string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(raw)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%s %q: not a CIDR like 10.42.0.0/16", flag, raw)
+	}
+	if p != p.Masked() {
+		return netip.Prefix{}, fmt.Errorf("%s %q: host bits are set, did you mean %s?", flag, raw, p.Masked())
+	}
+	return p, nil
+}
+
+// clusterDNS defaults to the 10th address of the service network, as
+// kubeadm and k3s do (10.43.0.10 for 10.43.0.0/16).
+func clusterDNS(raw string, services netip.Prefix) (netip.Addr, error) {
+	if raw == "" {
+		ip := services.Addr()
+		for range 10 {
+			ip = ip.Next()
+		}
+		return ip, nil
+	}
+	ip, err := parseIP("--cluster-dns", raw)
+	if err != nil {
+		return ip, err
+	}
+	if !services.Contains(ip) {
+		return ip, fmt.Errorf("--cluster-dns %s is outside --service-cidr %s", ip, services)
+	}
+	return ip, nil
+}
+
+func checkPortRange(raw string) error {
+	lo, hi, ok := strings.Cut(raw, "-")
+	l, err1 := strconv.Atoi(lo)
+	h, err2 := strconv.Atoi(hi)
+	if !ok || err1 != nil || err2 != nil || l < 1 || h > 65535 || l > h {
+		return fmt.Errorf("--service-node-port-range %q: want a range like 30000-32767", raw)
+	}
+	return nil
+}
+
+func checkEndpoint(raw string) error {
+	if raw == "" {
+		return nil
+	}
+	for _, scheme := range []string{"postgres://", "postgresql://", "mysql://", "https://", "http://"} {
+		if strings.HasPrefix(raw, scheme) {
+			return nil
+		}
+	}
+	return errors.New("--datastore-endpoint: want a postgres://, mysql:// or https:// (etcd) URL")
+}

@@ -1,0 +1,105 @@
+package controllermanager
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/netip"
+
+	"github.com/spf13/pflag"
+	restclient "k8s.io/client-go/rest"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/component-base/cli/globalflag"
+	"k8s.io/component-base/logs"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app/options"
+
+	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/pki"
+)
+
+// securePort is where the controller-manager serves /healthz, on loopback.
+const securePort = "10257"
+
+// Config is what the controller-manager's flags are built from.
+type Config struct {
+	Kubeconfig  string
+	ClusterCIDR netip.Prefix
+	ServiceCIDR netip.Prefix
+	Certs       pki.Files
+	ExtraArgs   []string
+}
+
+// Args returns the kube-controller-manager command line for cfg.
+func Args(cfg Config) []string {
+	flags := map[string]string{
+		"kubeconfig":                       cfg.Kubeconfig,
+		"authentication-kubeconfig":        cfg.Kubeconfig,
+		"authorization-kubeconfig":         cfg.Kubeconfig,
+		"bind-address":                     "127.0.0.1",
+		"secure-port":                      securePort,
+		"leader-elect":                     "true",
+		"allocate-node-cidrs":              "true",
+		"cluster-cidr":                     cfg.ClusterCIDR.String(),
+		"service-cluster-ip-range":         cfg.ServiceCIDR.String(),
+		"configure-cloud-routes":           "false",
+		"controllers":                      "*,tokencleaner",
+		"root-ca-file":                     cfg.Certs.ServerCA,
+		"service-account-private-key-file": cfg.Certs.ServiceAccountKey,
+		"use-service-account-credentials":  "true",
+		"profiling":                        "false",
+		// Kubelet client and apiserver client certificates are signed by
+		// the client CA the apiserver trusts; serving certificates by the
+		// server CA clients trust.
+		"cluster-signing-kube-apiserver-client-cert-file": cfg.Certs.ClientCA,
+		"cluster-signing-kube-apiserver-client-key-file":  cfg.Certs.ClientCAKey,
+		"cluster-signing-kubelet-client-cert-file":        cfg.Certs.ClientCA,
+		"cluster-signing-kubelet-client-key-file":         cfg.Certs.ClientCAKey,
+		"cluster-signing-kubelet-serving-cert-file":       cfg.Certs.ServerCA,
+		"cluster-signing-kubelet-serving-key-file":        cfg.Certs.ServerCAKey,
+		"cluster-signing-legacy-unknown-cert-file":        cfg.Certs.ServerCA,
+		"cluster-signing-legacy-unknown-key-file":         cfg.Certs.ServerCAKey,
+		// Without it the controller-manager exits the whole process when
+		// its context ends; with it, it releases its lease and returns,
+		// so a restarted server takes the lease over at once.
+		"feature-gates": "ControllerManagerReleaseLeaderElectionLockOnExit=true",
+	}
+	return component.Args(flags, cfg.ExtraArgs)
+}
+
+// Start parses args the way the kube-controller-manager command does and
+// runs it until ctx ends (see apiserver.Start for why not the cobra command).
+func Start(ctx context.Context, args []string) (*component.Running, error) {
+	s, err := options.NewKubeControllerManagerOptions()
+	if err != nil {
+		return nil, fmt.Errorf("kube-controller-manager options: %w", err)
+	}
+	fs := pflag.NewFlagSet("kube-controller-manager", pflag.ContinueOnError)
+	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	named := s.Flags(app.KnownControllers(), app.ControllersDisabledByDefault(), app.ControllerAliases())
+	s.ParsedFlags = &named
+	globalflag.AddGlobalFlags(named.FlagSet("global"), "kube-controller-manager", logs.SkipLoggingConfigurationFlags())
+	for _, f := range named.FlagSets {
+		fs.AddFlagSet(f)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("kube-controller-manager flags: %w (check --kube-controller-manager-arg)", err)
+	}
+	if err := s.ComponentGlobalsRegistry.Set(); err != nil {
+		return nil, fmt.Errorf("kube-controller-manager feature gates: %w", err)
+	}
+	restclient.SetDefaultWarningHandler(restclient.NoWarnings{})
+	c, err := s.Config(ctx, app.KnownControllers(), app.ControllersDisabledByDefault(), app.ControllerAliases())
+	if err != nil {
+		return nil, fmt.Errorf("kube-controller-manager config: %w", err)
+	}
+	return component.Go(ctx, "kube-controller-manager", func(ctx context.Context) error {
+		return app.Run(ctx, c.Complete())
+	}), nil
+}
+
+// WaitReady blocks until /healthz answers ok. The serving certificate is
+// self-signed in memory and only loopback is probed, so it is not verified.
+func WaitReady(ctx context.Context, r *component.Running) error {
+	return component.WaitHTTPS(ctx, r, "https://127.0.0.1:"+securePort+"/healthz", &tls.Config{InsecureSkipVerify: true})
+}

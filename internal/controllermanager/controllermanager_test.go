@@ -1,0 +1,42 @@
+package controllermanager
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/kelp-dev/kelp/internal/pki"
+)
+
+func TestArgs(t *testing.T) {
+	cfg := Config{
+		Kubeconfig:  "/cred/controller.kubeconfig",
+		ClusterCIDR: netip.MustParsePrefix("10.42.0.0/16"),
+		ServiceCIDR: netip.MustParsePrefix("10.43.0.0/16"),
+		Certs:       pki.Files{ClientCA: "/tls/client-ca.crt", ServerCA: "/tls/server-ca.crt", ServiceAccountKey: "/tls/service.key"},
+	}
+	args := Args(cfg)
+	for _, want := range []string{
+		"--kubeconfig=/cred/controller.kubeconfig",
+		"--leader-elect=true",
+		"--allocate-node-cidrs=true",
+		"--cluster-cidr=10.42.0.0/16",
+		"--service-cluster-ip-range=10.43.0.0/16",
+		"--root-ca-file=/tls/server-ca.crt",
+		"--service-account-private-key-file=/tls/service.key",
+		"--use-service-account-credentials=true",
+		"--cluster-signing-kubelet-client-cert-file=/tls/client-ca.crt",
+		"--cluster-signing-kubelet-serving-cert-file=/tls/server-ca.crt",
+		"--bind-address=127.0.0.1",
+		"--feature-gates=ControllerManagerReleaseLeaderElectionLockOnExit=true",
+	} {
+		if !slices.Contains(args, want) {
+			t.Errorf("missing %s in %v", want, args)
+		}
+	}
+	cfg.ExtraArgs = []string{"leader-elect=false", "node-cidr-mask-size=26"}
+	args = Args(cfg)
+	if !slices.Contains(args, "--leader-elect=false") || slices.Contains(args, "--leader-elect=true") || !slices.Contains(args, "--node-cidr-mask-size=26") {
+		t.Errorf("user args must override: %v", args)
+	}
+}

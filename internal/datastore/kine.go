@@ -1,0 +1,194 @@
+package datastore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/k3s-io/kine/pkg/drivers/generic"
+	"github.com/k3s-io/kine/pkg/drivers/sqlite"
+	"github.com/k3s-io/kine/pkg/endpoint"
+	kinetls "github.com/k3s-io/kine/pkg/tls"
+	"github.com/sirupsen/logrus"
+)
+
+const (
+	stateDBName    = "state.db"
+	kineSocketName = "kine.sock"
+	// maxSocketPath is the longest path a unix socket can bind to on Linux:
+	// sun_path holds 108 bytes including the terminating NUL.
+	maxSocketPath = 107
+	// kineStopTimeout bounds the wait for kine's goroutines after its context
+	// ends; kine itself gives its gRPC server 2 s to drain.
+	kineStopTimeout = 15 * time.Second
+)
+
+// kineEngine is kine serving etcd's API on a unix socket, backed by SQLite,
+// PostgreSQL or MySQL.
+type kineEngine struct {
+	cancel context.CancelFunc
+	wg     *sync.WaitGroup
+	lock   *dirLock
+}
+
+func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) (_ engine, desc string, _ Backend, rerr error) {
+	dbDir, err := cfg.dbDir()
+	if err != nil {
+		return nil, "", Backend{}, err
+	}
+	var dsn string
+	switch kind {
+	case KindSQLite:
+		dbPath := filepath.Join(dbDir, stateDBName)
+		desc = "SQLite datastore " + dbPath
+		// kine's DSN for SQLite is a path followed by mattn/go-sqlite3 style
+		// parameters, which it translates for modernc.org/sqlite.
+		dsn = "sqlite://" + dbPath + "?" + sqlite.DefaultParams
+	case KindPostgres:
+		desc = "PostgreSQL datastore " + Redact(cfg.Endpoint)
+		dsn = cfg.Endpoint
+	case KindMySQL:
+		desc = "MySQL datastore " + Redact(cfg.Endpoint)
+		dsn = cfg.Endpoint
+	}
+
+	if err := makePrivateDir(dbDir); err != nil {
+		return nil, "", Backend{}, fmt.Errorf("%s: %w", desc, err)
+	}
+	lock, err := lockDir(dbDir)
+	if err != nil {
+		return nil, "", Backend{}, err
+	}
+	defer func() {
+		if rerr != nil {
+			lock.release()
+		}
+	}()
+
+	sock, err := kineSocket(dbDir, orDefault(cfg.runDir, defaultRunDir), log)
+	if err != nil {
+		return nil, "", Backend{}, fmt.Errorf("%s: %w", desc, err)
+	}
+
+	backendTLS := kinetls.Config{CAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile}
+	connectTimeout := orDefault(cfg.connectTimeout, remoteConnectTimeout)
+	switch kind {
+	case KindSQLite:
+		err = checkSQLite(ctx, filepath.Join(dbDir, stateDBName))
+	case KindPostgres:
+		err = checkPostgres(ctx, desc, cfg.Endpoint, backendTLS, connectTimeout)
+	case KindMySQL:
+		err = checkMySQL(ctx, desc, cfg.Endpoint, backendTLS, connectTimeout)
+	}
+	if err != nil {
+		return nil, "", Backend{}, scrubError(err, cfg.Endpoint)
+	}
+
+	// kine ties its lifetime to this context, not to Start's.
+	kctx, cancel := context.WithCancel(context.Background())
+	wg := &sync.WaitGroup{}
+	etcdCfg, err := endpoint.Listen(kctx, endpoint.Config{
+		Listener:         "unix://" + sock,
+		Endpoint:         dsn,
+		WaitGroup:        wg,
+		BackendTLSConfig: backendTLS,
+		// The values of kine's own command-line defaults: zero poll and
+		// batch settings make kine fail or spin.
+		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdleTime: 2 * time.Minute},
+		NotifyInterval:       5 * time.Second,
+		EmulatedETCDVersion:  "3.6.11",
+		CompactTimeout:       5 * time.Second,
+		CompactMinRetain:     1000,
+		CompactBatchSize:     1000,
+		PollBatchSize:        500,
+		PollInterval:         time.Second,
+	})
+	if err != nil {
+		cancel()
+		waitGroupTimeout(wg, kineStopTimeout)
+		return nil, "", Backend{}, scrubError(fmt.Errorf("%s: %w", desc, err), cfg.Endpoint)
+	}
+	return &kineEngine{cancel: cancel, wg: wg, lock: lock}, desc, Backend{Endpoints: etcdCfg.Endpoints}, nil
+}
+
+func (k *kineEngine) failed() <-chan error { return nil }
+
+// stop ends kine's context, which drains its gRPC server (2 s at most) and
+// then closes its database handle; waiting for its WaitGroup waits for both.
+// Closing the last SQLite connection checkpoints the WAL into state.db.
+func (k *kineEngine) stop() error {
+	k.cancel()
+	defer k.lock.release()
+	if !waitGroupTimeout(k.wg, kineStopTimeout) {
+		return fmt.Errorf("kine did not stop within %s", kineStopTimeout)
+	}
+	return nil
+}
+
+// kineSocket returns the unix socket kine listens on: kine.sock beside the
+// database, or a name derived from it under runDir when that path does not
+// fit in a socket address. A socket left by a crashed kelp is removed; one
+// that something still listens on is an error.
+func kineSocket(dbDir, runDir string, log *logrus.Entry) (string, error) {
+	path, fallback := kineSocketPath(dbDir, runDir)
+	if fallback {
+		log.Infof("Kine socket path %s is longer than %d bytes; using %s instead", filepath.Join(dbDir, kineSocketName), maxSocketPath, path)
+		if err := os.MkdirAll(runDir, 0o700); err != nil {
+			return "", fmt.Errorf("create %s for the kine socket: %w", runDir, err)
+		}
+	}
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return path, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("check kine socket %s: %w", path, err)
+	}
+	if fi.Mode()&fs.ModeSocket == 0 {
+		return "", fmt.Errorf("kine socket path %s exists and is not a socket: move it away", path)
+	}
+	conn, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		conn.Close()
+		return "", fmt.Errorf("another process is listening on kine socket %s: stop the other kelp server using it", path)
+	}
+	if err := os.Remove(path); err != nil {
+		return "", fmt.Errorf("remove stale kine socket %s: %w", path, err)
+	}
+	log.Infof("Removed stale kine socket %s left by an earlier run", path)
+	return path, nil
+}
+
+func kineSocketPath(dbDir, runDir string) (path string, fallback bool) {
+	path = filepath.Join(dbDir, kineSocketName)
+	if len(path) <= maxSocketPath {
+		return path, false
+	}
+	sum := sha256.Sum256([]byte(dbDir))
+	return filepath.Join(runDir, "kine-"+hex.EncodeToString(sum[:8])+".sock"), true
+}
+
+// waitGroupTimeout waits for wg and reports whether it finished in time.
+func waitGroupTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}

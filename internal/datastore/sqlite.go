@@ -1,0 +1,91 @@
+package datastore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"strings"
+
+	// The pure-Go driver kine itself uses when kelp is built without cgo.
+	_ "modernc.org/sqlite"
+)
+
+// checkSQLite refuses a state.db that SQLite cannot read, before kine gets
+// it: kine would run CREATE TABLE and VACUUM on whatever it is given. The
+// check opens the file read-only, so it never changes a byte of it, and runs
+// PRAGMA quick_check, which reads every page but skips the costly
+// index-content comparisons of integrity_check. A missing or empty file is
+// a new datastore and passes.
+func checkSQLite(ctx context.Context, path string) error {
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("SQLite datastore %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("SQLite datastore %s is not a regular file: move it away", path)
+	}
+	if fi.Size() == 0 {
+		return nil
+	}
+
+	problems, err := quickCheck(ctx, path)
+	if err != nil {
+		return fmt.Errorf("SQLite datastore %s is not a valid SQLite database or is corrupt (%v): restore it from a backup, or move it away to start an empty datastore; kelp has not changed it", path, err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("SQLite datastore %s is corrupt (%s): restore it from a backup, or move it away to start an empty datastore; kelp has not changed it", path, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// quickCheck returns what PRAGMA quick_check found wrong, at most a few lines.
+func quickCheck(ctx context.Context, path string) ([]string, error) {
+	// mode=ro opens the database file read-only, so SQLite can neither write
+	// nor checkpoint it. A read-only connection to a WAL database still
+	// creates empty -wal and -shm files beside it, though; when there is no
+	// WAL or rollback journal to read, immutable=1 avoids that, and is exact,
+	// because then the database file alone holds all the data.
+	params := "mode=ro"
+	if !exists(path+"-wal") && !exists(path+"-journal") {
+		params += "&immutable=1"
+	}
+	dsn := (&url.URL{Scheme: "file", Path: path, RawQuery: params}).String()
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+
+	rows, err := db.QueryContext(ctx, "PRAGMA quick_check(3)")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var problems []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			return nil, err
+		}
+		if line != "ok" {
+			problems = append(problems, line)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return problems, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}

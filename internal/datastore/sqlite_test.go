@@ -1,0 +1,377 @@
+package datastore
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func TestSQLiteRestartKeepsData(t *testing.T) {
+	dataDir := t.TempDir()
+	cfg := Config{DataDir: dataDir}
+
+	d := startReady(t, cfg)
+	be := d.Backend()
+	if be.Kind != KindSQLite {
+		t.Errorf("Kind = %q, want %q", be.Kind, KindSQLite)
+	}
+	wantSock := "unix://" + filepath.Join(dataDir, "server", "db", "kine.sock")
+	if len(be.Endpoints) != 1 || be.Endpoints[0] != wantSock {
+		t.Errorf("Endpoints = %v, want [%s]", be.Endpoints, wantSock)
+	}
+	if be.CAFile != "" || be.CertFile != "" || be.KeyFile != "" {
+		t.Errorf("TLS files for a unix socket: %+v", be)
+	}
+	put(t, be, "/registry/test/a", "one")
+	closeWithin(t, d, 30*time.Second)
+
+	dbDir := filepath.Join(dataDir, "server", "db")
+	fi, err := os.Stat(dbDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perm := fi.Mode().Perm(); perm != 0o700 {
+		t.Errorf("%s has mode %o, want 700", dbDir, perm)
+	}
+	// A clean close leaves everything in state.db: the WAL is checkpointed
+	// and removed when the last connection closes.
+	if fi, err := os.Stat(filepath.Join(dbDir, "state.db-wal")); err == nil && fi.Size() > 0 {
+		t.Errorf("state.db-wal holds %d bytes after Close; want it checkpointed", fi.Size())
+	}
+	if _, err := os.Stat(filepath.Join(dbDir, "kine.sock")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("kine.sock left after Close: %v", err)
+	}
+
+	d = startReady(t, cfg)
+	if got := get(t, d.Backend(), "/registry/test/a"); got != "one" {
+		t.Errorf("after restart got %q, want %q", got, "one")
+	}
+}
+
+func TestSQLiteCorruptDatabaseIsLeftAlone(t *testing.T) {
+	garbage := make([]byte, 64<<10)
+	if _, err := rand.Read(garbage); err != nil {
+		t.Fatal(err)
+	}
+
+	// A real database with a damaged b-tree page: the header is fine, so
+	// only a check that reads the pages finds the damage.
+	damaged := func(t *testing.T) []byte {
+		dataDir := t.TempDir()
+		d := startReady(t, Config{DataDir: dataDir})
+		for i := range 200 {
+			put(t, d.Backend(), "/registry/test/"+strings.Repeat("k", 50)+string(rune('a'+i%26))+string(rune('a'+i/26)), strings.Repeat("v", 500))
+		}
+		closeWithin(t, d, 30*time.Second)
+		b, err := os.ReadFile(filepath.Join(dataDir, "server", "db", "state.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) < 8*4096 {
+			t.Fatalf("state.db is only %d bytes", len(b))
+		}
+		copy(b[3*4096:5*4096], garbage)
+		return b
+	}
+
+	for _, tc := range []struct {
+		name    string
+		content func(t *testing.T) []byte
+		wal     bool // a -wal file lies beside it, as after a crash
+	}{
+		{"garbage", func(*testing.T) []byte { return garbage }, false},
+		{"garbage with WAL", func(*testing.T) []byte { return garbage }, true},
+		{"text", func(*testing.T) []byte { return []byte("this is not a database\n") }, false},
+		{"damaged page", damaged, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			content := tc.content(t)
+			dataDir := t.TempDir()
+			dbDir := filepath.Join(dataDir, "server", "db")
+			if err := os.MkdirAll(dbDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			dbPath := filepath.Join(dbDir, "state.db")
+			if err := os.WriteFile(dbPath, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var wal []byte
+			if tc.wal {
+				wal = garbage[:4096]
+				if err := os.WriteFile(dbPath+"-wal", wal, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			d, err := Start(ctx, Config{DataDir: dataDir})
+			if err == nil {
+				closeWithin(t, d, 30*time.Second)
+				t.Fatal("Start succeeded on a corrupt state.db")
+			}
+			t.Logf("error: %v", err)
+			for _, want := range []string{dbPath, "corrupt", "restore it from a backup", "move it away"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not mention %q", err, want)
+				}
+			}
+			after, rerr := os.ReadFile(dbPath)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			if !bytes.Equal(after, content) {
+				t.Error("state.db was modified")
+			}
+			if tc.wal {
+				if after, err := os.ReadFile(dbPath + "-wal"); err != nil || !bytes.Equal(after, wal) {
+					t.Errorf("state.db-wal was modified (%v)", err)
+				}
+			} else {
+				for _, suffix := range []string{"-wal", "-shm", "-journal"} {
+					if _, err := os.Stat(dbPath + suffix); !errors.Is(err, fs.ErrNotExist) {
+						t.Errorf("state.db%s exists after a failed start: %v", suffix, err)
+					}
+				}
+			}
+			// The failed Start released its lock.
+			d = startReadyAfterMove(t, dataDir, dbPath)
+			closeWithin(t, d, 30*time.Second)
+		})
+	}
+}
+
+func TestSQLiteStartsFromCrashedWAL(t *testing.T) {
+	src := t.TempDir()
+	d := startReady(t, Config{DataDir: src})
+	put(t, d.Backend(), "/registry/test/crash", "survives")
+
+	// Copy the files of the running datastore, which is what a power cut
+	// leaves: committed data partly in state.db-wal.
+	dataDir := t.TempDir()
+	dbDir := filepath.Join(dataDir, "server", "db")
+	if err := os.MkdirAll(dbDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"state.db", "state.db-wal"} {
+		b, err := os.ReadFile(filepath.Join(src, "server", "db", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "state.db-wal" && len(b) == 0 {
+			t.Fatal("no WAL content while running; the test does not test anything")
+		}
+		if err := os.WriteFile(filepath.Join(dbDir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d2 := startReady(t, Config{DataDir: dataDir})
+	if got := get(t, d2.Backend(), "/registry/test/crash"); got != "survives" {
+		t.Errorf("got %q after a crash, want %q", got, "survives")
+	}
+}
+
+// startReadyAfterMove does what the error tells the operator to do.
+func startReadyAfterMove(t *testing.T, dataDir, dbPath string) *Datastore {
+	t.Helper()
+	if err := os.Rename(dbPath, dbPath+".corrupt"); err != nil {
+		t.Fatal(err)
+	}
+	return startReady(t, Config{DataDir: dataDir})
+}
+
+func TestSecondServerOnSameDataDirFails(t *testing.T) {
+	dataDir := t.TempDir()
+	first := startReady(t, Config{DataDir: dataDir})
+
+	_, err := Start(context.Background(), Config{DataDir: dataDir})
+	if err == nil {
+		t.Fatal("second Start on the same data dir succeeded")
+	}
+	if !strings.Contains(err.Error(), "in use by another kelp server") {
+		t.Errorf("error %q does not say the datastore is in use", err)
+	}
+	put(t, first.Backend(), "/still", "works")
+}
+
+func TestStaleSocketDoesNotBlockStart(t *testing.T) {
+	dataDir := t.TempDir()
+	dbDir := filepath.Join(dataDir, "server", "db")
+	if err := os.MkdirAll(dbDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dbDir, "kine.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a crash leaves behind: the file, with nobody listening.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatal(err)
+	}
+	startReady(t, Config{DataDir: dataDir})
+}
+
+func TestLiveSocketIsRefused(t *testing.T) {
+	dataDir := t.TempDir()
+	dbDir := filepath.Join(dataDir, "server", "db")
+	if err := os.MkdirAll(dbDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dbDir, "kine.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	_, err = Start(context.Background(), Config{DataDir: dataDir})
+	if err == nil || !strings.Contains(err.Error(), "another process is listening") {
+		t.Fatalf("Start with a live socket: %v, want an error saying another process listens", err)
+	}
+	if _, serr := os.Stat(sock); serr != nil {
+		t.Errorf("the other process's socket was removed: %v", serr)
+	}
+}
+
+func TestSocketPathTooLongFallsBack(t *testing.T) {
+	short := "/var/lib/kelp/server/db"
+	if p, fallback := kineSocketPath(short, "/run/kelp"); fallback || p != short+"/kine.sock" {
+		t.Errorf("kineSocketPath(%s) = %s, %v", short, p, fallback)
+	}
+	long := "/" + strings.Repeat("d", 100) + "/server/db"
+	p, fallback := kineSocketPath(long, "/run/kelp")
+	if !fallback || !strings.HasPrefix(p, "/run/kelp/kine-") || len(p) > maxSocketPath {
+		t.Errorf("kineSocketPath(long) = %s, %v", p, fallback)
+	}
+	if p2, _ := kineSocketPath(long+"2", "/run/kelp"); p2 == p {
+		t.Errorf("two data dirs share the fallback socket %s", p)
+	}
+	// 107 bytes fit, 108 do not.
+	edge := "/" + strings.Repeat("e", maxSocketPath-len("/kine.sock")-1)
+	if p, fallback := kineSocketPath(edge, "/run/kelp"); fallback || len(p) != maxSocketPath {
+		t.Errorf("kineSocketPath(%d-byte path) fell back to %s", len(p), p)
+	}
+	if _, fallback := kineSocketPath(edge+"e", "/run/kelp"); !fallback {
+		t.Error("a 108-byte socket path did not fall back")
+	}
+
+	dataDir := filepath.Join(t.TempDir(), strings.Repeat("x", 60), strings.Repeat("y", 60))
+	runDir := t.TempDir()
+	d := startReady(t, Config{DataDir: dataDir, runDir: runDir})
+	ep := d.Backend().Endpoints[0]
+	if !strings.HasPrefix(ep, "unix://"+runDir+"/kine-") {
+		t.Errorf("endpoint %s is not under %s", ep, runDir)
+	}
+	put(t, d.Backend(), "/k", "v")
+}
+
+func TestUnwritableDataDir(t *testing.T) {
+	// A path below a regular file cannot be created, even by root.
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Start(context.Background(), Config{DataDir: filepath.Join(file, "data")})
+	if err == nil || !strings.Contains(err.Error(), "create datastore directory") || !strings.Contains(err.Error(), "--data-dir") {
+		t.Fatalf("Start in an unwritable data dir: %v", err)
+	}
+}
+
+func TestCloseIsIdempotentAndBounded(t *testing.T) {
+	d := startReady(t, Config{DataDir: t.TempDir()})
+
+	// Keep a watch open, as the apiserver does, so that kine has to drain it.
+	cli, err := newClient(d.Backend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	wch := cli.Watch(wctx, "/", clientv3.WithPrefix())
+	put(t, d.Backend(), "/w", "1")
+	select {
+	case <-wch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not fire")
+	}
+
+	const deadline = 10 * time.Second
+	errs := make(chan error, 3)
+	start := time.Now()
+	for range 3 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			errs <- d.Close(ctx)
+		}()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	}
+	if took := time.Since(start); took > deadline {
+		t.Errorf("Close took %s, more than its %s deadline", took, deadline)
+	}
+	if err := d.Close(context.Background()); err != nil {
+		t.Errorf("Close after Close: %v", err)
+	}
+	if err := d.WaitReady(context.Background()); err != nil {
+		t.Errorf("WaitReady after a successful WaitReady and Close: %v", err)
+	}
+
+	// A deadline that has already passed returns at once with an error,
+	// even before the first shutdown finished.
+	d2 := startReady(t, Config{DataDir: t.TempDir()})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start = time.Now()
+	if err := d2.Close(ctx); err == nil {
+		t.Log("Close with a cancelled context finished the shutdown first")
+	} else if !errors.Is(err, context.Canceled) {
+		t.Errorf("Close with a cancelled context: %v", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("Close with a cancelled context took %s", took)
+	}
+	if err := d2.Close(context.Background()); err != nil {
+		t.Errorf("second Close after an abandoned one: %v", err)
+	}
+}
+
+func TestWaitReadyAfterCloseBeforeReady(t *testing.T) {
+	d, err := Start(context.Background(), Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closeWithin(t, d, 30*time.Second)
+	if err := d.WaitReady(context.Background()); err == nil {
+		// Only right if the probe got its answer before Close.
+		select {
+		case <-d.Ready():
+		default:
+			t.Error("WaitReady after Close returned nil without Ready")
+		}
+	} else if !strings.Contains(err.Error(), "closed before it became ready") {
+		t.Errorf("WaitReady after Close: %v", err)
+	}
+	select {
+	case err := <-d.Err():
+		t.Errorf("Err after Close: %v", err)
+	default:
+	}
+}

@@ -1,0 +1,2 @@
+// Package kubeconfig writes kubeconfig files for kelp's clients.
+package kubeconfig

@@ -1,0 +1,74 @@
+package kubeconfig
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+// Client names a client certificate and the server it talks to.
+type Client struct {
+	Server   string // https://127.0.0.1:6443
+	CAFile   string
+	CertFile string
+	KeyFile  string
+}
+
+// Write writes a kubeconfig for c to path with the given mode, embedding the
+// certificates so the file can be copied to another machine. It replaces
+// the file atomically and creates the parent directory if needed.
+func Write(path string, mode os.FileMode, c Client) error {
+	ca, err := os.ReadFile(c.CAFile)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	cert, err := os.ReadFile(c.CertFile)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	key, err := os.ReadFile(c.KeyFile)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["default"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthorityData: ca}
+	cfg.AuthInfos["default"] = &clientcmdapi.AuthInfo{ClientCertificateData: cert, ClientKeyData: key}
+	cfg.Contexts["default"] = &clientcmdapi.Context{Cluster: "default", AuthInfo: "default"}
+	cfg.CurrentContext = "default"
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	return writeAtomic(path, data, mode)
+}
+
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	// Chmod, not the mode of create: the umask must not widen or narrow it.
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package logging
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/go-logr/logr"
+	"github.com/sirupsen/logrus"
+	"k8s.io/klog/v2"
+)
+
+// Setup configures logrus and routes klog into it. Call it once, from main.
+// klog's level 0 becomes Info; its verbose levels become Debug and are only
+// produced with debug on, so a steady node stays quiet at Info.
+func Setup(debug bool) {
+	logrus.SetOutput(os.Stderr)
+	logrus.SetFormatter(&logrus.TextFormatter{FullTimestamp: true})
+	logrus.SetLevel(logrus.InfoLevel)
+	verbosity := 0
+	if debug {
+		logrus.SetLevel(logrus.DebugLevel)
+		verbosity = 2
+	}
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("v", strconv.Itoa(verbosity))
+	klog.SetLogger(logr.New(&sink{entry: logrus.WithField("component", "k8s")}))
+}
+
+// sink is a logr.LogSink writing to logrus.
+type sink struct {
+	entry *logrus.Entry
+}
+
+func (s *sink) Init(logr.RuntimeInfo) {}
+
+func (s *sink) Enabled(level int) bool {
+	if level == 0 {
+		return s.entry.Logger.IsLevelEnabled(logrus.InfoLevel)
+	}
+	return s.entry.Logger.IsLevelEnabled(logrus.DebugLevel)
+}
+
+func (s *sink) Info(level int, msg string, kv ...any) {
+	e := s.entry.WithFields(fields(kv))
+	if level == 0 {
+		e.Info(msg)
+		return
+	}
+	e.Debug(msg)
+}
+
+func (s *sink) Error(err error, msg string, kv ...any) {
+	e := s.entry.WithFields(fields(kv))
+	if err != nil {
+		e = e.WithError(err)
+	}
+	e.Error(msg)
+}
+
+func (s *sink) WithValues(kv ...any) logr.LogSink {
+	return &sink{entry: s.entry.WithFields(fields(kv))}
+}
+
+func (s *sink) WithName(name string) logr.LogSink {
+	if prev, ok := s.entry.Data["logger"].(string); ok {
+		name = prev + "/" + name
+	}
+	return &sink{entry: s.entry.WithField("logger", name)}
+}
+
+func fields(kv []any) logrus.Fields {
+	f := make(logrus.Fields, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		f[fmt.Sprint(kv[i])] = kv[i+1]
+	}
+	return f
+}

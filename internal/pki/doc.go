@@ -1,0 +1,11 @@
+// Package pki creates and refreshes the cluster's certificate authorities,
+// leaf certificates and service-account signing key under
+// <data-dir>/server/tls.
+//
+// Ensure runs at every server start. Certificate authorities and the
+// service-account key are created once and never replaced, because every
+// node, kubeconfig and token in the cluster trusts them; when one is damaged
+// Ensure stops with an error that says which file and what to do. Leaf
+// certificates are cheap and are reissued whenever they are close to expiry
+// or no longer match what the node needs, and are otherwise left untouched.
+package pki

@@ -1,0 +1,289 @@
+package pki
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+const (
+	caValidity   = 10 * 365 * 24 * time.Hour
+	leafValidity = 365 * 24 * time.Hour
+	// renewBefore is how long before expiry a leaf is reissued. Servers are
+	// restarted at least every few months by upgrades, so 120 days leaves
+	// room for a node that is rarely restarted.
+	renewBefore = 120 * 24 * time.Hour
+	// backdate tolerates clock skew between this node and the ones that
+	// verify a freshly issued certificate.
+	backdate = time.Hour
+)
+
+// Config describes the node the PKI is issued for.
+type Config struct {
+	Dir           string           // <data-dir>/server/tls
+	Hostname      string           // node name / hostname
+	IPs           []net.IP         // node IPs and advertise address
+	ExtraSANs     []string         // --tls-san values
+	ServiceIP     net.IP           // first IP of the service CIDR
+	ClusterDomain string           // e.g. cluster.local
+	Now           func() time.Time // nil = time.Now
+}
+
+// Validate reports the first setting Ensure cannot work with.
+func (c Config) Validate() error {
+	if c.Dir == "" {
+		return errors.New("pki: TLS directory is empty")
+	}
+	if strings.TrimSpace(c.Hostname) == "" {
+		return errors.New("pki: hostname is empty; set --node-name")
+	}
+	if !validIP(c.ServiceIP) {
+		return errors.New("pki: service IP is missing; check --service-cidr")
+	}
+	if strings.Trim(c.ClusterDomain, ". ") == "" {
+		return errors.New("pki: cluster domain is empty; set --cluster-domain")
+	}
+	for _, ip := range c.IPs {
+		if !validIP(ip) {
+			return fmt.Errorf("pki: invalid node IP %q; check --node-ip and --advertise-address", ip)
+		}
+	}
+	for _, san := range c.ExtraSANs {
+		if !validSAN(san) {
+			return fmt.Errorf("pki: --tls-san %q is neither an IP address nor a DNS name", san)
+		}
+	}
+	return nil
+}
+
+// Files holds the absolute paths of everything Ensure manages. It is derived
+// state: hand it to the components that need it, never write it back into a
+// config.
+type Files struct {
+	// Certificate authorities.
+	ServerCA, ServerCAKey               string // signs the apiserver's serving certificate
+	ClientCA, ClientCAKey               string // signs client certificates the apiserver accepts
+	RequestHeaderCA, RequestHeaderCAKey string // signs the aggregator's front-proxy client
+	EtcdServerCA, EtcdServerCAKey       string // signs etcd's serving and client certificates
+	EtcdPeerCA, EtcdPeerCAKey           string // signs etcd's peer certificates
+
+	// Service-account token signing key pair.
+	ServiceAccountKey, ServiceAccountPub string
+
+	APIServerCert, APIServerKey                           string // serving, signed by ServerCA
+	AdminCert, AdminKey                                   string // system:admin
+	ControllerManagerCert, ControllerManagerKey           string
+	SchedulerCert, SchedulerKey                           string
+	APIServerKubeletClientCert, APIServerKubeletClientKey string // the apiserver's client to kubelets
+	SupervisorCert, SupervisorKey                         string
+	AuthProxyCert, AuthProxyKey                           string // signed by RequestHeaderCA
+
+	EtcdServerCert, EtcdServerKey string // serving and client, signed by EtcdServerCA
+	EtcdClientCert, EtcdClientKey string // the apiserver's client to etcd
+	EtcdPeerCert, EtcdPeerKey     string // signed by EtcdPeerCA
+}
+
+// The layout follows k3s so that its operators find files where they expect.
+func layout(dir string) Files {
+	p := func(name string) string { return filepath.Join(dir, name) }
+	return Files{
+		ServerCA: p("server-ca.crt"), ServerCAKey: p("server-ca.key"),
+		ClientCA: p("client-ca.crt"), ClientCAKey: p("client-ca.key"),
+		RequestHeaderCA: p("request-header-ca.crt"), RequestHeaderCAKey: p("request-header-ca.key"),
+		EtcdServerCA: p("etcd/server-ca.crt"), EtcdServerCAKey: p("etcd/server-ca.key"),
+		EtcdPeerCA: p("etcd/peer-ca.crt"), EtcdPeerCAKey: p("etcd/peer-ca.key"),
+		ServiceAccountKey: p("service.key"), ServiceAccountPub: p("service.pub"),
+		APIServerCert: p("serving-kube-apiserver.crt"), APIServerKey: p("serving-kube-apiserver.key"),
+		AdminCert: p("client-admin.crt"), AdminKey: p("client-admin.key"),
+		ControllerManagerCert: p("client-controller.crt"), ControllerManagerKey: p("client-controller.key"),
+		SchedulerCert: p("client-scheduler.crt"), SchedulerKey: p("client-scheduler.key"),
+		APIServerKubeletClientCert: p("client-kube-apiserver.crt"), APIServerKubeletClientKey: p("client-kube-apiserver.key"),
+		SupervisorCert: p("client-kelp-supervisor.crt"), SupervisorKey: p("client-kelp-supervisor.key"),
+		AuthProxyCert: p("client-auth-proxy.crt"), AuthProxyKey: p("client-auth-proxy.key"),
+		EtcdServerCert: p("etcd/server-client.crt"), EtcdServerKey: p("etcd/server-client.key"),
+		EtcdClientCert: p("etcd/client.crt"), EtcdClientKey: p("etcd/client.key"),
+		EtcdPeerCert: p("etcd/peer-server-client.crt"), EtcdPeerKey: p("etcd/peer-server-client.key"),
+	}
+}
+
+func (f Files) all() []string {
+	return []string{
+		f.ServerCA, f.ServerCAKey, f.ClientCA, f.ClientCAKey, f.RequestHeaderCA, f.RequestHeaderCAKey,
+		f.EtcdServerCA, f.EtcdServerCAKey, f.EtcdPeerCA, f.EtcdPeerCAKey,
+		f.ServiceAccountKey, f.ServiceAccountPub,
+		f.APIServerCert, f.APIServerKey,
+		f.AdminCert, f.AdminKey, f.ControllerManagerCert, f.ControllerManagerKey,
+		f.SchedulerCert, f.SchedulerKey,
+		f.APIServerKubeletClientCert, f.APIServerKubeletClientKey,
+		f.SupervisorCert, f.SupervisorKey,
+		f.AuthProxyCert, f.AuthProxyKey,
+		f.EtcdServerCert, f.EtcdServerKey, f.EtcdClientCert, f.EtcdClientKey,
+		f.EtcdPeerCert, f.EtcdPeerKey,
+	}
+}
+
+var (
+	serverAuth       = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	clientAuth       = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	serverClientAuth = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+)
+
+// Ensure creates whatever is missing under cfg.Dir and reissues leaf
+// certificates that are close to expiry or no longer fit cfg. It is safe to
+// call at every start: when nothing needs doing it writes nothing.
+func Ensure(cfg Config) (Files, error) {
+	return ensure(cfg, logrus.WithField("component", "pki"))
+}
+
+func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
+	if err := cfg.Validate(); err != nil {
+		return Files{}, err
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return Files{}, fmt.Errorf("pki: resolve %s: %w", cfg.Dir, err)
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "etcd")} {
+		if err := ensurePrivateDir(d); err != nil {
+			return Files{}, err
+		}
+		if err := removeStaleTemps(d); err != nil {
+			return Files{}, err
+		}
+	}
+	now := time.Now
+	if cfg.Now != nil {
+		now = cfg.Now
+	}
+	is := issuer{now: now().UTC(), log: log}
+	f := layout(dir)
+
+	var serverCA, clientCA, requestHeaderCA, etcdServerCA, etcdPeerCA *authority
+	for _, ca := range []struct {
+		name      string
+		cert, key string
+		dst       **authority
+	}{
+		{"kelp-server-ca", f.ServerCA, f.ServerCAKey, &serverCA},
+		{"kelp-client-ca", f.ClientCA, f.ClientCAKey, &clientCA},
+		{"kelp-request-header-ca", f.RequestHeaderCA, f.RequestHeaderCAKey, &requestHeaderCA},
+		{"kelp-etcd-server-ca", f.EtcdServerCA, f.EtcdServerCAKey, &etcdServerCA},
+		{"kelp-etcd-peer-ca", f.EtcdPeerCA, f.EtcdPeerCAKey, &etcdPeerCA},
+	} {
+		a, err := is.ensureCA(ca.name, ca.cert, ca.key)
+		if err != nil {
+			return Files{}, err
+		}
+		*ca.dst = a
+	}
+
+	if err := is.ensureServiceAccountKey(f.ServiceAccountKey, f.ServiceAccountPub); err != nil {
+		return Files{}, err
+	}
+
+	apiserverSANs := cfg.apiserverSANs()
+	etcdSANs := cfg.etcdSANs()
+	for _, l := range []leafSpec{
+		{ca: serverCA, cert: f.APIServerCert, key: f.APIServerKey, cn: "kube-apiserver", usages: serverAuth, sans: apiserverSANs},
+		{ca: clientCA, cert: f.AdminCert, key: f.AdminKey, cn: "system:admin", orgs: []string{"system:masters"}, usages: clientAuth},
+		{ca: clientCA, cert: f.ControllerManagerCert, key: f.ControllerManagerKey, cn: "system:kube-controller-manager", usages: clientAuth},
+		{ca: clientCA, cert: f.SchedulerCert, key: f.SchedulerKey, cn: "system:kube-scheduler", usages: clientAuth},
+		{ca: clientCA, cert: f.APIServerKubeletClientCert, key: f.APIServerKubeletClientKey, cn: "system:kube-apiserver", orgs: []string{"system:masters"}, usages: clientAuth},
+		{ca: clientCA, cert: f.SupervisorCert, key: f.SupervisorKey, cn: "system:kelp-supervisor", orgs: []string{"system:masters"}, usages: clientAuth},
+		{ca: requestHeaderCA, cert: f.AuthProxyCert, key: f.AuthProxyKey, cn: "system:auth-proxy", usages: clientAuth},
+		{ca: etcdServerCA, cert: f.EtcdServerCert, key: f.EtcdServerKey, cn: "etcd-server", usages: serverClientAuth, sans: etcdSANs},
+		{ca: etcdServerCA, cert: f.EtcdClientCert, key: f.EtcdClientKey, cn: "etcd-client", usages: clientAuth},
+		{ca: etcdPeerCA, cert: f.EtcdPeerCert, key: f.EtcdPeerKey, cn: "etcd-peer", usages: serverClientAuth, sans: etcdSANs},
+	} {
+		if err := is.ensureLeaf(l); err != nil {
+			return Files{}, err
+		}
+	}
+
+	// Files that existed before may carry a mode someone loosened by hand.
+	for _, p := range f.all() {
+		if err := is.tightenMode(p); err != nil {
+			return Files{}, err
+		}
+	}
+	return f, nil
+}
+
+// issuer carries what every step of one Ensure call shares.
+type issuer struct {
+	now time.Time
+	log logrus.FieldLogger
+}
+
+func (is issuer) tightenMode(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	if st.Mode().Perm() == fileMode {
+		return nil
+	}
+	if err := os.Chmod(path, fileMode); err != nil {
+		return fmt.Errorf("pki: restrict mode of %s: %w", path, err)
+	}
+	is.log.WithField("file", path).Warnf("changed mode from %04o to %04o", st.Mode().Perm(), fileMode)
+	return nil
+}
+
+func (c Config) apiserverSANs() []string {
+	sans := []string{
+		c.Hostname, "localhost", "127.0.0.1", "::1",
+		"kubernetes", "kubernetes.default", "kubernetes.default.svc",
+		"kubernetes.default.svc." + strings.Trim(c.ClusterDomain, ". "),
+		c.ServiceIP.String(),
+	}
+	for _, ip := range c.IPs {
+		sans = append(sans, ip.String())
+	}
+	return normalizeSANs(append(sans, c.ExtraSANs...))
+}
+
+func (c Config) etcdSANs() []string {
+	sans := []string{c.Hostname, "localhost", "127.0.0.1", "::1"}
+	for _, ip := range c.IPs {
+		sans = append(sans, ip.String())
+	}
+	return normalizeSANs(sans)
+}
+
+func validIP(ip net.IP) bool { return len(ip) == net.IPv4len || len(ip) == net.IPv6len }
+
+// validSAN accepts IP addresses and anything shaped like a (wildcard) DNS
+// name, so that a typo in --tls-san fails loudly instead of landing in the
+// certificate.
+func validSAN(s string) bool {
+	s = strings.TrimSpace(s)
+	if net.ParseIP(s) != nil {
+		return true
+	}
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for i, label := range strings.Split(s, ".") {
+		if label == "*" && i == 0 {
+			continue
+		}
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}

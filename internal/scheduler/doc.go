@@ -1,0 +1,3 @@
+// Package scheduler runs the upstream kube-scheduler in-process with flags
+// built from kelp's configuration.
+package scheduler

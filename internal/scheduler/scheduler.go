@@ -1,0 +1,73 @@
+package scheduler
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+
+	"github.com/spf13/pflag"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/component-base/cli/globalflag"
+	"k8s.io/component-base/logs"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+
+	"github.com/kelp-dev/kelp/internal/component"
+)
+
+// securePort is where the scheduler serves /healthz, on loopback.
+const securePort = "10259"
+
+// Config is what the scheduler's flags are built from.
+type Config struct {
+	Kubeconfig string
+	ExtraArgs  []string
+}
+
+// Args returns the kube-scheduler command line for cfg.
+func Args(cfg Config) []string {
+	return component.Args(map[string]string{
+		"kubeconfig":                cfg.Kubeconfig,
+		"authentication-kubeconfig": cfg.Kubeconfig,
+		"authorization-kubeconfig":  cfg.Kubeconfig,
+		"bind-address":              "127.0.0.1",
+		"secure-port":               securePort,
+		"leader-elect":              "true",
+		"profiling":                 "false",
+	}, cfg.ExtraArgs)
+}
+
+// Start parses args the way the kube-scheduler command does and runs it
+// (see apiserver.Start for why not the cobra command).
+//
+// The scheduler exits the process when its context ends while it leads, so
+// the caller must not cancel ctx before it is ready to exit: kelp lets the
+// scheduler end with the process, after the apiserver and the datastore
+// have stopped.
+func Start(ctx context.Context, args []string) (*component.Running, error) {
+	opts := options.NewOptions()
+	fs := pflag.NewFlagSet("kube-scheduler", pflag.ContinueOnError)
+	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	globalflag.AddGlobalFlags(opts.Flags.FlagSet("global"), "kube-scheduler", logs.SkipLoggingConfigurationFlags())
+	for _, f := range opts.Flags.FlagSets {
+		fs.AddFlagSet(f)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("kube-scheduler flags: %w (check --kube-scheduler-arg)", err)
+	}
+	if err := opts.ComponentGlobalsRegistry.Set(); err != nil {
+		return nil, fmt.Errorf("kube-scheduler feature gates: %w", err)
+	}
+	cc, sched, err := app.Setup(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("kube-scheduler setup: %w", err)
+	}
+	return component.Go(ctx, "kube-scheduler", func(ctx context.Context) error {
+		return app.Run(ctx, cc, sched)
+	}), nil
+}
+
+// WaitReady blocks until /healthz answers ok (self-signed, loopback only).
+func WaitReady(ctx context.Context, r *component.Running) error {
+	return component.WaitHTTPS(ctx, r, "https://127.0.0.1:"+securePort+"/healthz", &tls.Config{InsecureSkipVerify: true})
+}

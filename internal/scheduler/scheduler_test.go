@@ -1,0 +1,22 @@
+package scheduler
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestArgs(t *testing.T) {
+	args := Args(Config{Kubeconfig: "/cred/scheduler.kubeconfig", ExtraArgs: []string{"v=3"}})
+	for _, want := range []string{
+		"--kubeconfig=/cred/scheduler.kubeconfig",
+		"--authentication-kubeconfig=/cred/scheduler.kubeconfig",
+		"--leader-elect=true",
+		"--bind-address=127.0.0.1",
+		"--secure-port=10259",
+		"--v=3",
+	} {
+		if !slices.Contains(args, want) {
+			t.Errorf("missing %s in %v", want, args)
+		}
+	}
+}

@@ -1,0 +1,8 @@
+// Package testcluster runs real kelp processes for cluster tests, each node
+// in network and mount namespaces of its own, so tests never touch the
+// machine's interfaces, routes, nftables or mounts, and leave nothing
+// behind: the namespaces die with the processes the tests kill.
+//
+// Cluster tests need root and a built kelp binary ($KELP_BIN, default
+// bin/kelp at the top of the repository; scripts/test.sh builds it).
+package testcluster

@@ -1,0 +1,46 @@
+// Package version reports what kelp is built from.
+package version
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"strings"
+)
+
+// Set at build time with -ldflags -X (see scripts/build.sh).
+var (
+	Version = "dev"
+	Commit  = "unknown"
+)
+
+// String is the text of `kelp --version`: kelp's version and commit, then the
+// versions of the components built in, read from the binary's module list.
+func String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "kelp %s (%s)\n", Version, Commit)
+	mods := map[string]string{}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range info.Deps {
+			if m.Replace != nil {
+				mods[m.Path] = m.Replace.Version
+			} else {
+				mods[m.Path] = m.Version
+			}
+		}
+	}
+	for _, c := range []struct{ name, module string }{
+		{"kubernetes", "k8s.io/kubernetes"},
+		{"containerd", "github.com/containerd/containerd/v2"},
+		{"etcd", "go.etcd.io/etcd/server/v3"},
+		{"kine", "github.com/k3s-io/kine"},
+	} {
+		v := mods[c.module]
+		if v == "" {
+			v = "not built in"
+		}
+		fmt.Fprintf(&b, "%s %s\n", c.name, v)
+	}
+	fmt.Fprintf(&b, "go %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return b.String()
+}

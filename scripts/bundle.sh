@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Builds the runtime bundle kelp embeds (embed/bundle.tar.zst + embed/bundle.sha256)
+# from the Go modules pinned in scripts/bundle/go.mod:
+#
+#   bin/runc                            runc, cgo + libseccomp, statically linked
+#   bin/bridge bin/host-local           CNI reference plugins, CGO_ENABLED=0
+#   bin/loopback bin/bandwidth
+#   images/pause.tar                    OCI layout tarball of scripts/bundle/pause
+#   MANIFEST                            sha256 and size of every file above
+#
+# usage: scripts/bundle.sh [ARCH] [OUTDIR]
+#   ARCH    GOARCH to build for (default: go env GOARCH); amd64 or arm64
+#   OUTDIR  where bundle.tar.zst and bundle.sha256 go (default: <repo>/embed)
+#
+# Nothing is rebuilt when scripts/bundle/**, this script, ARCH, CC, the Go
+# version and the libseccomp package are unchanged since the last build: the
+# cached bundle under .cache/bundle/ARCH is reused (copied to OUTDIR if needed).
+#
+# Packages it needs (gcc, pkg-config, libseccomp-dev, file) are installed with
+# apt-get when missing, which needs root. Building for another architecture
+# cross-compiles runc with a cross gcc and that architecture's libseccomp:
+#   arm64 on amd64: CC=aarch64-linux-gnu-gcc, packages gcc-aarch64-linux-gnu and
+#                   libseccomp-dev:arm64 (after dpkg --add-architecture arm64)
+#   amd64 on arm64: CC=x86_64-linux-gnu-gcc, packages gcc-x86-64-linux-gnu and
+#                   libseccomp-dev:amd64
+# Set CC to use another compiler; the script then installs no compiler for it.
+set -euo pipefail
+
+# The pause image's name; must equal embed.PauseImage (checked by go test ./embed/).
+PAUSE_IMAGE=docker.io/kelp-dev/pause:1.0.0
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ARCH=${1:-$(go env GOARCH)}
+OUTDIR=${2:-$ROOT/embed}
+MOD=$ROOT/scripts/bundle
+CACHE=$ROOT/.cache/bundle/$ARCH
+HOSTARCH=$(go env GOHOSTARCH)
+
+log() { printf 'bundle: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+case $ARCH in
+amd64) TRIPLET=x86_64-linux-gnu; CROSS_GCC=gcc-x86-64-linux-gnu ;;
+arm64) TRIPLET=aarch64-linux-gnu; CROSS_GCC=gcc-aarch64-linux-gnu ;;
+*) die "unsupported ARCH $ARCH (want amd64 or arm64)" ;;
+esac
+DEBARCH=$ARCH # Debian and Go agree on these two names
+
+# Packages: the host gets gcc/pkg-config/file; the target arch gets libseccomp.
+pkgs=(pkg-config file)
+if [[ $ARCH == "$HOSTARCH" ]]; then
+	CC=${CC:-gcc}
+	pkgs+=(gcc libseccomp-dev)
+else
+	if [[ -z ${CC:-} ]]; then
+		CC=$TRIPLET-gcc
+		pkgs+=("$CROSS_GCC")
+	fi
+	pkgs+=("libseccomp-dev:$DEBARCH")
+fi
+
+install_missing() {
+	local missing=() p
+	for p in "${pkgs[@]}"; do
+		dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+	done
+	((${#missing[@]})) || return 0
+	[[ $(id -u) == 0 ]] || die "missing packages: ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root"
+	if [[ $ARCH != "$HOSTARCH" ]] && ! dpkg --print-foreign-architectures | grep -qx "$DEBARCH"; then
+		log "adding dpkg architecture $DEBARCH"
+		dpkg --add-architecture "$DEBARCH"
+	fi
+	log "installing ${missing[*]}"
+	apt-get update -q >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+}
+
+# Two runs at once (parallel test jobs) share the cache: take turns.
+mkdir -p "$ROOT/.cache/bundle" "$OUTDIR"
+exec 9>"$ROOT/.cache/bundle/.lock"
+flock 9
+
+install_missing
+
+# Everything that decides the bundle's content.
+inputs=$(
+	cd "$ROOT"
+	echo "arch=$ARCH cc=$CC image=$PAUSE_IMAGE"
+	go version
+	dpkg-query -W "libseccomp-dev:$DEBARCH" 2>/dev/null || dpkg-query -W libseccomp-dev
+	find scripts/bundle scripts/bundle.sh -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+)
+inputs_hash=$(sha256sum <<<"$inputs" | cut -d' ' -f1)
+
+publish() {
+	# Replace each file in one step so a concurrent go build never embeds half of it.
+	local f
+	for f in bundle.tar.zst bundle.sha256; do
+		cp "$CACHE/out/$f" "$OUTDIR/.$f.tmp"
+		mv -f "$OUTDIR/.$f.tmp" "$OUTDIR/$f"
+	done
+}
+
+if [[ -f $CACHE/stamp && $(<"$CACHE/stamp") == "$inputs_hash" && -f $CACHE/out/bundle.tar.zst ]]; then
+	if cmp -s "$CACHE/out/bundle.sha256" "$OUTDIR/bundle.sha256" && cmp -s "$CACHE/out/bundle.tar.zst" "$OUTDIR/bundle.tar.zst"; then
+		log "up to date ($ARCH, $(cut -c1-12 "$OUTDIR/bundle.sha256"))"
+	else
+		publish
+		log "copied cached $ARCH bundle to $OUTDIR"
+	fi
+	exit 0
+fi
+
+start=$SECONDS
+rm -rf "$CACHE"
+mkdir -p "$CACHE/bin" "$CACHE/images" "$CACHE/tools" "$CACHE/out"
+cd "$MOD"
+export GOWORK=off GOFLAGS="${GOFLAGS:-} -trimpath -buildvcs=false"
+
+log "building tools"
+GOOS=$(go env GOHOSTOS) GOARCH=$HOSTARCH CGO_ENABLED=0 go build -o "$CACHE/tools/" ./mkimage ./mkbundle
+
+log "building runc $(go list -m -f '{{.Version}}' github.com/opencontainers/runc) for $ARCH"
+# The same recipe as runc's `make static`: static-pie on amd64/arm64.
+GOOS=linux GOARCH=$ARCH CGO_ENABLED=1 CC=$CC \
+	PKG_CONFIG_LIBDIR=/usr/lib/$TRIPLET/pkgconfig:/usr/share/pkgconfig \
+	go build -buildmode=pie -tags "seccomp urfave_cli_no_docs netgo osusergo" \
+	-ldflags "-s -w -linkmode external -extldflags -static-pie" \
+	-o "$CACHE/bin/runc" github.com/opencontainers/runc
+file "$CACHE/bin/runc" | grep -Eq 'static-pie linked|statically linked' ||
+	die "runc is not statically linked: $(file -b "$CACHE/bin/runc")"
+if [[ $ARCH == "$HOSTARCH" ]]; then
+	"$CACHE/bin/runc" --version | grep -q '^libseccomp: ' || die "runc was built without seccomp"
+fi
+
+cni_version=$(go list -m -f '{{.Version}}' github.com/containernetworking/plugins)
+log "building CNI plugins $cni_version for $ARCH"
+GOOS=linux GOARCH=$ARCH CGO_ENABLED=0 go build \
+	-ldflags "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$cni_version" \
+	-o "$CACHE/bin/" \
+	github.com/containernetworking/plugins/plugins/main/bridge \
+	github.com/containernetworking/plugins/plugins/ipam/host-local \
+	github.com/containernetworking/plugins/plugins/main/loopback \
+	github.com/containernetworking/plugins/plugins/meta/bandwidth
+
+log "building pause image $PAUSE_IMAGE"
+GOOS=linux GOARCH=$ARCH CGO_ENABLED=0 go build -ldflags "-s -w" -o "$CACHE/pause" ./pause
+"$CACHE/tools/mkimage" -binary "$CACHE/pause" -path /pause -user 65535:65535 \
+	-name "$PAUSE_IMAGE" -arch "$ARCH" -out "$CACHE/images/pause.tar"
+
+log "packing bundle"
+args=()
+for f in runc bridge host-local loopback bandwidth; do
+	args+=("bin/$f=$CACHE/bin/$f")
+done
+args+=("images/pause.tar=$CACHE/images/pause.tar")
+"$CACHE/tools/mkbundle" -out "$CACHE/out/bundle.tar.zst" -sha256 "$CACHE/out/bundle.sha256" "${args[@]}"
+
+publish
+echo "$inputs_hash" >"$CACHE/stamp"
+log "built $ARCH bundle in $((SECONDS - start))s: $(du -h "$OUTDIR/bundle.tar.zst" | cut -f1), sha256 $(cut -c1-12 "$OUTDIR/bundle.sha256")"

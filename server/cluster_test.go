@@ -1,0 +1,286 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+const (
+	startTimeout = 2 * time.Minute
+	testNS       = "persist"
+)
+
+var widgets = schema.GroupVersionResource{Group: "kelp.test", Version: "v1", Resource: "widgets"}
+
+func TestServerSQLite(t *testing.T) {
+	testPersistence(t, testcluster.NewNode(t))
+}
+
+func TestServerEmbeddedEtcd(t *testing.T) {
+	testPersistence(t, testcluster.NewNode(t), "--cluster-init")
+}
+
+func TestServerPostgres(t *testing.T) {
+	n := testcluster.NewNode(t)
+	pg := testcluster.StartPostgres(t, n)
+	testPersistence(t, n, "--datastore-endpoint", pg.URL("kelp"))
+
+	// A wrong password fails start with a clear error that hides it.
+	wrong := strings.Replace(pg.URL("kelp"), pg.Password, "not-the-password", 1)
+	out, err := n.RunKelp(time.Minute, n.ServerArgs("--datastore-endpoint", wrong)...)
+	if err == nil || !strings.Contains(out, "postgres") || strings.Contains(out, "not-the-password") {
+		t.Errorf("wrong password: want an error naming postgres without the password, got %v:\n%s", err, out)
+	}
+}
+
+// testPersistence starts a server, writes every kind of object a user
+// relies on, restarts the server and checks that all of it is still there.
+func testPersistence(t *testing.T, n *testcluster.Node, args ...string) {
+	n.Start(args...)
+	n.WaitReady(startTimeout)
+	createObjects(t, n)
+	watchSeesChanges(t, n)
+	controlPlaneWorks(t, n)
+	t.Logf("stopped in %s", n.Stop())
+
+	n.Start(args...)
+	n.WaitReady(startTimeout)
+	checkObjects(t, n)
+	t.Logf("stopped in %s", n.Stop())
+}
+
+func createObjects(t *testing.T, n *testcluster.Node) {
+	t.Helper()
+	ctx := context.Background()
+	c := n.Client()
+	must(t, "namespace", func() error {
+		_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS}}, metav1.CreateOptions{})
+		return err
+	})
+	must(t, "configmap", func() error {
+		_, err := c.CoreV1().ConfigMaps(testNS).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm"}, Data: map[string]string{"k": "v1"}}, metav1.CreateOptions{})
+		return err
+	})
+	must(t, "secret", func() error {
+		_, err := c.CoreV1().Secrets(testNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s"}, Data: map[string][]byte{"password": []byte("hunter2")}}, metav1.CreateOptions{})
+		return err
+	})
+	must(t, "deployment", func() error {
+		_, err := c.AppsV1().Deployments(testNS).Create(ctx, deployment(), metav1.CreateOptions{})
+		return err
+	})
+	must(t, "role", func() error {
+		_, err := c.RbacV1().Roles(testNS).Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Name: "reader"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list"}}},
+		}, metav1.CreateOptions{})
+		return err
+	})
+	must(t, "rolebinding", func() error {
+		_, err := c.RbacV1().RoleBindings(testNS).Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "reader"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "reader"},
+			Subjects:   []rbacv1.Subject{{Kind: "User", Name: "alice", APIGroup: "rbac.authorization.k8s.io"}},
+		}, metav1.CreateOptions{})
+		return err
+	})
+	must(t, "clusterrole", func() error {
+		_, err := c.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+			ObjectMeta: metav1.ObjectMeta{Name: "kelp-test-widgets"},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"kelp.test"}, Resources: []string{"widgets"}, Verbs: []string{"*"}}},
+		}, metav1.CreateOptions{})
+		return err
+	})
+
+	ext, err := apiextclient.NewForConfig(n.RestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, "crd", func() error {
+		_, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, widgetCRD(), metav1.CreateOptions{})
+		return err
+	})
+	eventually(t, "CRD established", func() (bool, error) {
+		crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, "widgets.kelp.test", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, cond := range crd.Status.Conditions {
+			if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	dyn := dynamic.NewForConfigOrDie(n.RestConfig())
+	widget := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "kelp.test/v1", "kind": "Widget",
+		"metadata": map[string]any{"name": "w1"},
+		"spec":     map[string]any{"size": int64(3)},
+	}}
+	// Discovery of a new CRD can lag its Established condition by a moment.
+	eventually(t, "custom resource", func() (bool, error) {
+		_, err := dyn.Resource(widgets).Namespace(testNS).Create(ctx, widget, metav1.CreateOptions{})
+		return err == nil, nil
+	})
+}
+
+// watchSeesChanges opens a watch, changes the ConfigMap and waits for the
+// event.
+func watchSeesChanges(t *testing.T, n *testcluster.Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := n.Client()
+	w, err := c.CoreV1().ConfigMaps(testNS).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=cm"})
+	if err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	defer w.Stop()
+	cm, err := c.CoreV1().ConfigMaps(testNS).Get(ctx, "cm", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["k"] = "v2"
+	if _, err := c.CoreV1().ConfigMaps(testNS).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("watch closed before the change arrived")
+			}
+			if got, isCM := ev.Object.(*corev1.ConfigMap); isCM && ev.Type == watch.Modified && got.Data["k"] == "v2" {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatal("the watch did not see the change")
+		}
+	}
+}
+
+// controlPlaneWorks checks that the controller-manager and the scheduler
+// run: the Deployment gets a ReplicaSet and a Pod, and the scheduler
+// reports that no node can take the Pod (the server has none).
+func controlPlaneWorks(t *testing.T, n *testcluster.Node) {
+	t.Helper()
+	ctx := context.Background()
+	c := n.Client()
+	eventually(t, "pod of the deployment marked unschedulable", func() (bool, error) {
+		pods, err := c.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil || len(pods.Items) == 0 {
+			return false, err
+		}
+		for _, cond := range pods.Items[0].Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Reason == corev1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+func checkObjects(t *testing.T, n *testcluster.Node) {
+	t.Helper()
+	ctx := context.Background()
+	c := n.Client()
+	cm, err := c.CoreV1().ConfigMaps(testNS).Get(ctx, "cm", metav1.GetOptions{})
+	if err != nil || cm.Data["k"] != "v2" {
+		t.Errorf("configmap after restart: %v %v", cm.Data, err)
+	}
+	s, err := c.CoreV1().Secrets(testNS).Get(ctx, "s", metav1.GetOptions{})
+	if err != nil || string(s.Data["password"]) != "hunter2" {
+		t.Errorf("secret after restart: %v", err)
+	}
+	if _, err := c.AppsV1().Deployments(testNS).Get(ctx, "web", metav1.GetOptions{}); err != nil {
+		t.Errorf("deployment after restart: %v", err)
+	}
+	if _, err := c.RbacV1().RoleBindings(testNS).Get(ctx, "reader", metav1.GetOptions{}); err != nil {
+		t.Errorf("rolebinding after restart: %v", err)
+	}
+	if _, err := c.RbacV1().ClusterRoles().Get(ctx, "kelp-test-widgets", metav1.GetOptions{}); err != nil {
+		t.Errorf("clusterrole after restart: %v", err)
+	}
+	dyn := dynamic.NewForConfigOrDie(n.RestConfig())
+	eventually(t, "custom resource after restart", func() (bool, error) {
+		w, err := dyn.Resource(widgets).Namespace(testNS).Get(ctx, "w1", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		size, _, _ := unstructured.NestedInt64(w.Object, "spec", "size")
+		if size != 3 {
+			return false, fmt.Errorf("widget size %d, want 3", size)
+		}
+		return true, nil
+	})
+}
+
+func deployment() *appsv1.Deployment {
+	labels := map[string]string{"app": "web"}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "kelp.test/web:1"}}},
+			},
+		},
+	}
+}
+
+func widgetCRD() *apiextv1.CustomResourceDefinition {
+	return &apiextv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "widgets.kelp.test"},
+		Spec: apiextv1.CustomResourceDefinitionSpec{
+			Group: "kelp.test",
+			Names: apiextv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ListKind: "WidgetList"},
+			Scope: apiextv1.NamespaceScoped,
+			Versions: []apiextv1.CustomResourceDefinitionVersion{{
+				Name: "v1", Served: true, Storage: true,
+				Schema: &apiextv1.CustomResourceValidation{OpenAPIV3Schema: &apiextv1.JSONSchemaProps{
+					Type: "object",
+					Properties: map[string]apiextv1.JSONSchemaProps{
+						"spec": {Type: "object", Properties: map[string]apiextv1.JSONSchemaProps{"size": {Type: "integer"}}},
+					},
+				}},
+			}},
+		},
+	}
+}
+
+func must(t *testing.T, what string, fn func() error) {
+	t.Helper()
+	if err := fn(); err != nil {
+		t.Fatalf("create %s: %v", what, err)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true,
+		func(context.Context) (bool, error) { return cond() })
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}

@@ -1,0 +1,228 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/kelp-dev/kelp/embed"
+	"github.com/kelp-dev/kelp/internal/apiserver"
+	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/controllermanager"
+	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/kubeconfig"
+	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/scheduler"
+)
+
+const (
+	// readyTimeout bounds each readiness wait; a Raspberry Pi on an SD card
+	// is the slow end.
+	readyTimeout = 2 * time.Minute
+	// stopTimeout bounds the whole shutdown after SIGTERM; the datastore,
+	// stopped last, always keeps storeStopReserve of it to close cleanly.
+	stopTimeout      = 10 * time.Second
+	storeStopReserve = 3 * time.Second
+)
+
+var log = logrus.WithField("component", "server")
+
+// Run starts the control plane and blocks until ctx ends or a component
+// fails, then stops everything in reverse order.
+func Run(ctx context.Context, cfg config.Server) error {
+	if !cfg.DisableAgent {
+		return errors.New("this kelp has no node agent yet: run `kelp server --disable-agent` for a control plane without a node")
+	}
+	if err := preflight(cfg); err != nil {
+		return err
+	}
+	started := time.Now()
+	// The control plane itself needs nothing from the bundle; staging it
+	// here means the node that will run beside it finds runc, the CNI
+	// plugins and the pause image in place.
+	staged, err := embed.Stage(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	log.WithField("dir", staged.Dir).Debug("bundle staged")
+	certs, err := pki.Ensure(pkiConfig(cfg))
+	if err != nil {
+		return err
+	}
+
+	// Components run on contexts of their own and are stopped one by one:
+	// the order matters (controller-manager before the apiserver it needs
+	// to release its lease, apiserver before its datastore).
+	run := context.WithoutCancel(ctx)
+	store, err := datastore.Start(run, datastoreConfig(cfg, certs))
+	if err != nil {
+		return err
+	}
+	var stoppers []func(context.Context) error
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+		defer cancel()
+		componentsCtx, cancelComponents := context.WithTimeout(stopCtx, stopTimeout-storeStopReserve)
+		defer cancelComponents()
+		for i := len(stoppers) - 1; i >= 0; i-- {
+			if err := stoppers[i](componentsCtx); err != nil {
+				log.WithError(err).Error("stop")
+			}
+		}
+		if err := store.Close(stopCtx); err != nil {
+			log.WithError(err).Error("stop")
+		}
+		log.Info("kelp server stopped")
+	}()
+	if err := waitFor(ctx, store.WaitReady); err != nil {
+		return err
+	}
+
+	api, err := apiserver.Start(run, apiserver.Args(apiserver.Config{
+		BindAddress:          cfg.BindAddress,
+		Port:                 cfg.HTTPSPort,
+		AdvertiseAddress:     cfg.AdvertiseAddress,
+		ServiceCIDR:          cfg.ServiceCIDR,
+		ServiceNodePortRange: cfg.ServiceNodePortRange,
+		ClusterDomain:        cfg.ClusterDomain,
+		Certs:                certs,
+		Storage:              store.Backend(),
+		ExtraArgs:            cfg.ExtraArgs.APIServer,
+	}))
+	if err != nil {
+		return err
+	}
+	stoppers = append(stoppers, api.Stop)
+	url := apiserver.LocalURL(cfg.BindAddress, cfg.HTTPSPort)
+	if err := waitFor(ctx, func(ctx context.Context) error { return apiserver.WaitReady(ctx, api, url, certs.ServerCA) }); err != nil {
+		return err
+	}
+	creds, err := writeKubeconfigs(cfg, url, certs)
+	if err != nil {
+		return err
+	}
+
+	cm, err := controllermanager.Start(run, controllermanager.Args(controllermanager.Config{
+		Kubeconfig:  creds.controllerManager,
+		ClusterCIDR: cfg.ClusterCIDR,
+		ServiceCIDR: cfg.ServiceCIDR,
+		Certs:       certs,
+		ExtraArgs:   cfg.ExtraArgs.ControllerManager,
+	}))
+	if err != nil {
+		return err
+	}
+	stoppers = append(stoppers, cm.Stop)
+	// The scheduler exits the process when its context ends, so it is
+	// never cancelled: it ends with the process, after everything else.
+	sched, err := scheduler.Start(run, scheduler.Args(scheduler.Config{
+		Kubeconfig: creds.scheduler,
+		ExtraArgs:  cfg.ExtraArgs.Scheduler,
+	}))
+	if err != nil {
+		return err
+	}
+	if err := waitFor(ctx, func(ctx context.Context) error { return controllermanager.WaitReady(ctx, cm) }); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, func(ctx context.Context) error { return scheduler.WaitReady(ctx, sched) }); err != nil {
+		return err
+	}
+	log.WithFields(logrus.Fields{"datastore": store.Backend().Kind, "kubeconfig": cfg.WriteKubeconfig, "took": time.Since(started).Round(time.Millisecond)}).
+		Info("kelp server is ready")
+
+	select {
+	case <-ctx.Done():
+		log.Info("stopping kelp server")
+		return nil
+	case err := <-store.Err():
+		return err
+	case err := <-api.Err():
+		return err
+	case err := <-cm.Err():
+		return err
+	case err := <-sched.Err():
+		return err
+	}
+}
+
+// waitFor runs a readiness wait bounded by readyTimeout and by ctx, so that
+// SIGTERM during start-up stops the wait.
+func waitFor(ctx context.Context, wait func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	return wait(ctx)
+}
+
+func pkiConfig(cfg config.Server) pki.Config {
+	var ips []net.IP
+	for _, ip := range append(cfg.NodeIPs, cfg.AdvertiseAddress) {
+		ips = append(ips, net.IP(ip.AsSlice()))
+	}
+	return pki.Config{
+		Dir:           filepath.Join(cfg.DataDir, "server", "tls"),
+		Hostname:      cfg.NodeName,
+		IPs:           ips,
+		ExtraSANs:     cfg.TLSSANs,
+		ServiceIP:     net.IP(cfg.FirstServiceIP().AsSlice()),
+		ClusterDomain: cfg.ClusterDomain,
+	}
+}
+
+func datastoreConfig(cfg config.Server, certs pki.Files) datastore.Config {
+	return datastore.Config{
+		DataDir:     cfg.DataDir,
+		Endpoint:    cfg.Datastore.Endpoint,
+		CAFile:      cfg.Datastore.CAFile,
+		CertFile:    cfg.Datastore.CertFile,
+		KeyFile:     cfg.Datastore.KeyFile,
+		ClusterInit: cfg.ClusterInit,
+		Name:        cfg.NodeName,
+		AdvertiseIP: cfg.AdvertiseAddress.String(),
+		EtcdTLS: datastore.EtcdTLS{
+			ServerCA:   certs.EtcdServerCA,
+			ServerCert: certs.EtcdServerCert,
+			ServerKey:  certs.EtcdServerKey,
+			PeerCA:     certs.EtcdPeerCA,
+			PeerCert:   certs.EtcdPeerCert,
+			PeerKey:    certs.EtcdPeerKey,
+			ClientCert: certs.EtcdClientCert,
+			ClientKey:  certs.EtcdClientKey,
+		},
+	}
+}
+
+// credentials are the kubeconfigs of the in-process clients.
+type credentials struct {
+	controllerManager, scheduler string
+}
+
+func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) (credentials, error) {
+	dir := filepath.Join(cfg.DataDir, "server", "cred")
+	creds := credentials{
+		controllerManager: filepath.Join(dir, "controller.kubeconfig"),
+		scheduler:         filepath.Join(dir, "scheduler.kubeconfig"),
+	}
+	for _, f := range []struct {
+		path      string
+		cert, key string
+	}{
+		{creds.controllerManager, certs.ControllerManagerCert, certs.ControllerManagerKey},
+		{creds.scheduler, certs.SchedulerCert, certs.SchedulerKey},
+		{filepath.Join(dir, "admin.kubeconfig"), certs.AdminCert, certs.AdminKey},
+	} {
+		if err := kubeconfig.Write(f.path, 0o600, kubeconfig.Client{Server: url, CAFile: certs.ServerCA, CertFile: f.cert, KeyFile: f.key}); err != nil {
+			return credentials{}, err
+		}
+	}
+	admin := kubeconfig.Client{Server: url, CAFile: certs.ServerCA, CertFile: certs.AdminCert, KeyFile: certs.AdminKey}
+	if err := kubeconfig.Write(cfg.WriteKubeconfig, cfg.WriteKubeconfigMode, admin); err != nil {
+		return credentials{}, fmt.Errorf("%w (choose another path with --write-kubeconfig)", err)
+	}
+	return creds, nil
+}
