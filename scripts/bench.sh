@@ -7,7 +7,7 @@
 #   RUNS=3     warm starts per datastore; min/median/max are printed
 #   IDLE=60    seconds of the idle window on a running server
 #   SETTLE=10  seconds between "ready" and the start of the idle window
-#   KELP=bin/kelp
+#   KELP=bin/kelp  (of this repo; a relative path given is taken from the caller's cwd)
 #   POLL=curl  /readyz client polled every 50 ms in kelp's netns: curl (with the
 #              admin client certificate) or kubectl (`kelp kubectl`, ~0.1 s a call)
 #   LOGDIR=    if set, kelp's logs are copied there; otherwise they are deleted
@@ -23,14 +23,13 @@
 # scheduler are up as well ("log").
 # KELP_* variables are unset so that kelp runs on its defaults.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 RUNS=${RUNS:-3}
 IDLE=${IDLE:-60}
 SETTLE=${SETTLE:-10}
-KELP=${KELP:-bin/kelp}
+KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
 POLL=${POLL:-curl}
-LOGDIR=${LOGDIR:-}
+LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
 
 readonly port=6443 poll_interval=0.05 ready_timeout_s=300 stop_kill_after_s=30
 readonly datastores=(sqlite etcd)
@@ -43,7 +42,6 @@ die() { echo "bench: $*" >&2; exit 1; }
 [[ $SETTLE =~ ^[0-9]+$ ]] || die "SETTLE must be an integer (seconds), got '$SETTLE'"
 [[ $POLL == curl || $POLL == kubectl ]] || die "POLL must be curl or kubectl, got '$POLL'"
 [[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
-KELP=$(readlink -f "$KELP")
 for tool in unshare nsenter ip awk $([[ $POLL == curl ]] && echo curl); do
   command -v "$tool" >/dev/null || die "$tool is missing"
 done
@@ -57,8 +55,9 @@ kelp_pid=
 
 cleanup() {
   local rc=$?
-  trap - EXIT
+  trap - EXIT ERR
   trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
+  set +eu          # nor may a half-set variable
   if [[ -n $kelp_pid ]]; then
     echo "bench: stopping kelp (pid $kelp_pid)" >&2
     stop_kelp || true
@@ -122,7 +121,7 @@ readyz_ok() {
 ms() { echo $(( ($1 + 500) / 1000 )); }
 secs() { awk -v ms="$1" 'BEGIN { if (ms == "") print "-"; else printf "%.2f", ms / 1000 }'; }
 
-# stats N...: "min/median/max" of integers, in seconds when they are ms.
+# stats_s MS...: "min/median/max" of millisecond figures, in seconds.
 stats_s() {
   printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 }
     END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
@@ -132,6 +131,8 @@ median() {
   printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 }
     END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
 }
+mib() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
+kib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1024 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "-"; else printf "%.2f", a / b }'; }
 
 # --- one kelp ---------------------------------------------------------------
@@ -146,7 +147,7 @@ start_kelp() {
     --write-kubeconfig "$dir/kubeconfig")
   [[ $ds == etcd ]] && args+=(--cluster-init)
 
-  t_api= t_log= t_stage= took=
+  t_api= t_log= t_stage= took= lines_at_ready=
   local t0 now
   t0=$(now_us)
   # sh -e: a namespace that cannot be set up must not become a kelp in the
@@ -209,7 +210,7 @@ stop_kelp() {
   (( t_stop <= 10000 )) || stop_note+="${stop_note:+, }slower than 10 s"
   (( stop_rc == 0 )) || stop_note+="${stop_note:+, }exit status $stop_rc"
   # Log lines by phase, for the notes at the end.
-  phases+=("$log $lines_at_ready $lines_at_term")
+  phases+=("$log ${lines_at_ready:-$lines_at_term} $lines_at_term")
 }
 
 # idle_window: lets the running kelp settle, then samples it over IDLE seconds.
@@ -295,38 +296,37 @@ done
 
 # --- summary ----------------------------------------------------------------
 
-row() { printf '%-40s %-17s %-17s %s\n' "$@"; }
-mib() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
-kib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1024 }'; }
+row() { printf '%-37s %-17s %-17s %s\n' "$@"; }
 echo
-echo "== summary (times in s; min/median/max over runs; ratio of medians) =="
+echo "== summary: times in s (min/median/max; ratio of medians), idle = ${IDLE}s window after ${SETTLE}s settling =="
+echo "   /readyz: launch until /readyz says ok; log: until \"kelp server is ready\" (controller-manager and scheduler up too)"
 row "" sqlite etcd etcd/sqlite
 for kind in api log; do
-  name=$([[ $kind == api ]] && echo "/readyz ok" || echo "ready log line")
-  row "cold start, bundle extracted: $name" "$(secs "${r[sqlite,cold_$kind]}")" "$(secs "${r[etcd,cold_$kind]}")" \
+  name=$([[ $kind == api ]] && echo "/readyz" || echo "log")
+  row "cold start (extracts bundle) $name" "$(secs "${r[sqlite,cold_$kind]}")" "$(secs "${r[etcd,cold_$kind]}")" \
     "$(ratio "${r[etcd,cold_$kind]}" "${r[sqlite,cold_$kind]}")"
 done
-row "  bundle staged (log line seen)" "$(secs "${r[sqlite,stage]}")" "$(secs "${r[etcd,stage]}")" \
+row "  bundle staged, since launch" "$(secs "${r[sqlite,stage]}")" "$(secs "${r[etcd,stage]}")" \
   "$(ratio "${r[etcd,stage]}" "${r[sqlite,stage]}")"
 for kind in api log; do
-  name=$([[ $kind == api ]] && echo "/readyz ok" || echo "ready log line")
-  row "first boot, bundle staged: $name" "$(secs "${r[sqlite,first_$kind]}")" "$(secs "${r[etcd,first_$kind]}")" \
+  name=$([[ $kind == api ]] && echo "/readyz" || echo "log")
+  row "first boot (bundle staged) $name" "$(secs "${r[sqlite,first_$kind]}")" "$(secs "${r[etcd,first_$kind]}")" \
     "$(ratio "${r[etcd,first_$kind]}" "${r[sqlite,first_$kind]}")"
 done
 for kind in api log; do
-  name=$([[ $kind == api ]] && echo "/readyz ok" || echo "ready log line")
+  name=$([[ $kind == api ]] && echo "/readyz" || echo "log")
   # shellcheck disable=SC2086 # word lists of numbers
-  row "warm start x$RUNS: $name" "$(stats_s ${r[sqlite,warm_$kind]})" "$(stats_s ${r[etcd,warm_$kind]})" \
+  row "warm start x$RUNS $name" "$(stats_s ${r[sqlite,warm_$kind]})" "$(stats_s ${r[etcd,warm_$kind]})" \
     "$(ratio "$(median ${r[etcd,warm_$kind]})" "$(median ${r[sqlite,warm_$kind]})")"
 done
 # shellcheck disable=SC2086
-row "stop, SIGTERM to gone x$((RUNS + 2))" "$(stats_s ${r[sqlite,stops]})" "$(stats_s ${r[etcd,stops]})" \
+row "stop (SIGTERM to gone) x$((RUNS + 2))" "$(stats_s ${r[sqlite,stops]})" "$(stats_s ${r[etcd,stops]})" \
   "$(ratio "$(median ${r[etcd,stops]})" "$(median ${r[sqlite,stops]})")"
-row "idle ${IDLE}s: VmRSS (MiB)" "$(mib "${r[sqlite,rss]}")" "$(mib "${r[etcd,rss]}")" "$(ratio "${r[etcd,rss]}" "${r[sqlite,rss]}")"
-row "idle ${IDLE}s: RssAnon (MiB)" "$(mib "${r[sqlite,anon]}")" "$(mib "${r[etcd,anon]}")" "$(ratio "${r[etcd,anon]}" "${r[sqlite,anon]}")"
-row "idle ${IDLE}s: VmHWM (MiB)" "$(mib "${r[sqlite,hwm]}")" "$(mib "${r[etcd,hwm]}")" "$(ratio "${r[etcd,hwm]}" "${r[sqlite,hwm]}")"
-row "idle ${IDLE}s: CPU (% of one core)" "${r[sqlite,cpu]}" "${r[etcd,cpu]}" "$(ratio "${r[etcd,cpu]}" "${r[sqlite,cpu]}")"
-row "idle ${IDLE}s: disk writes (KiB/s)" "$(kib "${r[sqlite,wbps]}")" "$(kib "${r[etcd,wbps]}")" "$(ratio "${r[etcd,wbps]}" "${r[sqlite,wbps]}")"
+row "idle VmRSS (MiB)" "$(mib "${r[sqlite,rss]}")" "$(mib "${r[etcd,rss]}")" "$(ratio "${r[etcd,rss]}" "${r[sqlite,rss]}")"
+row "idle RssAnon (MiB)" "$(mib "${r[sqlite,anon]}")" "$(mib "${r[etcd,anon]}")" "$(ratio "${r[etcd,anon]}" "${r[sqlite,anon]}")"
+row "idle VmHWM (MiB)" "$(mib "${r[sqlite,hwm]}")" "$(mib "${r[etcd,hwm]}")" "$(ratio "${r[etcd,hwm]}" "${r[sqlite,hwm]}")"
+row "idle CPU (% of one core)" "${r[sqlite,cpu]}" "${r[etcd,cpu]}" "$(ratio "${r[etcd,cpu]}" "${r[sqlite,cpu]}")"
+row "idle disk writes (KiB/s)" "$(kib "${r[sqlite,wbps]}")" "$(kib "${r[etcd,wbps]}")" "$(ratio "${r[etcd,wbps]}" "${r[sqlite,wbps]}")"
 echo
 echo "goals, for context: ready <= 5 s with a staged bundle (first boot and warm start);"
 echo "  control-plane idle RSS <= 250 MB (k3s's whole server idles at 500+ MB)."
@@ -349,6 +349,7 @@ for entry in "${phases[@]}"; do
       if (level == "" && $0 ~ /panic|fatal|[Ee]rror/) { level = "raw"; msg = $0 }
       if (level !~ /^(warn|warning|error|fatal|panic|raw)$/) next
       if (match($0, / error="([^"\\]|\\.)*"/)) msg = msg " [" substr($0, RSTART + 8, RLENGTH - 9) "]"
+      else if (match($0, /"error":"([^"\\]|\\.)*"/)) msg = msg " [" substr($0, RSTART + 9, RLENGTH - 10) "]"
       gsub(work, "$WORK", msg); gsub(/0x[0-9a-f]+/, "0x?", msg)
       phase = NR <= r ? "1start" : (NR <= t ? "2running" : "3stop")
       print phase "\t" ds "\t" level "\t" substr(msg, 1, 160)

@@ -157,6 +157,12 @@ type engine interface {
 	stop() error
 }
 
+var (
+	_ engine = (*kineEngine)(nil)
+	_ engine = (*etcdEngine)(nil)
+	_ engine = externalEtcd{}
+)
+
 // Datastore is a running datastore. Its methods are safe for concurrent use.
 type Datastore struct {
 	desc         string // names the datastore in messages, without secrets
@@ -182,9 +188,11 @@ type Datastore struct {
 }
 
 // Start launches the datastore described by cfg and returns once it has
-// launched; Ready and WaitReady tell when it answers. ctx bounds the launch
-// only: the datastore runs until Close. On error everything Start began is
-// stopped again and nothing on disk has been removed or rewritten.
+// launched; Ready and WaitReady tell when it answers. ctx bounds the checks
+// and the connection to a remote database, not embedded etcd's own start,
+// which cannot be interrupted; once started, the datastore runs until Close.
+// On error everything Start began is stopped again and nothing on disk has
+// been removed or rewritten.
 func Start(ctx context.Context, cfg Config) (*Datastore, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

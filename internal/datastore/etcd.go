@@ -74,10 +74,15 @@ func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend,
 		}
 	}()
 
-	closing := &atomic.Bool{}
 	if err := checkEtcdBackend(dir); err != nil {
 		return nil, "", Backend{}, err
 	}
+	// kelp does not migrate SQLite to etcd; an empty cluster beside the old
+	// data would look like lost data.
+	if sqlitePath := filepath.Join(dbDir, stateDBName); !wal.Exist(filepath.Join(dir, "member", "wal")) && nonEmpty(sqlitePath) {
+		return nil, "", Backend{}, fmt.Errorf("%s: a SQLite datastore exists at %s and kelp does not migrate it to etcd: start without --cluster-init to use it, or move it away to start an empty etcd cluster", desc, sqlitePath)
+	}
+	closing := &atomic.Bool{}
 	ec, err := etcdConfig(cfg, dir, log, closing)
 	if err != nil {
 		return nil, "", Backend{}, fmt.Errorf("%s: %w", desc, err)
@@ -210,11 +215,11 @@ func (s *etcdEngine) watch() {
 func (s *etcdEngine) failed() <-chan error { return s.failc }
 
 // stop closes etcd: it drains clients, stops raft, syncs and closes the WAL
-// and the bbolt backend, and closes its listeners.
+// and the bbolt backend, and closes its listeners. The lock is kept if etcd
+// does not stop: it may still write.
 func (s *etcdEngine) stop() error {
 	close(s.stopping)
 	s.closing.Store(true)
-	defer s.lock.release()
 	done := make(chan struct{})
 	go func() {
 		s.etcd.Close()
@@ -222,6 +227,7 @@ func (s *etcdEngine) stop() error {
 	}()
 	select {
 	case <-done:
+		s.lock.release()
 		return nil
 	case <-time.After(etcdStopTimeout):
 		return fmt.Errorf("etcd did not stop within %s", etcdStopTimeout)

@@ -185,3 +185,26 @@ func TestExternalEtcdUnreachableFailsInBoundedTime(t *testing.T) {
 		t.Error("Err did not deliver the failure")
 	}
 }
+
+// Switching between SQLite and embedded etcd on one data dir would start an
+// empty cluster beside the old one; kelp refuses instead.
+func TestDatastoreKindSwitchIsRefused(t *testing.T) {
+	tls := etcdTestTLS(t)
+
+	etcdDir := t.TempDir()
+	d := startReady(t, etcdTestConfig(t, etcdDir, tls))
+	closeWithin(t, d, 30*time.Second)
+	_, err := Start(context.Background(), Config{DataDir: etcdDir})
+	if err == nil || !strings.Contains(err.Error(), "start with --cluster-init") {
+		t.Errorf("SQLite start over an etcd datastore: %v", err)
+	}
+
+	sqliteDir := t.TempDir()
+	d = startReady(t, Config{DataDir: sqliteDir})
+	put(t, d.Backend(), "/registry/test/a", "one")
+	closeWithin(t, d, 30*time.Second)
+	_, err = Start(context.Background(), etcdTestConfig(t, sqliteDir, tls))
+	if err == nil || !strings.Contains(err.Error(), "does not migrate") {
+		t.Errorf("etcd start over a SQLite datastore: %v", err)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/k3s-io/kine/pkg/endpoint"
 	kinetls "github.com/k3s-io/kine/pkg/tls"
 	"github.com/sirupsen/logrus"
+	"go.etcd.io/etcd/server/v3/storage/wal"
 )
 
 const (
@@ -82,6 +83,10 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 	connectTimeout := orDefault(cfg.connectTimeout, remoteConnectTimeout)
 	switch kind {
 	case KindSQLite:
+		if wal.Exist(filepath.Join(dbDir, etcdDirName, "member", "wal")) {
+			err = fmt.Errorf("%s: an embedded etcd datastore exists at %s: start with --cluster-init to use it, or move it away to start an empty SQLite datastore", desc, filepath.Join(dbDir, etcdDirName))
+			break
+		}
 		err = checkSQLite(ctx, filepath.Join(dbDir, stateDBName))
 	case KindPostgres:
 		err = checkPostgres(ctx, desc, cfg.Endpoint, backendTLS, connectTimeout)
@@ -124,12 +129,13 @@ func (k *kineEngine) failed() <-chan error { return nil }
 // stop ends kine's context, which drains its gRPC server (2 s at most) and
 // then closes its database handle; waiting for its WaitGroup waits for both.
 // Closing the last SQLite connection checkpoints the WAL into state.db.
+// The lock is kept if kine does not stop: it may still write.
 func (k *kineEngine) stop() error {
 	k.cancel()
-	defer k.lock.release()
 	if !waitGroupTimeout(k.wg, kineStopTimeout) {
 		return fmt.Errorf("kine did not stop within %s", kineStopTimeout)
 	}
+	k.lock.release()
 	return nil
 }
 

@@ -10,8 +10,10 @@ import (
 	"os"
 	"strings"
 
-	// The pure-Go driver kine itself uses when kelp is built without cgo.
-	_ "modernc.org/sqlite"
+	// kine's SQLite driver when built without cgo, as kelp is; the check
+	// uses it in every build.
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // checkSQLite refuses a state.db that SQLite cannot read, before kine gets
@@ -36,6 +38,12 @@ func checkSQLite(ctx context.Context, path string) error {
 	}
 
 	problems, err := quickCheck(ctx, path)
+	if err != nil && !isCorrupt(err) {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return fmt.Errorf("check SQLite datastore %s: %w", path, err)
+	}
 	if err != nil {
 		return fmt.Errorf("SQLite datastore %s is not a valid SQLite database or is corrupt (%v): restore it from a backup, or move it away to start an empty datastore; kelp has not changed it", path, err)
 	}
@@ -76,13 +84,32 @@ func quickCheck(ctx context.Context, path string) ([]string, error) {
 			return nil, err
 		}
 		if line != "ok" {
-			problems = append(problems, line)
+			problems = append(problems, strings.ReplaceAll(line, "\n", "; "))
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	return problems, nil
+}
+
+// isCorrupt tells SQLite's "this is no database" and "this database is
+// damaged" from failures to read the file at all.
+func isCorrupt(err error) bool {
+	var serr *sqlite.Error
+	if !errors.As(err, &serr) {
+		return false
+	}
+	switch serr.Code() & 0xff {
+	case sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT:
+		return true
+	}
+	return false
+}
+
+func nonEmpty(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Size() > 0
 }
 
 func exists(path string) bool {

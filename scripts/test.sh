@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit tests and cluster tests, which start real
+# kelp servers in network namespaces of their own. Run as root on a fresh
+# machine: it installs what it needs (Debian packages) and builds kelp.
+# Extra arguments go to `go test` (e.g. -run TestServerSQLite -v).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[[ $(id -u) == 0 ]] || { echo "scripts/test.sh: run as root (cluster tests use namespaces and mounts)" >&2; exit 1; }
+
+# Packages the cluster tests use: ip/nsenter/unshare for node namespaces,
+# PostgreSQL for the external-datastore test.
+need=()
+for p in iproute2 util-linux postgresql; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if ((${#need[@]})); then
+  echo "installing ${need[*]}"
+  # Keep the package from starting a system-wide PostgreSQL: the tests run
+  # their own, inside a node's namespace.
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
+  rm -f /usr/sbin/policy-rc.d
+fi
+
+scripts/build.sh
+go vet ./...
+KELP_BIN=$PWD/bin/kelp go test -count=1 -timeout 25m "$@" ./...
