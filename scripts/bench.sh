@@ -232,7 +232,7 @@ declare -A r # results, keyed "ds,figure"
 phases=()
 
 report_start() {
-  local ds=$1 label=$2 extra=${3:-}
+  local ds=$1 label=$2
   printf '%-6s %-11s /readyz %6ss  log %6ss (took=%s)%s  RSS %s MiB\n' "$ds" "$label" \
     "$(secs "$t_api")" "$(secs "$t_log")" "${took:--}" \
     "${t_stage:+  bundle staged at $(secs "$t_stage")s}" "$(( $(status_kb "$kelp_pid" VmRSS) / 1024 ))"
