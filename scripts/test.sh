@@ -26,5 +26,7 @@ if ((${#need[@]})); then
 fi
 
 scripts/build.sh
+# The same build as bin/kelp (pure-Go SQLite), sharing its build cache.
+export CGO_ENABLED=0
 go vet ./...
 KELP_BIN=$PWD/bin/kelp go test -count=1 -timeout 25m "$@" ./...
