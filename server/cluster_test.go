@@ -51,6 +51,18 @@ func TestServerPostgres(t *testing.T) {
 	}
 }
 
+// TestStopDuringStart stops the server while the apiserver is starting:
+// a requested stop is a clean exit, not a failure, and the next start works.
+func TestStopDuringStart(t *testing.T) {
+	n := testcluster.NewNode(t)
+	n.Start()
+	n.WaitLog("datastore", startTimeout)
+	t.Logf("stopped in %s", n.Stop())
+	n.Start()
+	n.WaitReady(startTimeout)
+	n.Stop()
+}
+
 // testPersistence starts a server, writes every kind of object a user
 // relies on, restarts the server and checks that all of it is still there.
 func testPersistence(t *testing.T, n *testcluster.Node, args ...string) {

@@ -35,6 +35,15 @@ var log = logrus.WithField("component", "server")
 // Run starts the control plane and blocks until ctx ends or a component
 // fails, then stops everything in reverse order.
 func Run(ctx context.Context, cfg config.Server) error {
+	err := run(ctx, cfg)
+	if errors.Is(err, errStopped) {
+		log.Info("stop requested during start-up")
+		return nil
+	}
+	return err
+}
+
+func run(ctx context.Context, cfg config.Server) error {
 	if !cfg.DisableAgent {
 		return errors.New("this kelp has no node agent yet: run `kelp server --disable-agent` for a control plane without a node")
 	}
@@ -97,8 +106,14 @@ func Run(ctx context.Context, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
-	stoppers = append(stoppers, api.Stop)
 	url := apiserver.LocalURL(cfg.BindAddress, cfg.HTTPSPort)
+	stoppers = append(stoppers, func(ctx context.Context) error {
+		// The apiserver exits the whole process (klog.Fatal) when it is
+		// cancelled before its post-start hooks are done, so a stop asked
+		// for during start-up lets it finish starting first.
+		_ = apiserver.WaitReady(ctx, api, url, certs.ServerCA)
+		return api.Stop(ctx)
+	})
 	if err := waitFor(ctx, func(ctx context.Context) error { return apiserver.WaitReady(ctx, api, url, certs.ServerCA) }); err != nil {
 		return err
 	}
@@ -151,13 +166,20 @@ func Run(ctx context.Context, cfg config.Server) error {
 	}
 }
 
-// waitFor runs a readiness wait bounded by readyTimeout and by ctx, so that
-// SIGTERM during start-up stops the wait.
+// waitFor runs a readiness wait bounded by readyTimeout and by ctx. A stop
+// asked for during start-up (ctx ends) is not a failure: it returns
+// errStopped, which Run turns into a clean exit.
 func waitFor(ctx context.Context, wait func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	waitCtx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	return wait(ctx)
+	err := wait(waitCtx)
+	if err != nil && ctx.Err() != nil {
+		return errStopped
+	}
+	return err
 }
+
+var errStopped = errors.New("stopped during start-up")
 
 func pkiConfig(cfg config.Server) pki.Config {
 	var ips []net.IP

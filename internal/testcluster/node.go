@@ -38,6 +38,7 @@ type Node struct {
 	holder     *exec.Cmd
 	server     *exec.Cmd
 	serverDone chan error
+	serverLog  string
 	logs       []string
 }
 
@@ -154,6 +155,7 @@ func (n *Node) Start(extra ...string) {
 		n.t.Fatal(err)
 	}
 	n.logs = append(n.logs, logPath)
+	n.serverLog = logPath
 	n.server = n.Command(Binary(n.t), n.ServerArgs(extra...)...)
 	n.server.Stdout, n.server.Stderr = logFile, logFile
 	if err := start(n.server); err != nil {
@@ -166,7 +168,8 @@ func (n *Node) Start(extra ...string) {
 	}()
 }
 
-// WaitReady waits until the apiserver's /readyz answers ok.
+// WaitReady waits until the apiserver's /readyz answers ok and the server
+// says it is ready (the controller-manager and the scheduler run too).
 func (n *Node) WaitReady(timeout time.Duration) {
 	n.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -182,7 +185,8 @@ func (n *Node) WaitReady(timeout time.Duration) {
 			body := new(bytes.Buffer)
 			_, _ = body.ReadFrom(resp.Body)
 			resp.Body.Close()
-			if _, statErr := os.Stat(n.Kubeconfig); resp.StatusCode == http.StatusOK && statErr == nil {
+			logged, _ := os.ReadFile(n.serverLog)
+			if resp.StatusCode == http.StatusOK && bytes.Contains(logged, []byte("kelp server is ready")) {
 				return
 			}
 			last = resp.Status + ": " + body.String()
@@ -197,6 +201,22 @@ func (n *Node) WaitReady(timeout time.Duration) {
 			n.t.Fatalf("kelp server not ready after %s: %s", timeout, last)
 		case <-time.After(200 * time.Millisecond):
 		}
+	}
+}
+
+// WaitLog waits until the running server's log contains text.
+func (n *Node) WaitLog(text string, timeout time.Duration) {
+	n.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		logged, _ := os.ReadFile(n.serverLog)
+		if bytes.Contains(logged, []byte(text)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("kelp server did not log %q within %s", text, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
