@@ -3,6 +3,10 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -31,11 +35,41 @@ const (
 var widgets = schema.GroupVersionResource{Group: "kelp.test", Version: "v1", Resource: "widgets"}
 
 func TestServerSQLite(t *testing.T) {
-	testPersistence(t, testcluster.NewNode(t))
+	n := testcluster.NewNode(t)
+	testPersistence(t, n)
+	checkMode(t, n.Kubeconfig, 0o600)
+}
+
+// TestKubectl runs the built-in kubectl as `kelp kubectl` and through a
+// link named kubectl, the way users call it.
+func TestKubectl(t *testing.T) {
+	n := testcluster.NewNode(t)
+	n.Start()
+	n.WaitReady(startTimeout)
+	link := filepath.Join(n.Dir, "kubectl")
+	if err := os.Symlink(testcluster.Binary(t), link); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []*exec.Cmd{
+		n.Command(testcluster.Binary(t), "kubectl", "--kubeconfig", n.Kubeconfig, "get", "namespace", "kube-system", "-o", "name"),
+		n.Command(link, "--kubeconfig", n.Kubeconfig, "get", "namespace", "kube-system", "-o", "name"),
+	} {
+		out, err := n.Run(time.Minute, cmd)
+		if err != nil || strings.TrimSpace(out) != "namespace/kube-system" {
+			t.Errorf("%v: %v\n%s", cmd.Args, err, out)
+		}
+	}
+	out, err := n.Run(time.Minute, n.Command(link, "--kubeconfig", n.Kubeconfig, "get", "namespace", "no-such-namespace"))
+	if testcluster.ExitCode(err) != 1 || !strings.Contains(out, "NotFound") && !strings.Contains(out, "not found") {
+		t.Errorf("kubectl errors must come through with kubectl's exit code: %v\n%s", err, out)
+	}
+	n.Stop()
 }
 
 func TestServerEmbeddedEtcd(t *testing.T) {
-	testPersistence(t, testcluster.NewNode(t), "--cluster-init")
+	n := testcluster.NewNode(t)
+	testPersistence(t, n, "--cluster-init", "--write-kubeconfig-mode", "0644")
+	checkMode(t, n.Kubeconfig, 0o644)
 }
 
 func TestServerPostgres(t *testing.T) {
@@ -192,11 +226,27 @@ func watchSeesChanges(t *testing.T, n *testcluster.Node) {
 
 // controlPlaneWorks checks that the controller-manager and the scheduler
 // run: the Deployment gets a ReplicaSet and a Pod, and the scheduler
-// reports that no node can take the Pod (the server has none).
+// reports that no node can take the Pod (the server has none); a Node
+// registered by hand gets a pod CIDR out of --cluster-cidr.
 func controlPlaneWorks(t *testing.T, n *testcluster.Node) {
 	t.Helper()
 	ctx := context.Background()
 	c := n.Client()
+	must(t, "node", func() error {
+		_, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "hand-made"}}, metav1.CreateOptions{})
+		return err
+	})
+	eventually(t, "pod CIDR allocated to the node", func() (bool, error) {
+		node, err := c.CoreV1().Nodes().Get(ctx, "hand-made", metav1.GetOptions{})
+		if err != nil || node.Spec.PodCIDR == "" {
+			return false, err
+		}
+		cidr, err := netip.ParsePrefix(node.Spec.PodCIDR)
+		if err != nil || cidr.Bits() != 24 || !netip.MustParsePrefix("10.42.0.0/16").Contains(cidr.Addr()) {
+			return false, fmt.Errorf("pod CIDR %q is not a /24 of 10.42.0.0/16", node.Spec.PodCIDR)
+		}
+		return true, nil
+	})
 	eventually(t, "pod of the deployment marked unschedulable", func() (bool, error) {
 		pods, err := c.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
 		if err != nil || len(pods.Items) == 0 {
@@ -278,6 +328,17 @@ func widgetCRD() *apiextv1.CustomResourceDefinition {
 				}},
 			}},
 		},
+	}
+}
+
+func checkMode(t *testing.T, path string, want os.FileMode) {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != want {
+		t.Errorf("%s has mode %v, want %v", path, st.Mode().Perm(), want)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -183,7 +185,7 @@ var errStopped = errors.New("stopped during start-up")
 
 func pkiConfig(cfg config.Server) pki.Config {
 	var ips []net.IP
-	for _, ip := range append(cfg.NodeIPs, cfg.AdvertiseAddress) {
+	for _, ip := range slices.Concat(cfg.NodeIPs, []netip.Addr{cfg.AdvertiseAddress}) {
 		ips = append(ips, net.IP(ip.AsSlice()))
 	}
 	return pki.Config{
