@@ -105,12 +105,51 @@ func testPersistence(t *testing.T, n *testcluster.Node, args ...string) {
 	createObjects(t, n)
 	watchSeesChanges(t, n)
 	controlPlaneWorks(t, n)
+	holders := leaseHolders(t, n)
 	t.Logf("stopped in %s", n.Stop())
 
 	n.Start(args...)
 	n.WaitReady(startTimeout)
 	checkObjects(t, n)
+	leadersTakeOver(t, n, holders)
 	t.Logf("stopped in %s", n.Stop())
+}
+
+// leaseHolders returns who holds the controller-manager's and the
+// scheduler's leader leases.
+func leaseHolders(t *testing.T, n *testcluster.Node) map[string]string {
+	t.Helper()
+	holders := map[string]string{}
+	for _, name := range []string{"kube-controller-manager", "kube-scheduler"} {
+		eventually(t, "lease "+name+" held", func() (bool, error) {
+			lease, err := n.Client().CoordinationV1().Leases("kube-system").Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+				return false, nil
+			}
+			holders[name] = *lease.Spec.HolderIdentity
+			return true, nil
+		})
+	}
+	return holders
+}
+
+// leadersTakeOver checks that a restarted server's controller-manager and
+// scheduler lead well before the previous run's 60 s leases would expire.
+func leadersTakeOver(t *testing.T, n *testcluster.Node, before map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		now := leaseHolders(t, n)
+		for name, holder := range before {
+			if now[name] == holder {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Errorf("leader leases still held by the previous run 20 s after restart: %v", before)
+	}
 }
 
 func createObjects(t *testing.T, n *testcluster.Node) {

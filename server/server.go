@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -123,6 +124,10 @@ func run(ctx context.Context, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
+	hostname, _ := os.Hostname()
+	if err := releaseOwnLeases(ctx, creds.admin, hostname); err != nil {
+		log.WithError(err).Warn("the controller-manager and the scheduler wait for their previous leases to expire")
+	}
 
 	cm, err := controllermanager.Start(run, controllermanager.Args(controllermanager.Config{
 		Kubeconfig:  creds.controllerManager,
@@ -223,7 +228,7 @@ func datastoreConfig(cfg config.Server, certs pki.Files) datastore.Config {
 
 // credentials are the kubeconfigs of the in-process clients.
 type credentials struct {
-	controllerManager, scheduler string
+	controllerManager, scheduler, admin string
 }
 
 func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) (credentials, error) {
@@ -231,6 +236,7 @@ func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) (credentia
 	creds := credentials{
 		controllerManager: filepath.Join(dir, "controller.kubeconfig"),
 		scheduler:         filepath.Join(dir, "scheduler.kubeconfig"),
+		admin:             filepath.Join(dir, "admin.kubeconfig"),
 	}
 	for _, f := range []struct {
 		path      string
@@ -238,7 +244,7 @@ func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) (credentia
 	}{
 		{creds.controllerManager, certs.ControllerManagerCert, certs.ControllerManagerKey},
 		{creds.scheduler, certs.SchedulerCert, certs.SchedulerKey},
-		{filepath.Join(dir, "admin.kubeconfig"), certs.AdminCert, certs.AdminKey},
+		{creds.admin, certs.AdminCert, certs.AdminKey},
 	} {
 		if err := kubeconfig.Write(f.path, 0o600, kubeconfig.Client{Server: url, CAFile: certs.ServerCA, CertFile: f.cert, KeyFile: f.key}); err != nil {
 			return credentials{}, err

@@ -104,6 +104,19 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "; ")
 }
 
+// WithLeaderElection adds kelp's leader election timings to the flags of
+// the controller-manager or the scheduler. Upstream renews every 2 s, which
+// on SQLite is most of an idle server's disk writes; kelp renews every 10 s
+// and lets a standby take over after 60 s of silence. A restarted server
+// does not wait that long: it releases the leases its previous run held.
+func WithLeaderElection(flags map[string]string) map[string]string {
+	flags["leader-elect"] = "true"
+	flags["leader-elect-lease-duration"] = "60s"
+	flags["leader-elect-renew-deadline"] = "40s"
+	flags["leader-elect-retry-period"] = "10s"
+	return flags
+}
+
 // Args renders flags for an upstream component: defaults, overridden by the
 // user's "name=value" extras (a later extra wins), sorted by name.
 func Args(defaults map[string]string, extra []string) []string {

@@ -32,13 +32,12 @@ type Config struct {
 
 // Args returns the kube-controller-manager command line for cfg.
 func Args(cfg Config) []string {
-	flags := map[string]string{
+	flags := component.WithLeaderElection(map[string]string{
 		"kubeconfig":                       cfg.Kubeconfig,
 		"authentication-kubeconfig":        cfg.Kubeconfig,
 		"authorization-kubeconfig":         cfg.Kubeconfig,
 		"bind-address":                     "127.0.0.1",
 		"secure-port":                      securePort,
-		"leader-elect":                     "true",
 		"allocate-node-cidrs":              "true",
 		"cluster-cidr":                     cfg.ClusterCIDR.String(),
 		"service-cluster-ip-range":         cfg.ServiceCIDR.String(),
@@ -63,7 +62,7 @@ func Args(cfg Config) []string {
 		// its context ends; with it, it releases its lease and returns,
 		// so a restarted server takes the lease over at once.
 		"feature-gates": "ControllerManagerReleaseLeaderElectionLockOnExit=true",
-	}
+	})
 	return component.Args(flags, cfg.ExtraArgs)
 }
 

@@ -19,6 +19,8 @@ func TestArgs(t *testing.T) {
 	for _, want := range []string{
 		"--kubeconfig=/cred/controller.kubeconfig",
 		"--leader-elect=true",
+		"--leader-elect-retry-period=10s",
+		"--leader-elect-lease-duration=60s",
 		"--allocate-node-cidrs=true",
 		"--cluster-cidr=10.42.0.0/16",
 		"--service-cluster-ip-range=10.43.0.0/16",

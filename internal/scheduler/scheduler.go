@@ -26,15 +26,14 @@ type Config struct {
 
 // Args returns the kube-scheduler command line for cfg.
 func Args(cfg Config) []string {
-	return component.Args(map[string]string{
+	return component.Args(component.WithLeaderElection(map[string]string{
 		"kubeconfig":                cfg.Kubeconfig,
 		"authentication-kubeconfig": cfg.Kubeconfig,
 		"authorization-kubeconfig":  cfg.Kubeconfig,
 		"bind-address":              "127.0.0.1",
 		"secure-port":               securePort,
-		"leader-elect":              "true",
 		"profiling":                 "false",
-	}, cfg.ExtraArgs)
+	}), cfg.ExtraArgs)
 }
 
 // Start parses args the way the kube-scheduler command does and runs it

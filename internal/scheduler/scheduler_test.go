@@ -11,6 +11,8 @@ func TestArgs(t *testing.T) {
 		"--kubeconfig=/cred/scheduler.kubeconfig",
 		"--authentication-kubeconfig=/cred/scheduler.kubeconfig",
 		"--leader-elect=true",
+		"--leader-elect-retry-period=10s",
+		"--leader-elect-lease-duration=60s",
 		"--bind-address=127.0.0.1",
 		"--secure-port=10259",
 		"--v=3",
