@@ -51,8 +51,11 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 		dbPath := filepath.Join(dbDir, stateDBName)
 		desc = "SQLite datastore " + dbPath
 		// kine's DSN for SQLite is a path followed by mattn/go-sqlite3 style
-		// parameters, which it translates for modernc.org/sqlite.
-		dsn = "sqlite://" + dbPath + "?" + sqlite.DefaultParams
+		// parameters, which it translates for modernc.org/sqlite. kine
+		// would VACUUM, i.e. rewrite, the whole database at every start:
+		// needless flash wear and a slow start on a big database, while
+		// SQLite reuses free pages anyway.
+		dsn = "sqlite://" + dbPath + "?" + sqlite.DefaultParams + "&_kine_disable_startup_vacuum=true"
 	case KindPostgres:
 		desc = "PostgreSQL datastore " + Redact(cfg.Endpoint)
 		dsn = cfg.Endpoint

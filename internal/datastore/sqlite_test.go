@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	logrustest "github.com/sirupsen/logrus/hooks/test"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -373,5 +374,24 @@ func TestWaitReadyAfterCloseBeforeReady(t *testing.T) {
 	case err := <-d.Err():
 		t.Errorf("Err after Close: %v", err)
 	default:
+	}
+}
+
+// TestSQLiteStartDoesNotRewriteDatabase checks that kine's start-up VACUUM,
+// which rewrites the whole file at every start, stays off.
+func TestSQLiteStartDoesNotRewriteDatabase(t *testing.T) {
+	hook := logrustest.NewGlobal()
+	defer hook.Reset()
+	d := startReady(t, Config{DataDir: t.TempDir()})
+	closeWithin(t, d, 30*time.Second)
+	var disabled bool
+	for _, e := range hook.AllEntries() {
+		if strings.Contains(e.Message, "Running startup VACUUM") {
+			t.Errorf("kine ran a start-up VACUUM")
+		}
+		disabled = disabled || strings.Contains(e.Message, "Startup VACUUM is disabled")
+	}
+	if !disabled {
+		t.Error(`kine did not log "Startup VACUUM is disabled"`)
 	}
 }

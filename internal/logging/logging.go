@@ -16,10 +16,12 @@ import (
 // produced with debug on, so a steady node stays quiet at Info.
 func Setup(debug bool) {
 	logrus.SetOutput(os.Stderr)
-	logrus.SetFormatter(&logrus.TextFormatter{FullTimestamp: true})
+	var text logrus.Formatter = &logrus.TextFormatter{FullTimestamp: true}
+	logrus.SetFormatter(quietLibraries{text})
 	logrus.SetLevel(logrus.InfoLevel)
 	verbosity := 0
 	if debug {
+		logrus.SetFormatter(text)
 		logrus.SetLevel(logrus.DebugLevel)
 		verbosity = 2
 	}
@@ -27,6 +29,21 @@ func Setup(debug bool) {
 	klog.InitFlags(fs)
 	_ = fs.Set("v", strconv.Itoa(verbosity))
 	klog.SetLogger(logr.New(&sink{entry: logrus.WithField("component", "k8s")}))
+}
+
+// quietLibraries drops the Info lines of libraries that log through
+// logrus's global logger without a component field — kine logs every
+// compaction at Info, every 5 minutes on an idle server. kelp's own
+// loggers always carry a component; warnings and errors always pass.
+type quietLibraries struct {
+	logrus.Formatter
+}
+
+func (f quietLibraries) Format(e *logrus.Entry) ([]byte, error) {
+	if _, ok := e.Data["component"]; !ok && e.Level == logrus.InfoLevel {
+		return nil, nil
+	}
+	return f.Formatter.Format(e)
 }
 
 // sink is a logr.LogSink writing to logrus.

@@ -29,11 +29,21 @@ func TestKlogGoesThroughLogrus(t *testing.T) {
 	}
 
 	buf.Reset()
+	logrus.Info("COMPACT compacted from 1 to 2")         // a library without a component
+	logrus.Warn("library warning")                       // still shown
+	logrus.WithField("component", "pki").Info("created") // kelp's own
+	out = buf.String()
+	if strings.Contains(out, "COMPACT") || !strings.Contains(out, "library warning") || !strings.Contains(out, "created") {
+		t.Errorf("library Info lines must be hidden, everything else shown:\n%s", out)
+	}
+
+	buf.Reset()
 	Setup(true)
 	logrus.SetOutput(&buf)
 	klog.V(2).InfoS("chatty detail")
 	klog.Flush()
-	if !strings.Contains(buf.String(), `level=debug msg="chatty detail"`) {
-		t.Errorf("with debug on, verbose klog output is debug:\n%s", buf.String())
+	logrus.Info("COMPACT compacted from 1 to 2")
+	if !strings.Contains(buf.String(), `level=debug msg="chatty detail"`) || !strings.Contains(buf.String(), "COMPACT") {
+		t.Errorf("with debug on, verbose klog output and library Info lines show:\n%s", buf.String())
 	}
 }
