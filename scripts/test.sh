@@ -28,5 +28,7 @@ fi
 scripts/build.sh
 # The same build as bin/kelp (pure-Go SQLite), sharing its build cache.
 export CGO_ENABLED=0
+unformatted=$(gofmt -l main.go embed internal server)
+[[ -z $unformatted ]] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
 go vet ./...
 KELP_BIN=$PWD/bin/kelp go test -count=1 -timeout 25m "$@" ./...
