@@ -44,7 +44,6 @@ func newApp() *cli.App {
 		Usage:                "Kubernetes in one binary",
 		Version:              version.Version,
 		HideHelpCommand:      true,
-		EnableBashCompletion: false,
 		Commands: []*cli.Command{
 			{
 				Name:   "server",

@@ -102,7 +102,7 @@ func env(flag string) []string {
 	return []string{"KELP_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))}
 }
 
-// Parse validates the flag values into a Server. detect supplies the host
+// Parse validates the flag values into a Server. host supplies the
 // facts (hostname, node IP) used for defaults, so tests can fix them.
 func (in *ServerInput) Parse(host Host) (Server, error) {
 	s := Server{
