@@ -40,10 +40,10 @@ func newApp() *cli.App {
 	cli.VersionPrinter = func(*cli.Context) { fmt.Print(version.String()) }
 	var serverInput config.ServerInput
 	return &cli.App{
-		Name:                 "kelp",
-		Usage:                "Kubernetes in one binary",
-		Version:              version.Version,
-		HideHelpCommand:      true,
+		Name:            "kelp",
+		Usage:           "Kubernetes in one binary",
+		Version:         version.Version,
+		HideHelpCommand: true,
 		Commands: []*cli.Command{
 			{
 				Name:   "server",
