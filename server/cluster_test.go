@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
@@ -115,33 +116,40 @@ func testPersistence(t *testing.T, n *testcluster.Node, args ...string) {
 	t.Logf("stopped in %s", n.Stop())
 }
 
-// leaseHolders returns who holds the controller-manager's and the
-// scheduler's leader leases.
+var leaderLeases = []string{"kube-controller-manager", "kube-scheduler"}
+
+// leaseHolders waits until the controller-manager's and the scheduler's
+// leader leases are held and returns who holds them.
 func leaseHolders(t *testing.T, n *testcluster.Node) map[string]string {
 	t.Helper()
+	c := n.Client()
 	holders := map[string]string{}
-	for _, name := range []string{"kube-controller-manager", "kube-scheduler"} {
+	for _, name := range leaderLeases {
 		eventually(t, "lease "+name+" held", func() (bool, error) {
-			lease, err := n.Client().CoordinationV1().Leases("kube-system").Get(context.Background(), name, metav1.GetOptions{})
-			if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
-				return false, nil
-			}
-			holders[name] = *lease.Spec.HolderIdentity
-			return true, nil
+			holders[name] = leaseHolder(c, name)
+			return holders[name] != "", nil
 		})
 	}
 	return holders
+}
+
+// leaseHolder is the holder of a kube-system lease, "" if none.
+func leaseHolder(c kubernetes.Interface, name string) string {
+	lease, err := c.CoordinationV1().Leases("kube-system").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *lease.Spec.HolderIdentity
 }
 
 // leadersTakeOver checks that a restarted server's controller-manager and
 // scheduler lead well before the previous run's 60 s leases would expire.
 func leadersTakeOver(t *testing.T, n *testcluster.Node, before map[string]string) {
 	t.Helper()
-	ctx := context.Background()
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
-		now := leaseHolders(t, n)
-		for name, holder := range before {
-			if now[name] == holder {
+	c := n.Client()
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		for _, name := range leaderLeases {
+			if now := leaseHolder(c, name); now == "" || now == before[name] {
 				return false, nil
 			}
 		}

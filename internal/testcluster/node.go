@@ -185,8 +185,7 @@ func (n *Node) WaitReady(timeout time.Duration) {
 			body := new(bytes.Buffer)
 			_, _ = body.ReadFrom(resp.Body)
 			resp.Body.Close()
-			logged, _ := os.ReadFile(n.serverLog)
-			if resp.StatusCode == http.StatusOK && bytes.Contains(logged, []byte("kelp server is ready")) {
+			if resp.StatusCode == http.StatusOK && n.logged("kelp server is ready") {
 				return
 			}
 			last = resp.Status + ": " + body.String()
@@ -208,16 +207,18 @@ func (n *Node) WaitReady(timeout time.Duration) {
 func (n *Node) WaitLog(text string, timeout time.Duration) {
 	n.t.Helper()
 	deadline := time.Now().Add(timeout)
-	for {
-		logged, _ := os.ReadFile(n.serverLog)
-		if bytes.Contains(logged, []byte(text)) {
-			return
-		}
+	for !n.logged(text) {
 		if time.Now().After(deadline) {
 			n.t.Fatalf("kelp server did not log %q within %s", text, timeout)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// logged says whether the running server's log contains text.
+func (n *Node) logged(text string) bool {
+	data, _ := os.ReadFile(n.serverLog)
+	return bytes.Contains(data, []byte(text))
 }
 
 // Stop sends SIGTERM and waits for a clean exit; it returns how long the
