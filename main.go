@@ -12,6 +12,10 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/containerd"
+	"github.com/kelp-dev/kelp/internal/crictl"
+	"github.com/kelp-dev/kelp/internal/hostcheck"
+	"github.com/kelp-dev/kelp/internal/killall"
 	"github.com/kelp-dev/kelp/internal/kubectl"
 	"github.com/kelp-dev/kelp/internal/logging"
 	"github.com/kelp-dev/kelp/internal/version"
@@ -19,9 +23,11 @@ import (
 )
 
 func main() {
-	// Multicall: a link named kubectl runs kubectl.
-	if filepath.Base(os.Args[0]) == "kubectl" {
-		kubectl.Run(os.Args[1:])
+	if tool := multicall(os.Args); tool != nil {
+		if err := tool(); err != nil {
+			fmt.Fprintln(os.Stderr, filepath.Base(os.Args[0])+":", err)
+			os.Exit(1)
+		}
 		return
 	}
 	app := newApp()
@@ -33,6 +39,29 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kelp:", err)
 		os.Exit(1)
 	}
+}
+
+// multicall returns the tool to run when kelp is started under another
+// program's name (a link named kubectl, crictl, ctr, containerd or
+// containerd-shim-runc-v2), or the way containerd re-executes its own
+// binary: the shim daemonizes by running itself with -namespace first, and
+// publishes events with `<containerd> --address A publish`.
+func multicall(args []string) func() error {
+	switch {
+	case filepath.Base(args[0]) == "kubectl":
+		return func() error { kubectl.Run(args[1:]); return nil }
+	case filepath.Base(args[0]) == "crictl":
+		return func() error { return crictl.Main(args) }
+	case filepath.Base(args[0]) == "ctr":
+		return func() error { return containerd.CtrMain(args) }
+	case filepath.Base(args[0]) == "containerd":
+		return func() error { return containerd.Main(args) }
+	case filepath.Base(args[0]) == "containerd-shim-runc-v2", len(args) > 1 && args[1] == "-namespace":
+		return func() error { containerd.ShimMain(); return nil }
+	case len(args) > 3 && args[1] == "--address" && args[3] == "publish":
+		return func() error { return containerd.Main(append([]string{"containerd"}, args[1:]...)) }
+	}
+	return nil
 }
 
 func newApp() *cli.App {
@@ -47,9 +76,51 @@ func newApp() *cli.App {
 		Commands: []*cli.Command{
 			{
 				Name:   "server",
-				Usage:  "run a control plane (and, in a later version, a node)",
+				Usage:  "run a control plane and a node",
 				Flags:  config.ServerFlags(&serverInput),
 				Action: func(c *cli.Context) error { return runServer(c, &serverInput) },
+			},
+			{
+				Name:  "check-config",
+				Usage: "check that this host's kernel and system can run a kelp node, and say how to fix what is missing",
+				Action: func(c *cli.Context) error {
+					results := hostcheck.Host{Root: "/"}.Check()
+					hostcheck.Print(c.App.Writer, results)
+					if hostcheck.Failures(results) != nil {
+						return cli.Exit("", 1)
+					}
+					return nil
+				},
+			},
+			{
+				Name:  "killall",
+				Usage: "stop kelp and every container it started, unmount its filesystems, remove its interfaces and nftables tables",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: "/var/lib/kelp", Usage: "data dir of the kelp to stop"},
+				},
+				Action: func(c *cli.Context) error {
+					logging.Setup(false)
+					return killall.Run(c.String("data-dir"))
+				},
+			},
+			{
+				Name:            "crictl",
+				Usage:           "inspect pods, containers and images through the CRI of kelp's containerd",
+				SkipFlagParsing: true,
+				Action:          func(c *cli.Context) error { return crictl.Main(append([]string{"crictl"}, c.Args().Slice()...)) },
+			},
+			{
+				Name:            "ctr",
+				Usage:           "run containerd's ctr against kelp's containerd",
+				SkipFlagParsing: true,
+				Action:          func(c *cli.Context) error { return containerd.CtrMain(append([]string{"ctr"}, c.Args().Slice()...)) },
+			},
+			{
+				Name:            "containerd",
+				Usage:           "run containerd (kelp starts it for its node)",
+				Hidden:          true,
+				SkipFlagParsing: true,
+				Action:          func(c *cli.Context) error { return containerd.Main(append([]string{"containerd"}, c.Args().Slice()...)) },
 			},
 			{
 				Name:            "kubectl",

@@ -8,7 +8,9 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/kubelet"
 )
 
 // preflight catches the mistakes a user can make before anything is
@@ -30,6 +32,15 @@ func preflight(cfg config.Server) error {
 		ports = append(ports,
 			listenPort{loopback, 2379, "embedded etcd clients"},
 			listenPort{cfg.AdvertiseAddress, 2380, "embedded etcd peers"})
+	}
+	if !cfg.DisableAgent {
+		if err := agent.CheckHost(); err != nil {
+			return err
+		}
+		ports = append(ports,
+			listenPort{loopback, kubelet.HealthzPort, "the kubelet's health check"},
+			listenPort{netip.IPv4Unspecified(), 10250, "the kubelet"},
+			listenPort{loopback, 10010, "containerd's streaming server"})
 	}
 	for _, p := range ports {
 		addr := net.JoinHostPort(p.addr.String(), strconv.Itoa(p.port))

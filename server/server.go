@@ -13,6 +13,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/embed"
 	"github.com/kelp-dev/kelp/internal/apiserver"
 	"github.com/kelp-dev/kelp/internal/config"
@@ -47,9 +48,6 @@ func Run(ctx context.Context, cfg config.Server) error {
 }
 
 func run(ctx context.Context, cfg config.Server) error {
-	if !cfg.DisableAgent {
-		return errors.New("this kelp has no node agent yet: run `kelp server --disable-agent` for a control plane without a node")
-	}
 	if err := preflight(cfg); err != nil {
 		return err
 	}
@@ -158,6 +156,30 @@ func run(ctx context.Context, cfg config.Server) error {
 	log.WithFields(logrus.Fields{"datastore": store.Backend().Kind, "kubeconfig": cfg.WriteKubeconfig, "took": time.Since(started).Round(time.Millisecond)}).
 		Info("kelp server is ready")
 
+	nodeErr := make(<-chan error)
+	if !cfg.DisableAgent {
+		node, err := agent.Start(run, cfg.Agent(), staged, agent.Credentials{
+			Server:      url,
+			ServerCA:    certs.ServerCA,
+			ClientCA:    certs.ClientCA,
+			KubeletCert: certs.KubeletClientCert,
+			KubeletKey:  certs.KubeletClientKey,
+			ServingCert: certs.KubeletServingCert,
+			ServingKey:  certs.KubeletServingKey,
+		})
+		if err != nil {
+			return err
+		}
+		// The node stops first: its kubelet needs the apiserver to
+		// report on the way out.
+		stoppers = append(stoppers, node.Stop)
+		if err := waitFor(ctx, node.WaitReady); err != nil {
+			return err
+		}
+		nodeErr = node.Err()
+		log.WithFields(logrus.Fields{"node": cfg.NodeName, "took": time.Since(started).Round(time.Millisecond)}).Info("kelp node is running")
+	}
+
 	select {
 	case <-ctx.Done():
 		log.Info("stopping kelp server")
@@ -169,6 +191,8 @@ func run(ctx context.Context, cfg config.Server) error {
 	case err := <-cm.Err():
 		return err
 	case err := <-sched.Err():
+		return err
+	case err := <-nodeErr:
 		return err
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -31,6 +32,9 @@ type Server struct {
 	ClusterInit          bool
 	Datastore            Datastore
 	DisableAgent         bool
+	NodeLabels           []string
+	NodeTaints           []string
+	PrivateRegistry      string
 	ExtraArgs            ExtraArgs
 	Debug                bool
 }
@@ -43,7 +47,7 @@ type Datastore struct {
 
 // ExtraArgs are user flags appended to the generated ones, "name=value" each.
 type ExtraArgs struct {
-	APIServer, ControllerManager, Scheduler []string
+	APIServer, ControllerManager, Scheduler, Kubelet []string
 }
 
 // FirstServiceIP is the ClusterIP of the kubernetes Service.
@@ -59,10 +63,11 @@ type ServerInput struct {
 	serviceNodePortRange                                        string
 	writeKubeconfig, writeKubeconfigMode                        string
 	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey string
-	configFile                                                  string
+	configFile, privateRegistry                                 string
 	httpsPort                                                   int
 	clusterInit, disableAgent, debug                            bool
 	nodeIPs, tlsSANs, apiserverArgs, cmArgs, schedulerArgs      cli.StringSlice
+	nodeLabels, nodeTaints, kubeletArgs                         cli.StringSlice
 }
 
 // ServerFlags returns the flags of `kelp server`, bound to in.
@@ -91,6 +96,10 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "datastore-certfile", EnvVars: env("datastore-certfile"), Destination: &in.datastoreCert, Usage: "client certificate for the external datastore"},
 		&cli.StringFlag{Name: "datastore-keyfile", EnvVars: env("datastore-keyfile"), Destination: &in.datastoreKey, Usage: "client key for the external datastore"},
 		&cli.BoolFlag{Name: "disable-agent", EnvVars: env("disable-agent"), Destination: &in.disableAgent, Usage: "run the control plane only, no node"},
+		&cli.StringSliceFlag{Name: "node-label", EnvVars: env("node-label"), Destination: &in.nodeLabels, Usage: "label to register the node with, key=value"},
+		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
+		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: "/etc/kelp/registries.yaml", Destination: &in.privateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
+		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-scheduler-arg", EnvVars: env("kube-scheduler-arg"), Destination: &in.schedulerArgs, Usage: "extra kube-scheduler flag, name=value"},
@@ -115,6 +124,9 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		WriteKubeconfig:      in.writeKubeconfig,
 		ClusterInit:          in.clusterInit,
 		DisableAgent:         in.disableAgent,
+		NodeLabels:           in.nodeLabels.Value(),
+		NodeTaints:           in.nodeTaints.Value(),
+		PrivateRegistry:      in.privateRegistry,
 		Debug:                in.debug,
 		Datastore: Datastore{
 			Endpoint: in.datastoreEndpoint,
@@ -126,6 +138,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			APIServer:         in.apiserverArgs.Value(),
 			ControllerManager: in.cmArgs.Value(),
 			Scheduler:         in.schedulerArgs.Value(),
+			Kubelet:           in.kubeletArgs.Value(),
 		},
 	}
 	var errs []error
@@ -144,6 +157,16 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		ip, err := parseIP("--node-ip", raw)
 		check(err)
 		s.NodeIPs = append(s.NodeIPs, ip)
+	}
+	for _, l := range s.NodeLabels {
+		if k, _, ok := strings.Cut(l, "="); !ok || k == "" {
+			check(fmt.Errorf("--node-label %q: want key=value", l))
+		}
+	}
+	for _, taint := range s.NodeTaints {
+		if kv, effect, ok := strings.Cut(taint, ":"); !ok || kv == "" || !slices.Contains([]string{"NoSchedule", "PreferNoSchedule", "NoExecute"}, effect) {
+			check(fmt.Errorf("--node-taint %q: want key=value:Effect with Effect NoSchedule, PreferNoSchedule or NoExecute", taint))
+		}
 	}
 	if len(s.NodeIPs) == 0 && host.IP.IsValid() {
 		s.NodeIPs = []netip.Addr{host.IP}
@@ -187,7 +210,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		check(errors.New("--cluster-init and --datastore-endpoint exclude each other: embedded etcd or an external datastore, not both"))
 	}
 	check(checkEndpoint(in.datastoreEndpoint))
-	for _, a := range [][]string{s.ExtraArgs.APIServer, s.ExtraArgs.ControllerManager, s.ExtraArgs.Scheduler} {
+	for _, a := range [][]string{s.ExtraArgs.APIServer, s.ExtraArgs.ControllerManager, s.ExtraArgs.Scheduler, s.ExtraArgs.Kubelet} {
 		for _, arg := range a {
 			if !strings.Contains(arg, "=") && strings.HasPrefix(arg, "-") {
 				check(fmt.Errorf("extra argument %q: write it as name=value without leading dashes, e.g. v=2", arg))

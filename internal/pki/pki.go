@@ -83,6 +83,8 @@ type Files struct {
 	SchedulerCert, SchedulerKey                           string
 	APIServerKubeletClientCert, APIServerKubeletClientKey string // the apiserver's client to kubelets
 	SupervisorCert, SupervisorKey                         string
+	KubeletClientCert, KubeletClientKey                   string // system:node:<hostname>, the server's own node
+	KubeletServingCert, KubeletServingKey                 string // signed by ServerCA, so the apiserver verifies it
 	AuthProxyCert, AuthProxyKey                           string // signed by RequestHeaderCA
 
 	EtcdServerCert, EtcdServerKey string // serving and client, signed by EtcdServerCA
@@ -106,6 +108,8 @@ func layout(dir string) Files {
 		SchedulerCert: p("client-scheduler.crt"), SchedulerKey: p("client-scheduler.key"),
 		APIServerKubeletClientCert: p("client-kube-apiserver.crt"), APIServerKubeletClientKey: p("client-kube-apiserver.key"),
 		SupervisorCert: p("client-kelp-supervisor.crt"), SupervisorKey: p("client-kelp-supervisor.key"),
+		KubeletClientCert: p("client-kubelet.crt"), KubeletClientKey: p("client-kubelet.key"),
+		KubeletServingCert: p("serving-kubelet.crt"), KubeletServingKey: p("serving-kubelet.key"),
 		AuthProxyCert: p("client-auth-proxy.crt"), AuthProxyKey: p("client-auth-proxy.key"),
 		EtcdServerCert: p("etcd/server-client.crt"), EtcdServerKey: p("etcd/server-client.key"),
 		EtcdClientCert: p("etcd/client.crt"), EtcdClientKey: p("etcd/client.key"),
@@ -123,6 +127,7 @@ func (f Files) all() []string {
 		f.SchedulerCert, f.SchedulerKey,
 		f.APIServerKubeletClientCert, f.APIServerKubeletClientKey,
 		f.SupervisorCert, f.SupervisorKey,
+		f.KubeletClientCert, f.KubeletClientKey, f.KubeletServingCert, f.KubeletServingKey,
 		f.AuthProxyCert, f.AuthProxyKey,
 		f.EtcdServerCert, f.EtcdServerKey, f.EtcdClientCert, f.EtcdClientKey,
 		f.EtcdPeerCert, f.EtcdPeerKey,
@@ -189,7 +194,7 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 	}
 
 	apiserverSANs := cfg.apiserverSANs()
-	etcdSANs := cfg.etcdSANs()
+	nodeSANs := cfg.nodeSANs()
 	for _, l := range []leafSpec{
 		{ca: serverCA, cert: f.APIServerCert, key: f.APIServerKey, cn: "kube-apiserver", usages: serverAuth, sans: apiserverSANs},
 		{ca: clientCA, cert: f.AdminCert, key: f.AdminKey, cn: "system:admin", orgs: []string{"system:masters"}, usages: clientAuth},
@@ -197,10 +202,12 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		{ca: clientCA, cert: f.SchedulerCert, key: f.SchedulerKey, cn: "system:kube-scheduler", usages: clientAuth},
 		{ca: clientCA, cert: f.APIServerKubeletClientCert, key: f.APIServerKubeletClientKey, cn: "system:kube-apiserver", orgs: []string{"system:masters"}, usages: clientAuth},
 		{ca: clientCA, cert: f.SupervisorCert, key: f.SupervisorKey, cn: "system:kelp-supervisor", orgs: []string{"system:masters"}, usages: clientAuth},
+		{ca: clientCA, cert: f.KubeletClientCert, key: f.KubeletClientKey, cn: "system:node:" + strings.ToLower(cfg.Hostname), orgs: []string{"system:nodes"}, usages: clientAuth},
+		{ca: serverCA, cert: f.KubeletServingCert, key: f.KubeletServingKey, cn: strings.ToLower(cfg.Hostname), usages: serverAuth, sans: nodeSANs},
 		{ca: requestHeaderCA, cert: f.AuthProxyCert, key: f.AuthProxyKey, cn: "system:auth-proxy", usages: clientAuth},
-		{ca: etcdServerCA, cert: f.EtcdServerCert, key: f.EtcdServerKey, cn: "etcd-server", usages: serverClientAuth, sans: etcdSANs},
+		{ca: etcdServerCA, cert: f.EtcdServerCert, key: f.EtcdServerKey, cn: "etcd-server", usages: serverClientAuth, sans: nodeSANs},
 		{ca: etcdServerCA, cert: f.EtcdClientCert, key: f.EtcdClientKey, cn: "etcd-client", usages: clientAuth},
-		{ca: etcdPeerCA, cert: f.EtcdPeerCert, key: f.EtcdPeerKey, cn: "etcd-peer", usages: serverClientAuth, sans: etcdSANs},
+		{ca: etcdPeerCA, cert: f.EtcdPeerCert, key: f.EtcdPeerKey, cn: "etcd-peer", usages: serverClientAuth, sans: nodeSANs},
 	} {
 		if err := is.ensureLeaf(l); err != nil {
 			return Files{}, err
@@ -250,7 +257,8 @@ func (c Config) apiserverSANs() []string {
 	return normalizeSANs(append(sans, c.ExtraSANs...))
 }
 
-func (c Config) etcdSANs() []string {
+// nodeSANs name this machine: etcd and the kubelet serve under them.
+func (c Config) nodeSANs() []string {
 	sans := []string{c.Hostname, "localhost", "127.0.0.1", "::1"}
 	for _, ip := range c.IPs {
 		sans = append(sans, ip.String())

@@ -155,6 +155,8 @@ func leafCases(f Files) []leafCase {
 		{"scheduler", f.SchedulerCert, f.SchedulerKey, f.ClientCA, clientAuth, "system:kube-scheduler", nil},
 		{"apiserver-kubelet-client", f.APIServerKubeletClientCert, f.APIServerKubeletClientKey, f.ClientCA, clientAuth, "system:kube-apiserver", masters},
 		{"supervisor", f.SupervisorCert, f.SupervisorKey, f.ClientCA, clientAuth, "system:kelp-supervisor", masters},
+		{"kubelet-client", f.KubeletClientCert, f.KubeletClientKey, f.ClientCA, clientAuth, "system:node:node-1", []string{"system:nodes"}},
+		{"kubelet-serving", f.KubeletServingCert, f.KubeletServingKey, f.ServerCA, serverAuth, "node-1", nil},
 		{"auth-proxy", f.AuthProxyCert, f.AuthProxyKey, f.RequestHeaderCA, clientAuth, "system:auth-proxy", nil},
 		{"etcd-server", f.EtcdServerCert, f.EtcdServerKey, f.EtcdServerCA, serverClientAuth, "etcd-server", nil},
 		{"etcd-client", f.EtcdClientCert, f.EtcdClientKey, f.EtcdServerCA, clientAuth, "etcd-client", nil},
@@ -170,10 +172,11 @@ func TestEnsureCreatesEverything(t *testing.T) {
 		"client-admin.crt", "client-admin.key", "client-auth-proxy.crt", "client-auth-proxy.key",
 		"client-ca.crt", "client-ca.key", "client-controller.crt", "client-controller.key",
 		"client-kelp-supervisor.crt", "client-kelp-supervisor.key",
-		"client-kube-apiserver.crt", "client-kube-apiserver.key",
+		"client-kube-apiserver.crt", "client-kube-apiserver.key", "client-kubelet.crt", "client-kubelet.key",
 		"client-scheduler.crt", "client-scheduler.key", "etcd",
 		"request-header-ca.crt", "request-header-ca.key", "server-ca.crt", "server-ca.key",
 		"service.key", "service.pub", "serving-kube-apiserver.crt", "serving-kube-apiserver.key",
+		"serving-kubelet.crt", "serving-kubelet.key",
 	}
 	wantEtcdNames := []string{
 		"client.crt", "client.key", "peer-ca.crt", "peer-ca.key",
@@ -256,7 +259,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 	}
 
 	// One Info line per created CA, leaf and key file; nothing louder.
-	if got, want := len(infoEntries(hook)), 5+2+10; got != want {
+	if got, want := len(infoEntries(hook)), 5+2+12; got != want {
 		t.Errorf("logged %d entries at Info or above, want %d", got, want)
 	}
 	for _, e := range hook.AllEntries() {
@@ -459,7 +462,7 @@ func TestEnsureReissuesOnlyWhatChanged(t *testing.T) {
 		{
 			name:        "node IP changed",
 			mutate:      func(c *Config) { c.IPs = []net.IP{net.ParseIP("192.168.1.11")} },
-			wantChanged: []string{f.APIServerCert, f.APIServerKey, f.EtcdServerCert, f.EtcdServerKey, f.EtcdPeerCert, f.EtcdPeerKey},
+			wantChanged: []string{f.APIServerCert, f.APIServerKey, f.EtcdServerCert, f.EtcdServerKey, f.EtcdPeerCert, f.EtcdPeerKey, f.KubeletServingCert, f.KubeletServingKey},
 			wantReason:  "SANs changed: added 192.168.1.11; removed 192.168.1.10, fd00::10",
 		},
 		{
@@ -694,10 +697,10 @@ func TestEnsureReissuesLeavesOfReplacedCA(t *testing.T) {
 	before := snapshot(t, f)
 
 	_, hook := run(t, cfg)
-	if got, want := changed(before, snapshot(t, f)), sorted(f.APIServerCert, f.APIServerKey); !slices.Equal(got, want) {
+	if got, want := changed(before, snapshot(t, f)), sorted(f.APIServerCert, f.APIServerKey, f.KubeletServingCert, f.KubeletServingKey); !slices.Equal(got, want) {
 		t.Errorf("changed %v, want %v", got, want)
 	}
-	if e := infoEntries(hook); len(e) != 1 || e[0].Data["reason"] != "not signed by the current CA" {
+	if e := infoEntries(hook); len(e) != 2 || e[0].Data["reason"] != "not signed by the current CA" {
 		t.Errorf("logged %v", e)
 	}
 	roots := x509.NewCertPool()

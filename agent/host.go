@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kelp-dev/kelp/internal/hostcheck"
+)
+
+// tools are the programs the kelp binary also is; containerd finds its
+// shim, and users find crictl, ctr and kubectl, under these names.
+var tools = []string{"containerd-shim-runc-v2", "crictl", "ctr", "kubectl"}
+
+// linkTools points each tool name in dir at the kelp binary.
+func linkTools(dir, self string) error {
+	for _, name := range tools {
+		link := filepath.Join(dir, name)
+		if target, err := os.Readlink(link); err == nil && target == self {
+			continue
+		}
+		tmp := link + ".tmp"
+		_ = os.Remove(tmp)
+		if err := os.Symlink(self, tmp); err != nil {
+			return fmt.Errorf("link %s: %w", name, err)
+		}
+		if err := os.Rename(tmp, link); err != nil {
+			return fmt.Errorf("link %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// systemdCgroups decides the cgroup driver of containerd and the kubelet:
+// systemd's where systemd runs the host on cgroup v2, cgroupfs otherwise.
+func systemdCgroups(host hostcheck.Host) bool {
+	_, err := os.Stat("/run/systemd/system")
+	return err == nil && host.CgroupV2()
+}
+
+// hostResolvConf is the resolv.conf pods inherit upstream servers from.
+// Where systemd-resolved runs, /etc/resolv.conf names its stub on
+// 127.0.0.53, which a pod cannot reach; the real servers are elsewhere.
+func hostResolvConf() string {
+	const resolved = "/run/systemd/resolve/resolv.conf"
+	if data, err := os.ReadFile("/etc/resolv.conf"); err == nil && strings.Contains(string(data), "127.0.0.53") {
+		if _, err := os.Stat(resolved); err == nil {
+			return resolved
+		}
+	}
+	return "/etc/resolv.conf"
+}
+
+// hasSysResource reports whether kelp may lower OOM scores below its own,
+// which the kubelet asks for critical pods. Inside a container or a
+// sandbox it often may not.
+func hasSysResource() bool {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			return err == nil && caps&(1<<unix.CAP_SYS_RESOURCE) != 0
+		}
+	}
+	return false
+}

@@ -1,0 +1,193 @@
+package containerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/sirupsen/logrus"
+)
+
+const (
+	minBackoff = time.Second
+	maxBackoff = 30 * time.Second
+	// stableAfter is how long containerd must run before a crash counts as
+	// new trouble again and the backoff starts over.
+	stableAfter = time.Minute
+)
+
+var log = logrus.WithField("component", "containerd")
+
+// Supervisor keeps one containerd child process running, restarting it
+// with backoff when it dies, until Stop.
+type Supervisor struct {
+	args    []string
+	env     []string
+	logPath string
+	stop    chan struct{}
+	done    chan struct{}
+
+	mu   sync.Mutex
+	proc *os.Process // the current containerd
+}
+
+// Supervise starts `<self> containerd --config <configPath>` and keeps it
+// running. Its output goes to logPath; env is its environment.
+func Supervise(self, configPath, logPath string, env []string) (*Supervisor, error) {
+	s := &Supervisor{
+		args:    []string{self, "containerd", "--config", configPath},
+		env:     env,
+		logPath: logPath,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	out, err := s.openLog()
+	if err != nil {
+		return nil, err
+	}
+	proc, err := s.spawn(out)
+	if err != nil {
+		return nil, err
+	}
+	s.proc = proc
+	go s.run()
+	return s, nil
+}
+
+func (s *Supervisor) openLog() (*os.File, error) {
+	f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("containerd log: %w", err)
+	}
+	return f, nil
+}
+
+// spawn starts containerd from a thread that lives as long as the process:
+// the child's parent-death signal fires when the spawning thread exits, and
+// containerd must outlive every thread but the process itself.
+func (s *Supervisor) spawn(out *os.File) (*os.Process, error) {
+	defer out.Close()
+	type result struct {
+		proc *os.Process
+		err  error
+	}
+	ch := make(chan result, 1)
+	spawnRequests <- func() {
+		cmd := exec.Command(s.args[0], s.args[1:]...)
+		cmd.Env = s.env
+		cmd.Stdout, cmd.Stderr = out, out
+		// Its own process group keeps a Ctrl-C in kelp's terminal from
+		// reaching containerd before kelp stops it; the death signal takes
+		// it down with a crashed kelp, so a restart finds its socket free.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		err := cmd.Start()
+		ch <- result{cmd.Process, err}
+	}
+	r := <-ch
+	if r.err != nil {
+		return nil, fmt.Errorf("start containerd: %w", r.err)
+	}
+	return r.proc, nil
+}
+
+var spawnRequests = make(chan func())
+
+func init() {
+	go func() {
+		runtime.LockOSThread() // never unlocked: this thread lives with the process
+		for f := range spawnRequests {
+			f()
+		}
+	}()
+}
+
+func (s *Supervisor) run() {
+	defer close(s.done)
+	backoff := minBackoff
+	for {
+		s.mu.Lock()
+		proc := s.proc
+		s.mu.Unlock()
+		began := time.Now()
+		exited := make(chan error, 1)
+		go func() { _, err := proc.Wait(); exited <- err }()
+		select {
+		case <-s.stop:
+			_ = proc.Signal(syscall.SIGTERM)
+			<-exited
+			return
+		case err := <-exited:
+			if time.Since(began) > stableAfter {
+				backoff = minBackoff
+			}
+			log.WithError(err).WithField("restart-in", backoff).Warnf("containerd exited; see %s", s.logPath)
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+		out, err := s.openLog()
+		if err == nil {
+			proc, err = s.spawn(out)
+		}
+		if err != nil {
+			log.WithError(err).Error("restart containerd")
+			continue
+		}
+		s.mu.Lock()
+		s.proc = proc
+		s.mu.Unlock()
+		log.WithField("pid", proc.Pid).Info("containerd restarted")
+	}
+}
+
+// Stop terminates containerd and waits for it until ctx ends, then kills
+// it. Running containers and their shims are left alone. It is safe to
+// call more than once.
+func (s *Supervisor) Stop(ctx context.Context) error {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	_ = s.proc.Kill()
+	s.mu.Unlock()
+	<-s.done
+	return errors.New("containerd did not stop in time and was killed")
+}
+
+// WaitReady blocks until containerd answers on address.
+func WaitReady(ctx context.Context, address string) error {
+	var last error
+	for {
+		c, err := client.New(address, client.WithTimeout(time.Second))
+		if err == nil {
+			_, err = c.Version(ctx)
+			c.Close()
+			if err == nil {
+				return nil
+			}
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("containerd not ready (%v): %w", last, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,179 @@
+// Package crictl is a small crictl: it lists the pods, containers and
+// images of kelp's containerd through the CRI, the kubelet's view. (The
+// cri-tools module is not available from the Go module proxy kelp builds
+// with, so kelp carries the everyday subset itself.)
+package crictl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kelp-dev/kelp/internal/containerd"
+)
+
+// Main runs crictl with args (args[0] is the program name).
+func Main(args []string) error {
+	return app().Run(args)
+}
+
+func app() *cli.App {
+	return &cli.App{
+		Name:            "crictl",
+		Usage:           "inspect the pods, containers and images of kelp's container runtime",
+		HideHelpCommand: true,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"}, Value: "unix://" + containerd.Address, Usage: "CRI endpoint"},
+			&cli.DurationFlag{Name: "timeout", Aliases: []string{"t"}, Value: 10 * time.Second, Usage: "timeout of each call"},
+		},
+		Commands: []*cli.Command{
+			{Name: "version", Usage: "show the runtime's name and version", Action: withClient(version)},
+			{Name: "pods", Usage: "list pod sandboxes", Flags: []cli.Flag{quietFlag}, Action: withClient(pods)},
+			{Name: "ps", Usage: "list containers", Flags: []cli.Flag{quietFlag, &cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "show exited containers too"}}, Action: withClient(ps)},
+			{Name: "images", Aliases: []string{"image", "img"}, Usage: "list images", Flags: []cli.Flag{quietFlag}, Action: withClient(images)},
+		},
+	}
+}
+
+var quietFlag = &cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "print IDs only"}
+
+type clients struct {
+	runtime runtimeapi.RuntimeServiceClient
+	images  runtimeapi.ImageServiceClient
+}
+
+func withClient(fn func(context.Context, *cli.Context, clients) error) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		endpoint := c.String("runtime-endpoint")
+		target := endpoint
+		if strings.HasPrefix(endpoint, "unix://") {
+			target = "unix:" + strings.TrimPrefix(endpoint, "unix://")
+		}
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return fmt.Errorf("connect to %s: %w", endpoint, err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+		defer cancel()
+		err = fn(ctx, c, clients{runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)})
+		if err != nil {
+			return fmt.Errorf("%w (is kelp running? the runtime endpoint is %s)", err, endpoint)
+		}
+		return nil
+	}
+}
+
+func version(ctx context.Context, c *cli.Context, cl clients) error {
+	v, err := cl.runtime.Version(ctx, &runtimeapi.VersionRequest{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.App.Writer, "Version:  %s\nRuntimeName:  %s\nRuntimeVersion:  %s\nRuntimeApiVersion:  %s\n", v.Version, v.RuntimeName, v.RuntimeVersion, v.RuntimeApiVersion)
+	return nil
+}
+
+func pods(ctx context.Context, c *cli.Context, cl clients) error {
+	resp, err := cl.runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		return err
+	}
+	items := resp.Items
+	sort.Slice(items, func(i, j int) bool { return items[i].CreatedAt > items[j].CreatedAt })
+	return table(c.App.Writer, c.Bool("quiet"), 0, []string{"POD ID", "CREATED", "STATE", "NAME", "NAMESPACE", "ATTEMPT"}, len(items), func(i int) []string {
+		p := items[i]
+		return []string{short(p.Id), age(p.CreatedAt), strings.TrimPrefix(p.State.String(), "SANDBOX_"), p.Metadata.GetName(), p.Metadata.GetNamespace(), fmt.Sprint(p.Metadata.GetAttempt())}
+	})
+}
+
+func ps(ctx context.Context, c *cli.Context, cl clients) error {
+	req := &runtimeapi.ListContainersRequest{}
+	if !c.Bool("all") {
+		req.Filter = &runtimeapi.ContainerFilter{State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}}
+	}
+	resp, err := cl.runtime.ListContainers(ctx, req)
+	if err != nil {
+		return err
+	}
+	items := resp.Containers
+	sort.Slice(items, func(i, j int) bool { return items[i].CreatedAt > items[j].CreatedAt })
+	return table(c.App.Writer, c.Bool("quiet"), 0, []string{"CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID", "POD"}, len(items), func(i int) []string {
+		ct := items[i]
+		return []string{short(ct.Id), ct.ImageRef, age(ct.CreatedAt), strings.TrimPrefix(ct.State.String(), "CONTAINER_"), ct.Metadata.GetName(), fmt.Sprint(ct.Metadata.GetAttempt()), short(ct.PodSandboxId), ct.Labels["io.kubernetes.pod.name"]}
+	})
+}
+
+func images(ctx context.Context, c *cli.Context, cl clients) error {
+	resp, err := cl.images.ListImages(ctx, &runtimeapi.ListImagesRequest{})
+	if err != nil {
+		return err
+	}
+	type row struct{ repo, tag, id, size, pinned string }
+	var rows []row
+	for _, img := range resp.Images {
+		pinned := ""
+		if img.Pinned {
+			pinned = "true"
+		}
+		tags := img.RepoTags
+		if len(tags) == 0 {
+			tags = []string{"<none>:<none>"}
+		}
+		for _, t := range tags {
+			i := strings.LastIndex(t, ":")
+			rows = append(rows, row{t[:i], t[i+1:], short(strings.TrimPrefix(img.Id, "sha256:")), humanSize(img.Size), pinned})
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].repo+rows[i].tag < rows[j].repo+rows[j].tag })
+	return table(c.App.Writer, c.Bool("quiet"), 2, []string{"IMAGE", "TAG", "IMAGE ID", "SIZE", "PINNED"}, len(rows), func(i int) []string {
+		r := rows[i]
+		return []string{r.repo, r.tag, r.id, r.size, r.pinned}
+	})
+}
+
+// table prints rows under header, or with quiet only the column idColumn.
+func table(w io.Writer, quiet bool, idColumn int, header []string, n int, row func(int) []string) error {
+	if quiet {
+		for i := range n {
+			fmt.Fprintln(w, row(i)[idColumn])
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for i := range n {
+		fmt.Fprintln(tw, strings.Join(row(i), "\t"))
+	}
+	return tw.Flush()
+}
+
+func short(id string) string {
+	if len(id) > 13 {
+		return id[:13]
+	}
+	return id
+}
+
+func age(nanos int64) string {
+	d := time.Since(time.Unix(0, nanos)).Round(time.Second)
+	return d.String() + " ago"
+}
+
+func humanSize(b uint64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1fMB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1fkB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%dB", b)
+}

@@ -1,0 +1,191 @@
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/pflag"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	cliflag "k8s.io/component-base/cli/flag"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"k8s.io/kubernetes/cmd/kubelet/app"
+	"k8s.io/kubernetes/cmd/kubelet/app/options"
+	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
+	kubeletconfigvalidation "k8s.io/kubernetes/pkg/kubelet/apis/config/validation"
+	"k8s.io/kubernetes/pkg/kubelet/eviction"
+	"k8s.io/kubernetes/pkg/kubelet/kubeletconfig/configfiles"
+	utilfs "k8s.io/kubernetes/pkg/util/filesystem"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kelp-dev/kelp/internal/component"
+)
+
+// HealthzPort is where the kubelet serves /healthz, on loopback.
+const HealthzPort = 10248
+
+// Config is what the kubelet's configuration file and flags are built from.
+type Config struct {
+	NodeName        string
+	NodeIPs         []netip.Addr
+	Labels          []string // key=value
+	Taints          []string // key=value:Effect
+	Kubeconfig      string
+	ConfigFile      string // where the generated KubeletConfiguration goes
+	RuntimeEndpoint string // unix:///run/kelp/containerd/containerd.sock
+	ClientCA        string // verifies the apiserver's client certificate
+	ServingCert     string
+	ServingKey      string
+	ClusterDNS      netip.Addr
+	ClusterDomain   string
+	ResolvConf      string
+	StaticPodDir    string
+	SystemdCgroups  bool
+	CgroupV1        bool
+	ExtraArgs       []string
+}
+
+// Configuration returns the KubeletConfiguration kelp runs the kubelet with.
+func Configuration(cfg Config) *kubeletv1beta1.KubeletConfiguration {
+	driver := "cgroupfs"
+	if cfg.SystemdCgroups {
+		driver = "systemd"
+	}
+	return &kubeletv1beta1.KubeletConfiguration{
+		TypeMeta: metav1.TypeMeta{APIVersion: "kubelet.config.k8s.io/v1beta1", Kind: "KubeletConfiguration"},
+		Authentication: kubeletv1beta1.KubeletAuthentication{
+			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(false)},
+			Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: ptr.To(true)},
+			X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: cfg.ClientCA},
+		},
+		Authorization:            kubeletv1beta1.KubeletAuthorization{Mode: kubeletv1beta1.KubeletAuthorizationModeWebhook},
+		CgroupDriver:             driver,
+		ClusterDNS:               []string{cfg.ClusterDNS.String()},
+		ClusterDomain:            cfg.ClusterDomain,
+		ContainerRuntimeEndpoint: cfg.RuntimeEndpoint,
+		TLSCertFile:              cfg.ServingCert,
+		TLSPrivateKeyFile:        cfg.ServingKey,
+		HealthzBindAddress:       "127.0.0.1",
+		HealthzPort:              ptr.To[int32](HealthzPort),
+		ReadOnlyPort:             0,
+		ResolverConfig:           ptr.To(cfg.ResolvConf),
+		StaticPodPath:            cfg.StaticPodDir,
+		SerializeImagePulls:      ptr.To(false),
+		// Pods never use swap; a node that has swap keeps running, with a
+		// warning from kelp, instead of refusing to start.
+		FailSwapOn:   ptr.To(false),
+		MemorySwap:   kubeletv1beta1.MemorySwapConfiguration{SwapBehavior: "NoSwap"},
+		FailCgroupV1: ptr.To(!cfg.CgroupV1),
+	}
+}
+
+// Args returns the kubelet command line for cfg.
+func Args(cfg Config) []string {
+	flags := map[string]string{
+		"config":            cfg.ConfigFile,
+		"kubeconfig":        cfg.Kubeconfig,
+		"hostname-override": cfg.NodeName,
+	}
+	if len(cfg.NodeIPs) > 0 {
+		ips := make([]string, len(cfg.NodeIPs))
+		for i, ip := range cfg.NodeIPs {
+			ips[i] = ip.String()
+		}
+		flags["node-ip"] = strings.Join(ips, ",")
+	}
+	if len(cfg.Labels) > 0 {
+		flags["node-labels"] = strings.Join(cfg.Labels, ",")
+	}
+	if len(cfg.Taints) > 0 {
+		flags["register-with-taints"] = strings.Join(cfg.Taints, ",")
+	}
+	return component.Args(flags, cfg.ExtraArgs)
+}
+
+// WriteConfigFile writes Configuration(cfg) to cfg.ConfigFile.
+func WriteConfigFile(cfg Config) error {
+	data, err := yaml.Marshal(Configuration(cfg))
+	if err != nil {
+		return fmt.Errorf("render kubelet config: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.ConfigFile), 0o700); err != nil {
+		return fmt.Errorf("write kubelet config: %w", err)
+	}
+	if err := os.WriteFile(cfg.ConfigFile, data, 0o600); err != nil {
+		return fmt.Errorf("write kubelet config: %w", err)
+	}
+	return nil
+}
+
+// Start parses args the way the kubelet command does and runs it. It does
+// not use the cobra command, which installs a process-wide signal handler
+// and reconfigures logging (see apiserver.Start).
+func Start(ctx context.Context, args []string) (*component.Running, error) {
+	flags := options.NewKubeletFlags()
+	probe := pflag.NewFlagSet("kubelet", pflag.ContinueOnError)
+	probe.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	defaults, err := options.NewKubeletConfiguration()
+	if err != nil {
+		return nil, fmt.Errorf("kubelet defaults: %w", err)
+	}
+	flags.AddFlags(probe)
+	options.AddKubeletConfigFlags(probe, defaults)
+	if err := probe.Parse(args); err != nil {
+		return nil, fmt.Errorf("kubelet flags: %w (check --kubelet-arg)", err)
+	}
+	if err := options.ValidateKubeletFlags(flags); err != nil {
+		return nil, fmt.Errorf("kubelet flags: %w (check --kubelet-arg)", err)
+	}
+	kc, err := loadConfigFile(ctx, flags.KubeletConfigFile)
+	if err != nil {
+		return nil, err
+	}
+	// Flags win over the file, as with the kubelet command: parse them
+	// again, this time into the loaded configuration.
+	final := pflag.NewFlagSet("kubelet", pflag.ContinueOnError)
+	final.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	flags.AddFlags(final)
+	options.AddKubeletConfigFlags(final, kc)
+	if err := final.Parse(args); err != nil {
+		return nil, fmt.Errorf("kubelet flags: %w (check --kubelet-arg)", err)
+	}
+	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(kc.FeatureGates); err != nil {
+		return nil, fmt.Errorf("kubelet feature gates: %w", err)
+	}
+	if err := kubeletconfigvalidation.ValidateKubeletConfiguration(kc, utilfeature.DefaultFeatureGate); err != nil {
+		return nil, fmt.Errorf("kubelet configuration: %w (check --kubelet-arg)", err)
+	}
+	server := &options.KubeletServer{KubeletFlags: *flags, KubeletConfiguration: *kc}
+	deps, err := app.UnsecuredDependencies(ctx, server, utilfeature.DefaultFeatureGate)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet dependencies: %w", err)
+	}
+	return component.Go(ctx, "kubelet", func(ctx context.Context) error {
+		return app.Run(ctx, server, deps, utilfeature.DefaultFeatureGate)
+	}), nil
+}
+
+func loadConfigFile(ctx context.Context, path string) (*kubeletconfiginternal.KubeletConfiguration, error) {
+	loader, err := configfiles.NewFsLoader(&utilfs.DefaultFs{}, path)
+	if err != nil {
+		return nil, fmt.Errorf("load kubelet config %s: %w", path, err)
+	}
+	kc, err := loader.Load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load kubelet config %s: %w", path, err)
+	}
+	if kc.EvictionHard == nil {
+		kc.EvictionHard = eviction.DefaultEvictionHard
+	}
+	return kc, nil
+}
+
+// WaitReady blocks until the kubelet's /healthz answers ok.
+func WaitReady(ctx context.Context, r *component.Running) error {
+	return component.WaitHTTPS(ctx, r, fmt.Sprintf("http://127.0.0.1:%d/healthz", HealthzPort), nil)
+}

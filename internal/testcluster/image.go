@@ -1,0 +1,40 @@
+package testcluster
+
+import (
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// TestImage is the name of the image BuildTestImage makes.
+const TestImage = "docker.io/kelp-test/testapp:1.0"
+
+// BuildTestImage packs testapp (see testapp/main.go) into an OCI image
+// tarball with the bundle's own image tool, and returns its path: tests
+// drop it into a node's airgap images directory, as no registry is
+// reachable.
+func BuildTestImage(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		t.Fatalf("find the repository: %v", err)
+	}
+	repo := strings.TrimSpace(string(out))
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "testapp")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./internal/testcluster/testapp")
+	build.Dir = repo
+	build.Env = append(build.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build testapp: %v\n%s", err, out)
+	}
+	tar := filepath.Join(dir, "testapp.tar")
+	pack := exec.Command("go", "run", "./mkimage", "-binary", bin, "-path", "/testapp", "-name", TestImage, "-arch", runtime.GOARCH, "-out", tar)
+	pack.Dir = filepath.Join(repo, "scripts", "bundle")
+	if out, err := pack.CombinedOutput(); err != nil {
+		t.Fatalf("pack testapp image: %v\n%s", err, out)
+	}
+	return tar
+}
