@@ -35,6 +35,9 @@ type Node struct {
 	Dir        string // scratch space of the test
 	DataDir    string
 	Kubeconfig string
+	// Agent makes Start run a node beside the control plane; the node's
+	// containers and mounts are removed with `kelp killall` at cleanup.
+	Agent      bool
 	holder     *exec.Cmd
 	server     *exec.Cmd
 	serverDone chan error
@@ -68,22 +71,36 @@ func Binary(t *testing.T) string {
 	return path
 }
 
+// privateDirs are host paths a node writes to outside its data dir; each
+// node gets its own empty copy of them in its mount namespace.
+var privateDirs = []string{"/run/kelp", "/run/netns", "/var/lib/kubelet"}
+
 // NewNode makes the namespaces of a node: loopback up and a bridge with
-// NodeIP, so kelp finds a node address as on a real machine.
+// NodeIP, so kelp finds a node address as on a real machine, and private
+// mounts over privateDirs.
 func NewNode(t *testing.T) *Node {
 	t.Helper()
 	NeedRoot(t)
 	dir := t.TempDir()
 	n := &Node{t: t, Dir: dir, DataDir: filepath.Join(dir, "data"), Kubeconfig: filepath.Join(dir, "kelp.yaml")}
-	setup := strings.Join([]string{
+	setup := []string{
 		"ip link set lo up",
 		"ip link add kelp-lab type bridge",
 		"ip addr add " + NodeIP + "/24 dev kelp-lab",
 		"ip link set kelp-lab up",
+	}
+	for _, d := range privateDirs {
+		// The mount point must exist on the host; an empty directory there
+		// changes nothing for the host.
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		setup = append(setup, "mount -t tmpfs -o mode=0755 kelp-test "+d)
+	}
+	n.holder = exec.Command("unshare", "--net", "--mount", "--propagation", "private", "sh", "-c", strings.Join(append(setup,
 		"echo ready",
 		"exec sleep infinity",
-	}, " && ")
-	n.holder = exec.Command("unshare", "--net", "--mount", "--propagation", "private", "sh", "-c", setup)
+	), " && "))
 	n.holder.Stderr = os.Stderr
 	out, err := n.holder.StdoutPipe()
 	if err != nil {
@@ -106,6 +123,14 @@ func (n *Node) cleanup() {
 	if n.server != nil && n.serverDone != nil {
 		_ = n.server.Process.Kill()
 		<-n.serverDone
+	}
+	if n.Agent {
+		// Shims and containers outlive kelp on purpose; killall removes
+		// them, their mounts and their cgroups.
+		cmd := n.Command(Binary(n.t), "killall", "--data-dir", n.DataDir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			n.t.Errorf("kelp killall: %v\n%s", err, out)
+		}
 	}
 	_ = n.holder.Process.Kill()
 	_ = n.holder.Wait()
@@ -138,9 +163,19 @@ func (n *Node) command(opts []string, name string, args ...string) *exec.Cmd {
 }
 
 // ServerArgs are the flags every test server gets: its own data dir and
-// kubeconfig, and no node (until kelp has one).
+// kubeconfig, and no node unless n.Agent.
 func (n *Node) ServerArgs(extra ...string) []string {
-	return append([]string{"server", "--disable-agent", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig}, extra...)
+	args := []string{"server", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig}
+	if !n.Agent {
+		args = append(args, "--disable-agent")
+	}
+	return append(args, extra...)
+}
+
+// Kubectl runs kelp's kubectl against the node with args.
+func (n *Node) Kubectl(args ...string) (string, error) {
+	n.t.Helper()
+	return n.RunKelp(time.Minute, append([]string{"kubectl", "--kubeconfig", n.Kubeconfig}, args...)...)
 }
 
 // Start starts `kelp server` with ServerArgs(extra...) in the background.
@@ -185,7 +220,7 @@ func (n *Node) WaitReady(timeout time.Duration) {
 			body := new(bytes.Buffer)
 			_, _ = body.ReadFrom(resp.Body)
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK && n.logged("kelp server is ready") {
+			if resp.StatusCode == http.StatusOK && n.Logged("kelp server is ready") {
 				return
 			}
 			last = resp.Status + ": " + body.String()
@@ -207,7 +242,7 @@ func (n *Node) WaitReady(timeout time.Duration) {
 func (n *Node) WaitLog(text string, timeout time.Duration) {
 	n.t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !n.logged(text) {
+	for !n.Logged(text) {
 		if time.Now().After(deadline) {
 			n.t.Fatalf("kelp server did not log %q within %s", text, timeout)
 		}
@@ -215,8 +250,8 @@ func (n *Node) WaitLog(text string, timeout time.Duration) {
 	}
 }
 
-// logged says whether the running server's log contains text.
-func (n *Node) logged(text string) bool {
+// Logged says whether the running server's log contains text.
+func (n *Node) Logged(text string) bool {
 	data, _ := os.ReadFile(n.serverLog)
 	return bytes.Contains(data, []byte(text))
 }
@@ -273,7 +308,7 @@ func (n *Node) Run(timeout time.Duration, cmd *exec.Cmd) (string, error) {
 // DialContext opens a connection from inside the node's network namespace.
 func (n *Node) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	var conn net.Conn
-	err := n.inNetns(func() error {
+	err := n.InNetns(func() error {
 		var err error
 		conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
 		return err
@@ -284,7 +319,7 @@ func (n *Node) DialContext(ctx context.Context, network, addr string) (net.Conn,
 // Listen opens a listener inside the node's network namespace.
 func (n *Node) Listen(network, addr string) (net.Listener, error) {
 	var l net.Listener
-	err := n.inNetns(func() error {
+	err := n.InNetns(func() error {
 		var err error
 		l, err = net.Listen(network, addr)
 		return err
@@ -292,14 +327,18 @@ func (n *Node) Listen(network, addr string) (net.Listener, error) {
 	return l, err
 }
 
-// inNetns runs fn on an OS thread moved into the node's network
+// InNetns runs fn on an OS thread moved into the node's network
 // namespace. Sockets keep the namespace they were made in; the thread is
 // never unlocked, so Go discards it instead of reusing it elsewhere.
-func (n *Node) inNetns(fn func() error) error {
+func (n *Node) InNetns(fn func() error) error {
+	return inNetnsOf(n.holder.Process.Pid, fn)
+}
+
+func inNetnsOf(pid int, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", n.holder.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			errc <- fmt.Errorf("open node netns: %w", err)
 			return
@@ -342,4 +381,35 @@ func ExitCode(err error) int {
 		return exit.ExitCode()
 	}
 	return -1
+}
+
+// Processes lists the live processes (not zombies) in the node's mount
+// namespace other than the namespace holder, as "pid command" lines.
+func (n *Node) Processes() []string {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", n.holder.Process.Pid))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	entries, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == n.holder.Process.Pid {
+			continue
+		}
+		if other, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); other != ns {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || end < open || strings.HasPrefix(strings.TrimSpace(s[end+1:]), "Z") {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%d %s", pid, s[open+1:end]))
+	}
+	return out
 }

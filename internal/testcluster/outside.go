@@ -1,0 +1,68 @@
+package testcluster
+
+import (
+	"bufio"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// Addresses of the link between a node and its Outside.
+const (
+	OutsideIP     = "10.98.0.2"
+	nodeOutsideIP = "10.98.0.1"
+)
+
+// Outside is a network namespace wired to a node by a veth pair, with no
+// route to the pod network: a stand-in for the world beyond the cluster.
+// Pods reach it only if the node masquerades their traffic.
+type Outside struct {
+	holder *exec.Cmd
+}
+
+// NewOutside makes the Outside of n; it goes away with the test.
+func (n *Node) NewOutside() *Outside {
+	n.t.Helper()
+	o := &Outside{holder: exec.Command("unshare", "--net", "sh", "-c", "ip link set lo up && echo ready && exec sleep infinity")}
+	o.holder.Stderr = os.Stderr
+	out, err := o.holder.StdoutPipe()
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if err := start(o.holder); err != nil {
+		n.t.Fatalf("start outside namespace: %v", err)
+	}
+	n.t.Cleanup(func() {
+		_ = o.holder.Process.Kill()
+		_ = o.holder.Wait()
+	})
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
+		n.t.Fatalf("set up outside namespace: %q %v", line, err)
+	}
+	pid := strconv.Itoa(o.holder.Process.Pid)
+	for _, cmd := range []*exec.Cmd{
+		n.Command("ip", "link", "add", "kelp-out", "type", "veth", "peer", "name", "eth0", "netns", pid),
+		n.Command("ip", "addr", "add", nodeOutsideIP+"/24", "dev", "kelp-out"),
+		n.Command("ip", "link", "set", "kelp-out", "up"),
+		exec.Command("nsenter", "--target", pid, "--net", "ip", "addr", "add", OutsideIP+"/24", "dev", "eth0"),
+		exec.Command("nsenter", "--target", pid, "--net", "ip", "link", "set", "eth0", "up"),
+	} {
+		if out, err := cmd.CombinedOutput(); err != nil {
+			n.t.Fatalf("%v: %v\n%s", cmd.Args, err, out)
+		}
+	}
+	return o
+}
+
+// Listen opens a listener inside the Outside namespace.
+func (o *Outside) Listen(network, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := inNetnsOf(o.holder.Process.Pid, func() error {
+		var err error
+		l, err = net.Listen(network, addr)
+		return err
+	})
+	return l, err
+}

@@ -1,0 +1,362 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// workload is what TestNode runs: a Deployment of the test image with
+// probes and every common volume kind, a Job, and a pod whose image
+// exists nowhere.
+const workload = `
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings}
+data: {greeting: hello from a configmap}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: credentials}
+stringData: {password: s3cret}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: ` + testcluster.TestImage + `
+        imagePullPolicy: IfNotPresent
+        args: [serve]
+        ports: [{containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+        livenessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 5}
+        volumeMounts:
+        - {name: cache, mountPath: /cache}
+        - {name: settings, mountPath: /config}
+        - {name: credentials, mountPath: /secret}
+        - {name: token, mountPath: /token}
+      volumes:
+      - {name: cache, emptyDir: {}}
+      - {name: settings, configMap: {name: settings}}
+      - {name: credentials, secret: {secretName: credentials}}
+      - name: token
+        projected:
+          sources:
+          - serviceAccountToken: {path: token, expirationSeconds: 3600, audience: test}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: once}
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - {name: once, image: ` + testcluster.TestImage + `, imagePullPolicy: IfNotPresent, args: [exit, "0"]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: missing-image}
+spec:
+  containers:
+  - {name: missing, image: "docker.io/kelp-test/does-not-exist:1.0"}
+`
+
+// TestNode runs `kelp server` with its node and checks, in one cluster to
+// keep the suite short: pods from an airgap image, kubectl logs, exec and
+// port-forward, volumes, a Job, pod-to-pod and masqueraded egress traffic,
+// a missing image, crictl and ctr, a restart that keeps the containers,
+// containerd killed and restarted, and killall leaving nothing behind.
+func TestNode(t *testing.T) {
+	n := testcluster.NewNode(t)
+	n.Agent = true
+	images := filepath.Join(n.DataDir, "agent", "images")
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, testcluster.BuildTestImage(t), filepath.Join(images, "testapp.tar"))
+	if err := os.WriteFile(filepath.Join(images, "broken.tar.gz"), []byte("not a tarball"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	outside := n.NewOutside()
+	n.Start()
+	n.WaitReady(startTimeout)
+	n.WaitLog("kelp node is running", startTimeout)
+	c := n.Client()
+	waitNodeReady(t, c)
+	if !n.Logged("airgap image tarball not imported") || !n.Logged(filepath.Join(images, "broken.tar.gz")+": not gzip") {
+		t.Error("the broken airgap tarball is not reported by name")
+	}
+
+	manifest := filepath.Join(n.Dir, "workload.yaml")
+	if err := os.WriteFile(manifest, []byte(workload), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, n, "apply", "-f", manifest)
+	kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
+	kubectl(t, n, "wait", "--for=condition=Complete", "job/once", "--timeout=60s")
+	pods := webPods(t, c)
+
+	t.Run("logs", func(t *testing.T) {
+		if out := kubectl(t, n, "logs", pods[0].Name); !strings.Contains(out, "serving on :8080") {
+			t.Errorf("logs: %q", out)
+		}
+	})
+	t.Run("exec and volumes", func(t *testing.T) {
+		for file, want := range map[string]string{
+			"/config/greeting": "hello from a configmap",
+			"/secret/password": "s3cret",
+			"/proc/mounts":     " /cache ",
+			"/token/token":     "eyJ", // a JWT
+		} {
+			if out := kubectl(t, n, "exec", pods[0].Name, "--", "/testapp", "cat", file); !strings.Contains(out, want) {
+				t.Errorf("%s holds %q, want %q in it", file, out, want)
+			}
+		}
+	})
+	t.Run("port-forward", func(t *testing.T) {
+		portForward(t, n, pods[0].Name)
+	})
+	t.Run("pod to pod", func(t *testing.T) {
+		out := kubectl(t, n, "exec", pods[0].Name, "--", "/testapp", "get", "http://"+net.JoinHostPort(pods[1].Status.PodIP, "8080")+"/")
+		if !strings.HasPrefix(out, pods[1].Name+" "+pods[0].Status.PodIP+":") {
+			t.Errorf("pod %s answered %q, want its name and the caller's pod IP", pods[1].Name, out)
+		}
+	})
+	t.Run("egress is masqueraded", func(t *testing.T) {
+		l, err := outside.Listen("tcp", net.JoinHostPort(testcluster.OutsideIP, "9090"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, r.RemoteAddr) })}
+		go srv.Serve(l)
+		defer srv.Close()
+		out := kubectl(t, n, "exec", pods[0].Name, "--", "/testapp", "get", "http://"+testcluster.OutsideIP+":9090/")
+		if host, _, _ := net.SplitHostPort(out); host == pods[0].Status.PodIP || host == "" {
+			t.Errorf("outside saw %q: want the node's address, not the pod's", out)
+		}
+	})
+	t.Run("missing image", func(t *testing.T) {
+		eventually(t, "an ErrImagePull event for the missing image", func() (bool, error) {
+			events, err := c.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=missing-image"})
+			if err != nil {
+				return false, err
+			}
+			for _, e := range events.Items {
+				if e.Reason == "Failed" && strings.Contains(e.Message, "does-not-exist") {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		waitNodeReady(t, c)
+	})
+	t.Run("crictl and ctr", func(t *testing.T) {
+		out, err := n.RunKelp(time.Minute, "crictl", "ps")
+		if err != nil || !strings.Contains(out, " web ") {
+			t.Errorf("crictl ps: %v\n%s", err, out)
+		}
+		out, err = n.RunKelp(time.Minute, "crictl", "images")
+		if err != nil || !strings.Contains(out, "docker.io/kelp-test/testapp   1.0") || !strings.Contains(out, "true") {
+			t.Errorf("crictl images (the airgap image must be pinned): %v\n%s", err, out)
+		}
+		out, err = n.RunKelp(time.Minute, "ctr", "-n", "k8s.io", "images", "ls", "-q")
+		if err != nil || !strings.Contains(out, testcluster.TestImage) {
+			t.Errorf("ctr images ls: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("restart keeps containers", func(t *testing.T) {
+		before := containerIDs(t, c)
+		n.Stop()
+		n.Start()
+		n.WaitReady(startTimeout)
+		n.WaitLog("kelp node is running", startTimeout)
+		waitNodeReady(t, c)
+		kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=60s")
+		if after := containerIDs(t, c); !equalMaps(before, after) {
+			t.Errorf("containers changed across a restart:\nbefore %v\nafter  %v", before, after)
+		}
+	})
+	t.Run("containerd killed", func(t *testing.T) {
+		out, err := n.Run(time.Minute, n.Command("pkill", "-KILL", "-f", "containerd --config "+n.DataDir))
+		if err != nil {
+			t.Fatalf("kill containerd: %v %s", err, out)
+		}
+		n.WaitLog("containerd restarted", time.Minute)
+		eventually(t, "crictl ps answers again", func() (bool, error) {
+			out, err := n.RunKelp(time.Minute, "crictl", "ps")
+			return err == nil && strings.Contains(out, " web "), nil
+		})
+		waitNodeReady(t, c)
+	})
+	t.Run("killall", func(t *testing.T) {
+		n.Stop()
+		if out, err := n.RunKelp(time.Minute, "killall", "--data-dir", n.DataDir); err != nil {
+			t.Fatalf("killall: %v\n%s", err, out)
+		}
+		nothingLeft(t, n)
+	})
+}
+
+// nothingLeft checks that killall removed every process, mount, interface,
+// nftables table and cgroup of the node.
+func nothingLeft(t *testing.T, n *testcluster.Node) {
+	t.Helper()
+	if procs := n.Processes(); len(procs) > 0 {
+		t.Errorf("processes left: %v", procs)
+	}
+	out, _ := n.Run(time.Minute, n.Command("cat", "/proc/self/mountinfo"))
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (strings.HasPrefix(f[4], n.DataDir) || strings.HasPrefix(f[4], "/var/lib/kubelet/") || strings.HasPrefix(f[4], "/run/netns/")) {
+			t.Errorf("mount left: %s", f[4])
+		}
+	}
+	if out, err := n.Run(time.Minute, n.Command("ip", "-o", "link", "show")); err != nil || strings.Contains(out, "cni0") || strings.Contains(out, "veth") {
+		t.Errorf("interfaces left: %v\n%s", err, out)
+	}
+	var tables []*nftables.Table
+	if err := n.InNetns(func() error {
+		c, err := nftables.New()
+		if err == nil {
+			tables, err = c.ListTables()
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range tables {
+		t.Errorf("nftables table left: %s", tb.Name)
+	}
+	if m, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods*"); len(m) > 0 {
+		t.Errorf("cgroups left: %v", m)
+	}
+}
+
+func kubectl(t *testing.T, n *testcluster.Node, args ...string) string {
+	t.Helper()
+	out, err := n.Kubectl(args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func waitNodeReady(t *testing.T, c kubernetes.Interface) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
+		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil || len(nodes.Items) != 1 {
+			return false, nil
+		}
+		for _, cond := range nodes.Items[0].Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				return cond.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("node not Ready: %v", err)
+	}
+}
+
+func webPods(t *testing.T, c kubernetes.Interface) []corev1.Pod {
+	t.Helper()
+	list, err := c.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: "app=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 2 {
+		t.Fatalf("%d web pods, want 2", len(list.Items))
+	}
+	return list.Items
+}
+
+// containerIDs maps each web pod to its container ID and restart count.
+func containerIDs(t *testing.T, c kubernetes.Interface) map[string]string {
+	t.Helper()
+	ids := map[string]string{}
+	for _, p := range webPods(t, c) {
+		for _, s := range p.Status.ContainerStatuses {
+			ids[p.Name] = fmt.Sprintf("%s restarts=%d", s.ContainerID, s.RestartCount)
+		}
+	}
+	return ids
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func portForward(t *testing.T, n *testcluster.Node, pod string) {
+	t.Helper()
+	cmd := n.Command(testcluster.Binary(t), "kubectl", "--kubeconfig", n.Kubeconfig, "port-forward", "pod/"+pod, "18080:8080")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	line := make([]byte, 64)
+	if _, err := io.ReadAtLeast(out, line, 10); err != nil {
+		t.Fatalf("port-forward did not start: %v", err)
+	}
+	client := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: n.DialContext}}
+	resp, err := client.Get("http://127.0.0.1:18080/")
+	if err != nil {
+		t.Fatalf("through port-forward: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.HasPrefix(string(body), pod+" 127.0.0.1:") {
+		t.Errorf("through port-forward: %q", body)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	data, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
