@@ -42,10 +42,9 @@ func main() {
 }
 
 // multicall returns the tool to run when kelp is started under another
-// program's name (a link named kubectl, crictl, ctr, containerd or
-// containerd-shim-runc-v2), or the way containerd re-executes its own
-// binary: the shim daemonizes by running itself with -namespace first, and
-// publishes events with `<containerd> --address A publish`.
+// program's name (a link named kubectl, crictl, ctr or containerd), or the
+// way a containerd shim calls containerd's binary to publish events:
+// `<containerd> --address A publish …`.
 func multicall(args []string) func() error {
 	switch {
 	case filepath.Base(args[0]) == "kubectl":
@@ -56,8 +55,6 @@ func multicall(args []string) func() error {
 		return func() error { return containerd.CtrMain(args) }
 	case filepath.Base(args[0]) == "containerd":
 		return func() error { return containerd.Main(args) }
-	case filepath.Base(args[0]) == "containerd-shim-runc-v2", len(args) > 1 && args[1] == "-namespace":
-		return func() error { containerd.ShimMain(); return nil }
 	case len(args) > 3 && args[1] == "--address" && args[3] == "publish":
 		return func() error { return containerd.Main(append([]string{"containerd"}, args[1:]...)) }
 	}
@@ -120,7 +117,9 @@ func newApp() *cli.App {
 				Usage:           "run containerd (kelp starts it for its node)",
 				Hidden:          true,
 				SkipFlagParsing: true,
-				Action:          func(c *cli.Context) error { return containerd.Main(append([]string{"containerd"}, c.Args().Slice()...)) },
+				Action: func(c *cli.Context) error {
+					return containerd.Main(append([]string{"containerd"}, c.Args().Slice()...))
+				},
 			},
 			{
 				Name:            "kubectl",

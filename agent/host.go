@@ -12,9 +12,9 @@ import (
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 )
 
-// tools are the programs the kelp binary also is; containerd finds its
-// shim, and users find crictl, ctr and kubectl, under these names.
-var tools = []string{"containerd-shim-runc-v2", "crictl", "ctr", "kubectl"}
+// tools are the programs the kelp binary also is, under the names users
+// look for.
+var tools = []string{"crictl", "ctr", "kubectl"}
 
 // linkTools points each tool name in dir at the kelp binary.
 func linkTools(dir, self string) error {

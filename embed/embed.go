@@ -31,8 +31,9 @@ var bundleSum string
 type Staged struct {
 	// Dir is <data-dir>/data/<hash>; it never changes while its bundle is in use.
 	Dir string
-	// BinDir holds runc and the CNI plugins (bridge, host-local, loopback,
-	// bandwidth); put it on PATH and use it as the CNI bin dir.
+	// BinDir holds runc, containerd-shim-runc-v2 and the CNI plugins
+	// (bridge, host-local, loopback, bandwidth); put it on PATH and use it
+	// as the CNI bin dir.
 	BinDir string
 	// PauseImage is the name of the image in PauseImageTar.
 	PauseImage string

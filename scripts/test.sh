@@ -8,10 +8,10 @@ cd "$(dirname "$0")/.."
 
 [[ $(id -u) == 0 ]] || { echo "scripts/test.sh: run as root (cluster tests use namespaces and mounts)" >&2; exit 1; }
 
-# Packages the cluster tests use: ip/nsenter/unshare for node namespaces,
-# PostgreSQL for the external-datastore test.
+# Packages the cluster tests use: ip/nsenter/unshare/mount for node
+# namespaces, pkill, PostgreSQL for the external-datastore test.
 need=()
-for p in iproute2 util-linux postgresql; do
+for p in iproute2 util-linux mount procps postgresql; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if ((${#need[@]})); then
@@ -28,7 +28,7 @@ fi
 scripts/build.sh
 # The same build as bin/kelp (pure-Go SQLite), sharing its build cache.
 export CGO_ENABLED=0
-unformatted=$(gofmt -l main.go embed internal server)
+unformatted=$(gofmt -l main.go agent embed internal server)
 [[ -z $unformatted ]] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
 go vet ./...
 KELP_BIN=$PWD/bin/kelp go test -count=1 -timeout 25m "$@" ./...

@@ -36,8 +36,34 @@ func TestBadInput(t *testing.T) {
 		return path
 	}
 
-	t.Run("no agent yet", func(t *testing.T) {
-		fail(t, []string{"server", "--data-dir", n.DataDir}, "--disable-agent")
+	t.Run("missing memory cgroup", func(t *testing.T) {
+		// A Raspberry Pi kernel without cgroup_enable=memory: the memory
+		// controller is listed but disabled.
+		data, err := os.ReadFile("/proc/cgroups")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lines []string
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			if f := strings.Fields(line); len(f) == 4 && f[0] == "memory" {
+				line = "memory\t0\t1\t0"
+			}
+			lines = append(lines, line)
+		}
+		fake := write("cgroups", strings.Join(lines, "\n")+"\n")
+		if out, err := n.Run(time.Minute, n.Command("mount", "--bind", fake, "/proc/cgroups")); err != nil {
+			t.Fatalf("mount: %v %s", err, out)
+		}
+		defer n.Run(time.Minute, n.Command("umount", "/proc/cgroups"))
+		out := fail(t, []string{"check-config"}, "FAIL  cgroup memory", "cgroup_enable=memory cgroup_memory=1")
+		if !strings.Contains(out, "ok    nf_tables") {
+			t.Errorf("check-config does not report the other checks:\n%s", out)
+		}
+		fail(t, []string{"server", "--data-dir", n.DataDir}, "cannot run a kelp node", "cgroup_enable=memory cgroup_memory=1")
+	})
+	t.Run("malformed registries.yaml", func(t *testing.T) {
+		reg := write("registries.yaml", "mirrors:\n  docker.io:\n    endpoints: [\"https://mirror.example\"]\n")
+		fail(t, []string{"server", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig, "--private-registry", reg}, "registries.yaml", `unknown field "endpoints"`)
 	})
 	t.Run("port in use", func(t *testing.T) {
 		l, err := n.Listen("tcp", "0.0.0.0:6443")

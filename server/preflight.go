@@ -11,6 +11,7 @@ import (
 	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/kubelet"
+	"github.com/kelp-dev/kelp/internal/registries"
 )
 
 // preflight catches the mistakes a user can make before anything is
@@ -35,6 +36,11 @@ func preflight(cfg config.Server) error {
 	}
 	if !cfg.DisableAgent {
 		if err := agent.CheckHost(); err != nil {
+			return err
+		}
+		// Loaded again by the node; a mistake in it is cheaper to report
+		// before the control plane starts.
+		if _, err := registries.Load(cfg.PrivateRegistry); err != nil {
 			return err
 		}
 		ports = append(ports,

@@ -25,6 +25,10 @@ import (
 
 var log = logrus.WithField("component", "killall")
 
+// shimBinary is the runc shim of the bundle; shims detach from containerd
+// and must be found on their own.
+const shimBinary = "containerd-shim-runc-v2"
+
 // Paths whose mounts belong to a node besides its data dir.
 const (
 	kubeletRoot = "/var/lib/kubelet"
@@ -50,10 +54,10 @@ func Run(dataDir string) error {
 	return errors.Join(errs...)
 }
 
-// killProcesses kills every process running the kelp binary in this mount
-// namespace (the server, containerd, the shims), everything they started
-// (the containers), and whatever is left in the pods' cgroups. It waits
-// until they are gone.
+// killProcesses kills every process in this mount namespace that runs the
+// kelp binary (the server, containerd) or the bundle's shim, everything
+// they started (the containers), and whatever is left in the pods'
+// cgroups. It waits until they are gone.
 func killProcesses() (int, error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -76,7 +80,10 @@ func killProcesses() (int, error) {
 		if ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); ns != ownNS {
 			continue
 		}
-		if info, err := os.Stat(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && os.SameFile(info, selfInfo) {
+		exe := fmt.Sprintf("/proc/%d/exe", pid)
+		if info, err := os.Stat(exe); err == nil && os.SameFile(info, selfInfo) {
+			roots = append(roots, pid)
+		} else if target, _ := os.Readlink(exe); filepath.Base(strings.TrimSuffix(target, " (deleted)")) == shimBinary {
 			roots = append(roots, pid)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/pelletier/go-toml/v2"
 	"sigs.k8s.io/yaml"
@@ -60,7 +61,15 @@ func Load(path string) (Registries, error) {
 	}
 	var r Registries
 	if err := yaml.UnmarshalStrict(data, &r); err != nil {
-		return Registries{}, fmt.Errorf("registries: %s: %w (see README: Private registries)", path, err)
+		// The YAML library reports through its JSON decoder; say only what
+		// is wrong.
+		msg := err.Error()
+		if i := strings.LastIndex(msg, "json: "); i >= 0 {
+			msg = msg[i+len("json: "):]
+		} else if i := strings.Index(msg, "yaml: "); i >= 0 {
+			msg = msg[i:]
+		}
+		return Registries{}, fmt.Errorf("registries: %s: %s (see README: Private registries)", path, msg)
 	}
 	for name, m := range r.Mirrors {
 		if len(m.Rewrites) > 0 {

@@ -1,0 +1,115 @@
+package cni
+
+import (
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+)
+
+func TestConflist(t *testing.T) {
+	const ipamDir = "/run/kelp/cni/networks"
+	tests := []struct {
+		cidr, route string
+	}{
+		{"10.42.3.0/24", "0.0.0.0/0"},
+		{"fd42:0:0:3::/64", "::/0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.cidr, func(t *testing.T) {
+			data, err := Conflist(netip.MustParsePrefix(tt.cidr), ipamDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var conf struct {
+				CNIVersion string           `json:"cniVersion"`
+				Name       string           `json:"name"`
+				Plugins    []map[string]any `json:"plugins"`
+			}
+			if err := json.Unmarshal(data, &conf); err != nil {
+				t.Fatalf("%v\n%s", err, data)
+			}
+			if conf.CNIVersion != "1.0.0" || conf.Name != "kelp" || len(conf.Plugins) != 2 {
+				t.Fatalf("version %q name %q %d plugins", conf.CNIVersion, conf.Name, len(conf.Plugins))
+			}
+			bridge := conf.Plugins[0]
+			for key, want := range map[string]any{
+				"type": "bridge", "bridge": "cni0", "isGateway": true, "hairpinMode": true,
+				// kelp masquerades with its own nftables rule.
+				"ipMasq": false,
+			} {
+				if bridge[key] != want {
+					t.Errorf("plugins[0].%s = %v, want %v", key, bridge[key], want)
+				}
+			}
+			wantIPAM := map[string]any{
+				"type":    "host-local",
+				"dataDir": ipamDir,
+				"ranges":  []any{[]any{map[string]any{"subnet": tt.cidr}}},
+				"routes":  []any{map[string]any{"dst": tt.route}},
+			}
+			if !reflect.DeepEqual(bridge["ipam"], wantIPAM) {
+				t.Errorf("ipam %#v\nwant %#v", bridge["ipam"], wantIPAM)
+			}
+			wantBW := map[string]any{"type": "bandwidth", "capabilities": map[string]any{"bandwidth": true}}
+			if !reflect.DeepEqual(conf.Plugins[1], wantBW) {
+				t.Errorf("plugins[1] %#v", conf.Plugins[1])
+			}
+		})
+	}
+}
+
+func TestWriteConflist(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cni")
+	path := filepath.Join(dir, ConflistName)
+	first := netip.MustParsePrefix("10.42.3.0/24")
+	const ipamDir = "/run/kelp/cni/networks"
+
+	if err := WriteConflist(dir, first, ipamDir); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := Conflist(first, ipamDir)
+	if got, err := os.ReadFile(path); err != nil || string(got) != string(want) {
+		t.Fatalf("content %q, %v", got, err)
+	}
+
+	// containerd reloads on every write; an unchanged file must stay untouched.
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	if err := os.Chtimes(path, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteConflist(dir, first, ipamDir); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fi.ModTime().Equal(old) {
+		t.Errorf("identical write touched the file: mtime %v, want %v", fi.ModTime(), old)
+	}
+
+	second := netip.MustParsePrefix("10.42.7.0/24")
+	if err := WriteConflist(dir, second, ipamDir); err != nil {
+		t.Fatal(err)
+	}
+	want, _ = Conflist(second, ipamDir)
+	if got, err := os.ReadFile(path); err != nil || string(got) != string(want) {
+		t.Errorf("content not replaced: %q, %v", got, err)
+	}
+
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Name() != ConflistName {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("directory holds %v, want only %s", names, ConflistName)
+	}
+}

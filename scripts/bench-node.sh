@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Measures a kelp server with its node (`kelp server`) and prints the figures;
+# it never judges them. The machine is noisy: compare figures of one run.
+#
+# Usage: scripts/bench-node.sh     (as root, from anywhere)
+#   IDLE=300   seconds of the idle window, after the first pod runs
+#   KELP=bin/kelp
+#   LOGDIR=    if set, kelp's and containerd's logs are copied there
+#
+# kelp runs in a network and mount namespace of its own, with private
+# /run/kelp, /run/netns and /var/lib/kubelet, like the cluster tests. Figures:
+#   node Ready       launch of `kelp server` (fresh data dir, bundle staged by a
+#                    first run) until the Node's Ready condition is True
+#   first pod        launch until a pod of the test image (from the airgap
+#                    images directory) is Running; the Deployment is created
+#                    as soon as the apiserver answers
+#   idle             over IDLE s: RSS and PSS of kelp + containerd + shims, CPU %
+#                    of one core, and bytes written (/proc/PID/io write_bytes)
+#                    per second
+#   restart          SIGTERM, start again: node Ready and pods Running with the
+#                    same containers
+set -euo pipefail
+
+IDLE=${IDLE:-300}
+KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
+LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+
+die() { echo "bench-node: $*" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || die "run as root"
+[[ $IDLE =~ ^[1-9][0-9]*$ ]] || die "IDLE must be a positive integer (seconds)"
+[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-node.XXXXXX")
+holder=
+cleanup() {
+  local rc=$?
+  trap - EXIT
+  set +e
+  if [[ -n $holder ]]; then
+    in_node "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
+    kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+  fi
+  [[ -n $LOGDIR ]] && mkdir -p "$LOGDIR" && cp "$work"/*.log "$work"/data/agent/containerd/containerd.log "$LOGDIR"/ 2>/dev/null
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
+in_node() { nsenter --target "$holder" --net --mount -- "$@"; }
+kubectl() { in_node "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
+secs() { awk -v ms="$1" 'BEGIN { printf "%.2f", ms / 1000 }'; }
+
+# The test image: testapp packed by the bundle's image tool.
+CGO_ENABLED=0 go build -C "$repo" -trimpath -o "$work/testapp" ./internal/testcluster/testapp
+(cd "$repo/scripts/bundle" && go run ./mkimage -binary "$work/testapp" -path /testapp \
+  -name docker.io/kelp-test/testapp:1.0 -arch "$(go env GOARCH)" -out "$work/testapp.tar")
+
+for d in /run/kelp /run/netns /var/lib/kubelet; do mkdir -p "$d"; done
+mkfifo "$work/ready"
+unshare --net --mount --propagation private sh -ec '
+  ip link set lo up
+  ip link add kelp-lab type bridge
+  ip addr add 10.99.0.2/24 dev kelp-lab
+  ip link set kelp-lab up
+  for d in /run/kelp /run/netns /var/lib/kubelet; do mount -t tmpfs -o mode=0755 kelp-bench $d; done
+  echo ready > "$0"
+  exec sleep infinity' "$work/ready" &
+holder=$!
+read -r _ <"$work/ready"
+
+cat >"$work/app.yaml" <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - {name: web, image: docker.io/kelp-test/testapp:1.0, imagePullPolicy: IfNotPresent, args: [serve]}
+YAML
+
+kelp_pid=
+start_kelp() { # LOG: launches kelp server in the node
+  in_node "$KELP" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" >"$work/$1" 2>&1 &
+  kelp_pid=$!
+}
+stop_kelp() {
+  kill -TERM "$kelp_pid"; wait "$kelp_pid" || true
+}
+wait_for() { # WHAT CMD...: polls CMD every 100 ms for up to 5 minutes
+  local what=$1; shift
+  local deadline=$(( $(now_ms) + 300000 ))
+  until "$@" >/dev/null 2>&1; do
+    (( $(now_ms) < deadline )) || die "$what did not happen within 5 minutes"
+    kill -0 "$kelp_pid" 2>/dev/null || die "kelp exited while waiting for $what"
+    sleep 0.1
+  done
+}
+node_ready() { [[ $(kubectl get nodes -o 'jsonpath={.items[0].status.conditions[?(@.type=="Ready")].status}') == True ]]; }
+pods_running() { [[ $(kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.phase}{" "}{end}') == "Running Running " ]]; }
+
+# A first run stages the bundle, as an install does; then a fresh start.
+start_kelp stage.log
+wait_for "the first start" grep -q "kelp node is running" "$work/stage.log"
+stop_kelp
+in_node "$KELP" killall --data-dir "$work/data" >/dev/null
+find "$work/data" -mindepth 1 -maxdepth 1 ! -name data -exec rm -rf {} +
+mkdir -p "$work/data/agent/images" && cp "$work/testapp.tar" "$work/data/agent/images/"
+
+t0=$(now_ms)
+start_kelp first.log
+wait_for "the apiserver" kubectl get --raw /readyz
+t_api=$(( $(now_ms) - t0 ))
+wait_for "applying the Deployment" kubectl apply -f "$work/app.yaml"
+wait_for "node Ready" node_ready
+t_node=$(( $(now_ms) - t0 ))
+wait_for "pods Running" pods_running
+t_pod=$(( $(now_ms) - t0 ))
+echo "kelp bench-node: $("$KELP" --version | head -1), $(nproc) CPUs"
+printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss\n' "$(secs $t_api)" "$(secs $t_node)" "$(secs $t_pod)"
+
+# Every process of the node (containers have mount namespaces of their own):
+# the kelp binary (server, containerd) and the runc shims.
+node_pids() {
+  local ns self pid
+  ns=$(readlink "/proc/$holder/ns/mnt")
+  for pid in /proc/[0-9]*; do
+    pid=${pid#/proc/}
+    [[ $pid != "$holder" && $(readlink "/proc/$pid/ns/mnt" 2>/dev/null) == "$ns" ]] || continue
+    if [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$KELP" ]]; then echo "kelp $pid"; else echo "shim $pid"; fi
+  done
+}
+sample() { # prints: kind pid cputicks write_bytes rss_kb pss_kb
+  node_pids | while read -r kind pid; do
+    local stat; stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+    stat=${stat##*) }
+    echo "$kind $pid $(awk '{print $12 + $13}' <<<"$stat") \
+$(awk '$1 == "write_bytes:" {print $2}' "/proc/$pid/io") \
+$(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status") \
+$(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup")"
+  done
+}
+sample >"$work/before"
+t0=$(now_ms)
+sleep "$IDLE"
+sample >"$work/after"
+elapsed=$(( $(now_ms) - t0 ))
+hz=$(getconf CLK_TCK)
+echo
+echo "idle ${IDLE}s (pids alive at both ends):"
+awk -v hz="$hz" -v ms="$elapsed" '
+  NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
+  ($2 in cpu) {
+    k = $1; n[k]++; dcpu[k] += $3 - cpu[$2]; dwb[k] += $4 - wb[$2]; rss[k] += $5; pss[k] += $6
+  }
+  END {
+    for (k in n) printf "  %-4s %2d processes: RSS %4.0f MiB, PSS %4.0f MiB, CPU %4.1f%% of a core, writes %6.2f KiB/s\n",
+      k, n[k], rss[k] / 1024, pss[k] / 1024, 100 * dcpu[k] / hz / (ms / 1000), dwb[k] / 1024 / (ms / 1000)
+  }' "$work/before" "$work/after"
+awk -v hz="$hz" -v ms="$elapsed" '
+  NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
+  ($2 in cpu) { dcpu += $3 - cpu[$2]; dwb += $4 - wb[$2]; rss += $5; pss += $6 }
+  END { printf "  all  (kelp + containerd + shims): RSS %4.0f MiB, PSS %4.0f MiB, CPU %4.1f%% of a core, writes %6.2f KiB/s\n",
+    rss / 1024, pss / 1024, 100 * dcpu / hz / (ms / 1000), dwb / 1024 / (ms / 1000) }' "$work/before" "$work/after"
+echo "  (RSS counts the pages of the shared kelp binary once per process; PSS shares them out)"
+awk '{print $2}' "$work/after" | while read -r pid; do
+  printf '    pid %-7s %-40s RSS %4d MiB PSS %4d MiB\n' "$pid" "$(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -c1-40)" \
+    "$(( $(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status") / 1024 ))" \
+    "$(( $(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup") / 1024 ))"
+done
+
+ids() { kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.containerStatuses[0].containerID}{" "}{end}'; }
+before_ids=$(ids)
+stop_kelp
+t0=$(now_ms)
+start_kelp restart.log
+wait_for "node Ready after restart" node_ready
+t_node=$(( $(now_ms) - t0 ))
+wait_for "pods Running after restart" pods_running
+echo
+printf 'restart: node Ready %ss; containers kept: %s\n' "$(secs $t_node)" "$([[ $(ids) == "$before_ids" ]] && echo yes || echo NO)"
+echo
+echo "goals (issue 3), for context: node Ready <= 10 s; first pod Running <= 15 s; idle RSS of"
+echo "  kelp + containerd + shims <= 350 MB; idle CPU <= 3 %; idle writes <= 2 kB/s"
