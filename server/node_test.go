@@ -97,12 +97,12 @@ func TestNode(t *testing.T) {
 	if err := os.MkdirAll(images, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	copyFile(t, testcluster.BuildTestImage(t), filepath.Join(images, "testapp.tar"))
+	copyFile(t, testcluster.BuildTestImage(t, testcluster.TestImage), filepath.Join(images, "testapp.tar"))
 	if err := os.WriteFile(filepath.Join(images, "broken.tar.gz"), []byte("not a tarball"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	outside := n.NewOutside()
-	n.Start()
+	n.Start("--node-label", "kelp.test/role=edge", "--node-taint", "kelp.test/flaky=yes:PreferNoSchedule")
 	n.WaitReady(startTimeout)
 	n.WaitLog("kelp node is running", startTimeout)
 	c := n.Client()
@@ -173,6 +173,29 @@ func TestNode(t *testing.T) {
 			return false, nil
 		})
 		waitNodeReady(t, c)
+	})
+	t.Run("node labels and taints", func(t *testing.T) {
+		node, err := c.CoreV1().Nodes().Get(context.Background(), testcluster.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if node.Labels["kelp.test/role"] != "edge" {
+			t.Errorf("labels %v lack kelp.test/role=edge", node.Labels)
+		}
+		if len(node.Spec.Taints) != 1 || node.Spec.Taints[0].Key != "kelp.test/flaky" || node.Spec.Taints[0].Effect != corev1.TaintEffectPreferNoSchedule {
+			t.Errorf("taints %v, want kelp.test/flaky=yes:PreferNoSchedule", node.Spec.Taints)
+		}
+		if node.Spec.PodCIDR == "" || !strings.HasPrefix(node.Spec.PodCIDR, "10.42.") {
+			t.Errorf("pod CIDR %q, want a /24 of 10.42.0.0/16", node.Spec.PodCIDR)
+		}
+	})
+	t.Run("airgap image added while running", func(t *testing.T) {
+		const late = "docker.io/kelp-test/late:1.0"
+		copyFile(t, testcluster.BuildTestImage(t, late), filepath.Join(images, "late.tar"))
+		eventually(t, "the new tarball imported", func() (bool, error) {
+			out, err := n.RunKelp(time.Minute, "ctr", "-n", "k8s.io", "images", "ls", "-q")
+			return err == nil && strings.Contains(out, late), nil
+		})
 	})
 	t.Run("crictl and ctr", func(t *testing.T) {
 		out, err := n.RunKelp(time.Minute, "crictl", "ps")

@@ -189,6 +189,9 @@ func (im Importer) WatchDir(ctx context.Context, dir string) error {
 	if err := w.Add(dir); err != nil {
 		return fmt.Errorf("watch airgap images %s: %w", dir, err)
 	}
+	// A file that arrived after the start-up import and before the watch
+	// began would otherwise wait for the next event.
+	_ = im.SyncDir(ctx, dir)
 	quiet := time.NewTimer(time.Hour)
 	quiet.Stop()
 	for {

@@ -8,14 +8,14 @@ import (
 	"testing"
 )
 
-// TestImage is the name of the image BuildTestImage makes.
+// TestImage is the name tests give the image BuildTestImage makes.
 const TestImage = "docker.io/kelp-test/testapp:1.0"
 
 // BuildTestImage packs testapp (see testapp/main.go) into an OCI image
-// tarball with the bundle's own image tool, and returns its path: tests
-// drop it into a node's airgap images directory, as no registry is
-// reachable.
-func BuildTestImage(t *testing.T) string {
+// tarball named name with the bundle's own image tool, and returns its
+// path: tests drop it into a node's airgap images directory, as no registry
+// is reachable.
+func BuildTestImage(t *testing.T, name string) string {
 	t.Helper()
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {
@@ -31,7 +31,7 @@ func BuildTestImage(t *testing.T) string {
 		t.Fatalf("build testapp: %v\n%s", err, out)
 	}
 	tar := filepath.Join(dir, "testapp.tar")
-	pack := exec.Command("go", "run", "./mkimage", "-binary", bin, "-path", "/testapp", "-name", TestImage, "-arch", runtime.GOARCH, "-out", tar)
+	pack := exec.Command("go", "run", "./mkimage", "-binary", bin, "-path", "/testapp", "-name", name, "-arch", runtime.GOARCH, "-out", tar)
 	pack.Dir = filepath.Join(repo, "scripts", "bundle")
 	if out, err := pack.CombinedOutput(); err != nil {
 		t.Fatalf("pack testapp image: %v\n%s", err, out)

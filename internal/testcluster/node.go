@@ -28,6 +28,9 @@ import (
 // NodeIP is the address every test node has on its own bridge.
 const NodeIP = "10.99.0.2"
 
+// NodeName is the --node-name of every test server.
+const NodeName = "kelp-test"
+
 // Node is one kelp machine: a network and mount namespace held open by a
 // sleeping process, a data dir, and the kelp processes started in it.
 type Node struct {
@@ -165,7 +168,7 @@ func (n *Node) command(opts []string, name string, args ...string) *exec.Cmd {
 // ServerArgs are the flags every test server gets: its own data dir and
 // kubeconfig, and no node unless n.Agent.
 func (n *Node) ServerArgs(extra ...string) []string {
-	args := []string{"server", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig}
+	args := []string{"server", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig, "--node-name", NodeName}
 	if !n.Agent {
 		args = append(args, "--disable-agent")
 	}
