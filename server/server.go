@@ -93,6 +93,9 @@ func run(ctx context.Context, cfg config.Server) error {
 		return err
 	}
 
+	// Nothing else can ever use a SQLite datastore: one server, so no
+	// elections and no bookkeeping of other apiservers.
+	single := store.Backend().Kind == datastore.KindSQLite
 	api, err := apiserver.Start(run, apiserver.Args(apiserver.Config{
 		BindAddress:          cfg.BindAddress,
 		Port:                 cfg.HTTPSPort,
@@ -102,6 +105,7 @@ func run(ctx context.Context, cfg config.Server) error {
 		ClusterDomain:        cfg.ClusterDomain,
 		Certs:                certs,
 		Storage:              store.Backend(),
+		SingleServer:         single,
 		ExtraArgs:            cfg.ExtraArgs.APIServer,
 	}))
 	if err != nil {
@@ -122,17 +126,20 @@ func run(ctx context.Context, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
-	hostname, _ := os.Hostname()
-	if err := releaseOwnLeases(ctx, creds.admin, hostname); err != nil {
-		log.WithError(err).Warn("the controller-manager and the scheduler wait for their previous leases to expire")
+	if !single {
+		hostname, _ := os.Hostname()
+		if err := releaseOwnLeases(ctx, creds.admin, hostname); err != nil {
+			log.WithError(err).Warn("the controller-manager and the scheduler wait for their previous leases to expire")
+		}
 	}
 
 	cm, err := controllermanager.Start(run, controllermanager.Args(controllermanager.Config{
-		Kubeconfig:  creds.controllerManager,
-		ClusterCIDR: cfg.ClusterCIDR,
-		ServiceCIDR: cfg.ServiceCIDR,
-		Certs:       certs,
-		ExtraArgs:   cfg.ExtraArgs.ControllerManager,
+		Kubeconfig:     creds.controllerManager,
+		ClusterCIDR:    cfg.ClusterCIDR,
+		ServiceCIDR:    cfg.ServiceCIDR,
+		Certs:          certs,
+		LeaderElection: !single,
+		ExtraArgs:      cfg.ExtraArgs.ControllerManager,
 	}))
 	if err != nil {
 		return err
@@ -141,8 +148,9 @@ func run(ctx context.Context, cfg config.Server) error {
 	// The scheduler exits the process when its context ends, so it is
 	// never cancelled: it ends with the process, after everything else.
 	sched, err := scheduler.Start(run, scheduler.Args(scheduler.Config{
-		Kubeconfig: creds.scheduler,
-		ExtraArgs:  cfg.ExtraArgs.Scheduler,
+		Kubeconfig:     creds.scheduler,
+		LeaderElection: !single,
+		ExtraArgs:      cfg.ExtraArgs.Scheduler,
 	}))
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/errors"
@@ -20,11 +21,14 @@ import (
 	"k8s.io/component-base/logs"
 	"k8s.io/kubernetes/cmd/kube-apiserver/app"
 	"k8s.io/kubernetes/cmd/kube-apiserver/app/options"
+	controlplaneapiserver "k8s.io/kubernetes/pkg/controlplane/apiserver"
 
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/datastore"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
+
+const identityLeaseRenewInterval = time.Minute
 
 // Config is what the apiserver's flags are built from.
 type Config struct {
@@ -36,7 +40,11 @@ type Config struct {
 	ClusterDomain        string
 	Certs                pki.Files
 	Storage              datastore.Backend
-	ExtraArgs            []string
+	// SingleServer is set where no second apiserver can ever share the
+	// datastore (SQLite): the apiservers' bookkeeping of each other, a
+	// datastore write every 10 s each, is then left out.
+	SingleServer bool
+	ExtraArgs    []string
 }
 
 // Args returns the kube-apiserver command line for cfg.
@@ -79,6 +87,14 @@ func Args(cfg Config) []string {
 		// the watches of in-process clients; with it, 2 s after draining.
 		"shutdown-send-retry-after": "true",
 	}
+	if cfg.SingleServer {
+		// The kubernetes Service's endpoint is this server, without the
+		// lease every apiserver renews to be counted; and there is no peer
+		// to proxy requests to during a mixed-version upgrade.
+		flags["endpoint-reconciler-type"] = "master-count"
+		flags["apiserver-count"] = "1"
+		flags["feature-gates"] = "UnknownVersionInteroperabilityProxy=false"
+	}
 	if cfg.Storage.CAFile != "" {
 		flags["etcd-cafile"] = cfg.Storage.CAFile
 	}
@@ -97,6 +113,10 @@ func Args(cfg Config) []string {
 // components would install a second time (a panic). So kelp parses the same
 // flag sets and calls the same Complete, Validate and Run.
 func Start(ctx context.Context, args []string) (*component.Running, error) {
+	// The apiserver's identity lease lasts an hour and is renewed every
+	// 10 s, a datastore write each time; once a minute is plenty. Upstream
+	// exposes the period only as this variable.
+	controlplaneapiserver.IdentityLeaseRenewIntervalPeriod = identityLeaseRenewInterval
 	s := options.NewServerRunOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
 	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)

@@ -43,8 +43,15 @@ func TestArgs(t *testing.T) {
 				"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 				"--service-account-signing-key-file=/tls/service.key",
 				"--profiling=false",
+				"--endpoint-reconciler-type=lease",
 			},
-			not: []string{"--etcd-cafile=", "--etcd-certfile="},
+			not: []string{"--etcd-cafile=", "--etcd-certfile=", "--feature-gates="},
+		},
+		{
+			name:   "single server",
+			change: func(c *Config) { c.SingleServer = true },
+			want:   []string{"--endpoint-reconciler-type=master-count", "--apiserver-count=1", "--feature-gates=UnknownVersionInteroperabilityProxy=false"},
+			not:    []string{"--endpoint-reconciler-type=lease"},
 		},
 		{
 			name: "etcd over TLS",

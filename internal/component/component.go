@@ -104,12 +104,18 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "; ")
 }
 
-// WithLeaderElection adds kelp's leader election timings to the flags of
-// the controller-manager or the scheduler. Upstream renews every 2 s, which
-// on SQLite is most of an idle server's disk writes; kelp renews every 10 s
-// and lets a standby take over after 60 s of silence. A restarted server
-// does not wait that long: it releases the leases its previous run held.
-func WithLeaderElection(flags map[string]string) map[string]string {
+// WithLeaderElection adds kelp's leader election settings to the flags of
+// the controller-manager or the scheduler. Without enabled (a datastore no
+// second server can share, like SQLite) there is nobody to elect, and no
+// lease to renew. Otherwise: upstream renews every 2 s, which costs most of
+// an idle server's disk writes; kelp renews every 10 s and lets a standby
+// take over after 60 s of silence. A restarted server does not wait that
+// long: it releases the leases its previous run held.
+func WithLeaderElection(flags map[string]string, enabled bool) map[string]string {
+	if !enabled {
+		flags["leader-elect"] = "false"
+		return flags
+	}
 	flags["leader-elect"] = "true"
 	flags["leader-elect-lease-duration"] = "60s"
 	flags["leader-elect-renew-deadline"] = "40s"

@@ -27,7 +27,10 @@ type Config struct {
 	ClusterCIDR netip.Prefix
 	ServiceCIDR netip.Prefix
 	Certs       pki.Files
-	ExtraArgs   []string
+	// LeaderElection is off where no second server can share the
+	// datastore (SQLite).
+	LeaderElection bool
+	ExtraArgs      []string
 }
 
 // Args returns the kube-controller-manager command line for cfg.
@@ -62,7 +65,7 @@ func Args(cfg Config) []string {
 		// its context ends; with it, it releases its lease and returns,
 		// so a restarted server takes the lease over at once.
 		"feature-gates": "ControllerManagerReleaseLeaderElectionLockOnExit=true",
-	})
+	}, cfg.LeaderElection)
 	return component.Args(flags, cfg.ExtraArgs)
 }
 

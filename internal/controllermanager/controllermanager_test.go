@@ -10,10 +10,11 @@ import (
 
 func TestArgs(t *testing.T) {
 	cfg := Config{
-		Kubeconfig:  "/cred/controller.kubeconfig",
-		ClusterCIDR: netip.MustParsePrefix("10.42.0.0/16"),
-		ServiceCIDR: netip.MustParsePrefix("10.43.0.0/16"),
-		Certs:       pki.Files{ClientCA: "/tls/client-ca.crt", ServerCA: "/tls/server-ca.crt", ServiceAccountKey: "/tls/service.key"},
+		Kubeconfig:     "/cred/controller.kubeconfig",
+		ClusterCIDR:    netip.MustParsePrefix("10.42.0.0/16"),
+		ServiceCIDR:    netip.MustParsePrefix("10.43.0.0/16"),
+		Certs:          pki.Files{ClientCA: "/tls/client-ca.crt", ServerCA: "/tls/server-ca.crt", ServiceAccountKey: "/tls/service.key"},
+		LeaderElection: true,
 	}
 	args := Args(cfg)
 	for _, want := range []string{
@@ -36,6 +37,11 @@ func TestArgs(t *testing.T) {
 			t.Errorf("missing %s in %v", want, args)
 		}
 	}
+	cfg.LeaderElection = false
+	if args := Args(cfg); !slices.Contains(args, "--leader-elect=false") || slices.Contains(args, "--leader-elect-retry-period=10s") {
+		t.Errorf("without leader election: %v", args)
+	}
+	cfg.LeaderElection = true
 	cfg.ExtraArgs = []string{"leader-elect=false", "node-cidr-mask-size=26"}
 	args = Args(cfg)
 	if !slices.Contains(args, "--leader-elect=false") || slices.Contains(args, "--leader-elect=true") || !slices.Contains(args, "--node-cidr-mask-size=26") {

@@ -21,7 +21,10 @@ const securePort = "10259"
 // Config is what the scheduler's flags are built from.
 type Config struct {
 	Kubeconfig string
-	ExtraArgs  []string
+	// LeaderElection is off where no second server can share the
+	// datastore (SQLite).
+	LeaderElection bool
+	ExtraArgs      []string
 }
 
 // Args returns the kube-scheduler command line for cfg.
@@ -33,7 +36,7 @@ func Args(cfg Config) []string {
 		"bind-address":              "127.0.0.1",
 		"secure-port":               securePort,
 		"profiling":                 "false",
-	}), cfg.ExtraArgs)
+	}, cfg.LeaderElection), cfg.ExtraArgs)
 }
 
 // Start parses args the way the kube-scheduler command does and runs it

@@ -6,7 +6,7 @@ import (
 )
 
 func TestArgs(t *testing.T) {
-	args := Args(Config{Kubeconfig: "/cred/scheduler.kubeconfig", ExtraArgs: []string{"v=3"}})
+	args := Args(Config{Kubeconfig: "/cred/scheduler.kubeconfig", LeaderElection: true, ExtraArgs: []string{"v=3"}})
 	for _, want := range []string{
 		"--kubeconfig=/cred/scheduler.kubeconfig",
 		"--authentication-kubeconfig=/cred/scheduler.kubeconfig",
@@ -19,6 +19,18 @@ func TestArgs(t *testing.T) {
 	} {
 		if !slices.Contains(args, want) {
 			t.Errorf("missing %s in %v", want, args)
+		}
+	}
+}
+
+func TestArgsWithoutLeaderElection(t *testing.T) {
+	args := Args(Config{Kubeconfig: "/cred/scheduler.kubeconfig"})
+	if !slices.Contains(args, "--leader-elect=false") {
+		t.Errorf("want --leader-elect=false in %v", args)
+	}
+	for _, a := range args {
+		if len(a) > len("--leader-elect-") && a[:len("--leader-elect-")] == "--leader-elect-" {
+			t.Errorf("lease timing %s without leader election", a)
 		}
 	}
 }
