@@ -89,37 +89,13 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 	if err := linkTools(p.BinDir, self); err != nil {
 		return nil, err
 	}
-	reg, err := registries.Load(cfg.PrivateRegistry)
+	systemd := systemdCgroups(host)
+	ccfg, err := containerdConfig(cfg, p, staged, systemd)
 	if err != nil {
 		return nil, err
 	}
-	if err := reg.WriteHosts(p.RegistryDir); err != nil {
+	if err := containerd.WriteConfig(p.ContainerdConfig, ccfg); err != nil {
 		return nil, err
-	}
-	snapshotter := "overlayfs"
-	if err := containerd.OverlaySupported(p.ContainerdRoot); err != nil {
-		log.WithError(err).Warn("overlayfs does not work here; containerd uses the native snapshotter (slower, more disk)")
-		snapshotter = "native"
-	}
-	systemd := systemdCgroups(host)
-	if err := containerd.WriteConfig(p.ContainerdConfig, containerd.Config{
-		Root:                p.ContainerdRoot,
-		State:               filepath.Join(RunDir, "containerd"),
-		Address:             containerd.Address,
-		RuncBinary:          filepath.Join(staged.BinDir, "runc"),
-		CNIBinDir:           staged.BinDir,
-		CNIConfDir:          p.CNIConfDir,
-		RegistryDir:         p.RegistryDir,
-		RegistryAuth:        reg.Auth(),
-		SandboxImage:        staged.PauseImage,
-		Snapshotter:         snapshotter,
-		SystemdCgroup:       systemd,
-		RestrictOOMScoreAdj: !hasSysResource(),
-	}); err != nil {
-		return nil, err
-	}
-	if !hasSysResource() {
-		log.Warn("kelp lacks CAP_SYS_RESOURCE (is it in a container?): containers get OOM scores no lower than kelp's own")
 	}
 	env := append(os.Environ(), "PATH="+p.BinDir+":"+staged.BinDir+":"+os.Getenv("PATH"))
 	n := &Node{}
@@ -143,7 +119,7 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd: %w", err)
 	}
-	importer := images.Importer{Client: n.client, Snapshotter: snapshotter, StatePath: filepath.Join(p.ContainerdRoot, "kelp-airgap-images.json")}
+	importer := images.Importer{Client: n.client, Snapshotter: ccfg.Snapshotter, StatePath: filepath.Join(p.ContainerdRoot, "kelp-airgap-images.json")}
 	if err := importer.EnsurePinned(ctx, staged.PauseImage, staged.PauseImageTar); err != nil {
 		return nil, fmt.Errorf("import the pause image: %w", err)
 	}
@@ -180,9 +156,6 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 		CgroupV1:        !host.CgroupV2(),
 		ExtraArgs:       cfg.KubeletArgs,
 	}
-	if kcfg.CgroupV1 {
-		log.Warn("this host uses cgroup v1, which Kubernetes deprecated; kelp runs the kubelet with failCgroupV1: false")
-	}
 	if err := kubelet.WriteConfigFile(kcfg); err != nil {
 		return nil, err
 	}
@@ -206,6 +179,41 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 		return importer.WatchDir(ctx, p.ImagesDir)
 	})
 	return n, nil
+}
+
+// containerdConfig decides containerd's settings for this host and writes
+// the registry hosts files they point at.
+func containerdConfig(cfg config.Agent, p Paths, staged embed.Staged, systemd bool) (containerd.Config, error) {
+	reg, err := registries.Load(cfg.PrivateRegistry)
+	if err != nil {
+		return containerd.Config{}, err
+	}
+	if err := reg.WriteHosts(p.RegistryDir); err != nil {
+		return containerd.Config{}, err
+	}
+	snapshotter := "overlayfs"
+	if err := containerd.OverlaySupported(p.ContainerdRoot); err != nil {
+		log.WithError(err).Warn("overlayfs does not work here; containerd uses the native snapshotter (slower, more disk)")
+		snapshotter = "native"
+	}
+	restrictOOM := !hasSysResource()
+	if restrictOOM {
+		log.Warn("kelp lacks CAP_SYS_RESOURCE (is it in a container?): containers get OOM scores no lower than kelp's own")
+	}
+	return containerd.Config{
+		Root:                p.ContainerdRoot,
+		State:               filepath.Join(RunDir, "containerd"),
+		Address:             containerd.Address,
+		RuncBinary:          filepath.Join(staged.BinDir, "runc"),
+		CNIBinDir:           staged.BinDir,
+		CNIConfDir:          p.CNIConfDir,
+		RegistryDir:         p.RegistryDir,
+		RegistryAuth:        reg.Auth(),
+		SandboxImage:        staged.PauseImage,
+		Snapshotter:         snapshotter,
+		SystemdCgroup:       systemd,
+		RestrictOOMScoreAdj: restrictOOM,
+	}, nil
 }
 
 // CheckHost runs `kelp check-config`'s checks: a failure is an error that
