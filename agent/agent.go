@@ -22,6 +22,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/images"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/kubelet"
+	"github.com/kelp-dev/kelp/internal/proxy"
 	"github.com/kelp-dev/kelp/internal/registries"
 )
 
@@ -35,12 +36,14 @@ type Credentials struct {
 	ClientCA                string // verifies clients of the kubelet (the apiserver)
 	KubeletCert, KubeletKey string // system:node:<name>
 	ServingCert, ServingKey string // the kubelet's serving certificate
+	ProxyCert, ProxyKey     string // system:kube-proxy, for the Service proxy
 }
 
 // Paths are where a node keeps its files, all derived from the data dir.
 type Paths struct {
 	Dir, BinDir, ImagesDir, ContainerdRoot, ContainerdConfig, ContainerdLog string
 	RegistryDir, CNIConfDir, KubeletConfig, Kubeconfig, StaticPods          string
+	ProxyKubeconfig                                                         string
 }
 
 // PathsOf lays out <data-dir>/agent.
@@ -57,6 +60,7 @@ func PathsOf(dataDir string) Paths {
 		CNIConfDir:       filepath.Join(dir, "etc", "cni", "net.d"),
 		KubeletConfig:    filepath.Join(dir, "etc", "kubelet.yaml"),
 		Kubeconfig:       filepath.Join(dir, "kubelet.kubeconfig"),
+		ProxyKubeconfig:  filepath.Join(dir, "kubeproxy.kubeconfig"),
 		StaticPods:       filepath.Join(dir, "pod-manifests"),
 	}
 }
@@ -68,6 +72,7 @@ const RunDir = "/run/kelp"
 type Node struct {
 	containerd *containerd.Supervisor
 	kubelet    *component.Running
+	proxy      *component.Running
 	background *component.Running // image watch and pod network set-up
 	client     *client.Client
 }
@@ -137,6 +142,17 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 	if err := kubeconfig.Write(p.Kubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.KubeletCert, KeyFile: creds.KubeletKey}); err != nil {
 		return nil, err
 	}
+	if err := kubeconfig.Write(p.ProxyKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.ProxyCert, KeyFile: creds.ProxyKey}); err != nil {
+		return nil, err
+	}
+	proxyClient, err := clientFor(p.ProxyKubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	// Services work before the kubelet starts pods that use them.
+	n.proxy = component.Go(context.WithoutCancel(ctx), "service proxy", func(ctx context.Context) error {
+		return proxy.Run(ctx, proxyClient, cfg.ClusterCIDR)
+	})
 	kcfg := kubelet.Config{
 		NodeName:        cfg.NodeName,
 		NodeIPs:         cfg.NodeIPs,
@@ -163,7 +179,7 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 	if err != nil {
 		return nil, err
 	}
-	kube, err := kubeletClient(p.Kubeconfig)
+	kube, err := clientFor(p.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -236,8 +252,8 @@ func (n *Node) WaitReady(ctx context.Context) error {
 	return kubelet.WaitReady(ctx, n.kubelet)
 }
 
-// Err reports a failure of the kubelet or the node's background work;
-// containerd is restarted rather than reported.
+// Err reports a failure of the kubelet, the Service proxy or the node's
+// background work; containerd is restarted rather than reported.
 func (n *Node) Err() <-chan error {
 	errc := make(chan error, 1)
 	go func() {
@@ -245,6 +261,8 @@ func (n *Node) Err() <-chan error {
 		case err := <-n.kubelet.Err():
 			errc <- err
 		case err := <-n.background.Err():
+			errc <- err
+		case err := <-n.proxy.Err():
 			errc <- err
 		}
 	}()
@@ -255,7 +273,7 @@ func (n *Node) Err() <-chan error {
 // shims outlive kelp, and the next start adopts them.
 func (n *Node) Stop(ctx context.Context) error {
 	var errs []error
-	for _, r := range []*component.Running{n.background, n.kubelet} {
+	for _, r := range []*component.Running{n.background, n.kubelet, n.proxy} {
 		if r != nil {
 			errs = append(errs, r.Stop(ctx))
 		}
@@ -269,10 +287,10 @@ func (n *Node) Stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func kubeletClient(path string) (kubernetes.Interface, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", path)
+func clientFor(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("kubelet kubeconfig: %w", err)
+		return nil, fmt.Errorf("load %s: %w", kubeconfig, err)
 	}
 	return kubernetes.NewForConfig(rc)
 }

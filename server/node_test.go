@@ -15,6 +15,7 @@ import (
 	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -157,6 +158,49 @@ func TestNode(t *testing.T) {
 		out := kubectl(t, n, "exec", pods[0].Name, "--", "/testapp", "get", "http://"+testcluster.OutsideIP+":9090/")
 		if host, _, _ := net.SplitHostPort(out); host == pods[0].Status.PodIP || host == "" {
 			t.Errorf("outside saw %q: want the node's address, not the pod's", out)
+		}
+	})
+	t.Run("services", func(t *testing.T) {
+		svc, err := c.CoreV1().Services("default").Create(context.Background(), &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web"},
+			Spec: corev1.ServiceSpec{
+				Type:     corev1.ServiceTypeNodePort,
+				Selector: map[string]string{"app": "web"},
+				Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: 30080}},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Through the ClusterIP, from a pod, until both replicas answered.
+		seen := map[string]bool{}
+		eventually(t, "both web pods answer through the ClusterIP", func() (bool, error) {
+			out, err := n.Kubectl("exec", pods[0].Name, "--", "/testapp", "get", "http://"+svc.Spec.ClusterIP+"/")
+			if err == nil {
+				seen[strings.Fields(out)[0]] = true
+			}
+			return len(seen) == 2, nil
+		})
+		// The kubernetes Service leads to the apiserver.
+		if out := kubectl(t, n, "exec", pods[0].Name, "--", "/testapp", "get", "http://10.43.0.1:443/"); !strings.Contains(out, "HTTP request to an HTTPS server") {
+			t.Errorf("kubernetes Service answered %q", out)
+		}
+		// The NodePort, from the node itself and from outside it.
+		for name, dial := range map[string]func(context.Context, string, string) (net.Conn, error){
+			testcluster.NodeIP:        n.DialContext,
+			testcluster.NodeOutsideIP: outside.DialContext,
+		} {
+			client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+			resp, err := client.Get("http://" + name + ":30080/")
+			if err != nil {
+				t.Errorf("NodePort on %s: %v", name, err)
+				continue
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.HasPrefix(string(body), "web-") {
+				t.Errorf("NodePort on %s answered %q", name, body)
+			}
 		}
 	})
 	t.Run("missing image", func(t *testing.T) {

@@ -174,6 +174,8 @@ func run(ctx context.Context, cfg config.Server) error {
 			KubeletKey:  certs.KubeletClientKey,
 			ServingCert: certs.KubeletServingCert,
 			ServingKey:  certs.KubeletServingKey,
+			ProxyCert:   certs.KubeProxyCert,
+			ProxyKey:    certs.KubeProxyKey,
 		})
 		if err != nil {
 			return err

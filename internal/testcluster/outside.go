@@ -2,6 +2,7 @@ package testcluster
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -12,7 +13,7 @@ import (
 // Addresses of the link between a node and its Outside.
 const (
 	OutsideIP     = "10.98.0.2"
-	nodeOutsideIP = "10.98.0.1"
+	NodeOutsideIP = "10.98.0.1"
 )
 
 // Outside is a network namespace wired to a node by a veth pair, with no
@@ -44,7 +45,7 @@ func (n *Node) NewOutside() *Outside {
 	pid := strconv.Itoa(o.holder.Process.Pid)
 	for _, cmd := range []*exec.Cmd{
 		n.Command("ip", "link", "add", "kelp-out", "type", "veth", "peer", "name", "eth0", "netns", pid),
-		n.Command("ip", "addr", "add", nodeOutsideIP+"/24", "dev", "kelp-out"),
+		n.Command("ip", "addr", "add", NodeOutsideIP+"/24", "dev", "kelp-out"),
 		n.Command("ip", "link", "set", "kelp-out", "up"),
 		exec.Command("nsenter", "--target", pid, "--net", "ip", "addr", "add", OutsideIP+"/24", "dev", "eth0"),
 		exec.Command("nsenter", "--target", pid, "--net", "ip", "link", "set", "eth0", "up"),
@@ -65,4 +66,15 @@ func (o *Outside) Listen(network, addr string) (net.Listener, error) {
 		return err
 	})
 	return l, err
+}
+
+// DialContext opens a connection from inside the Outside namespace.
+func (o *Outside) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var conn net.Conn
+	err := inNetnsOf(o.holder.Process.Pid, func() error {
+		var err error
+		conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return conn, err
 }
