@@ -181,6 +181,21 @@ func TestNode(t *testing.T) {
 			}
 			return len(seen) == 2, nil
 		})
+		// A Service without endpoints refuses at once.
+		empty, err := c.CoreV1().Services("default").Create(context.Background(), &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "empty"},
+			Spec: corev1.ServiceSpec{
+				Selector: map[string]string{"app": "nothing"},
+				Ports:    []corev1.ServicePort{{Port: 80}},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "a connection to a Service without endpoints refused", func() (bool, error) {
+			out, _ := n.Kubectl("exec", pods[0].Name, "--", "/testapp", "get", "http://"+empty.Spec.ClusterIP+"/")
+			return strings.Contains(out, "connection refused"), nil
+		})
 		// The kubernetes Service leads to the apiserver.
 		if out := kubectl(t, n, "exec", pods[0].Name, "--", "/testapp", "get", "http://10.43.0.1:443/"); !strings.Contains(out, "HTTP request to an HTTPS server") {
 			t.Errorf("kubernetes Service answered %q", out)

@@ -46,15 +46,24 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 		KeyType:  nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService),
 		DataType: nftables.TypeVerdict,
 	}
-	var ipElems, nodePortElems []nftables.SetElement
+	noEndpoints := &nftables.Set{
+		Table: t, Name: "no-endpoints", Concatenation: true,
+		KeyType: serviceIPs.KeyType,
+	}
+	var ipElems, nodePortElems, noEndpointElems []nftables.SetElement
 	for i, p := range ports {
 		if !p.ClusterIP.Is4() {
+			continue
+		}
+		key := concat(p.ClusterIP.AsSlice(), []byte{p.Protocol}, port(p.Port))
+		if len(p.Endpoints) == 0 {
+			noEndpointElems = append(noEndpointElems, nftables.SetElement{Key: key})
 			continue
 		}
 		chain := fmt.Sprintf("svc-%d", i)
 		addServiceChain(c, t, chain, clusterCIDR, p)
 		ipElems = append(ipElems, nftables.SetElement{
-			Key:         concat(p.ClusterIP.AsSlice(), []byte{p.Protocol}, port(p.Port)),
+			Key:         key,
 			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain},
 		})
 		if p.NodePort != 0 {
@@ -69,6 +78,24 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 	}
 	if err := c.AddSet(nodePorts, nodePortElems); err != nil {
 		return fmt.Errorf("proxy: %w", err)
+	}
+	if err := c.AddSet(noEndpoints, noEndpointElems); err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	// A Service without ready endpoints refuses at once, wherever the
+	// connection comes from, instead of letting it time out.
+	for _, hook := range []struct {
+		name string
+		hook *nftables.ChainHook
+	}{{"filter-input", nftables.ChainHookInput}, {"filter-forward", nftables.ChainHookForward}, {"filter-output", nftables.ChainHookOutput}} {
+		ch := c.AddChain(&nftables.Chain{Name: hook.name, Table: t, Type: nftables.ChainTypeFilter, Hooknum: hook.hook, Priority: nftables.ChainPriorityFilter})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 9},
+			&expr.Payload{DestRegister: 10, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Lookup{SourceRegister: 1, SetName: noEndpoints.Name, SetID: noEndpoints.ID},
+			&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3}, // port unreachable
+		}})
 	}
 
 	services := c.AddChain(&nftables.Chain{Name: "services", Table: t})
@@ -122,9 +149,6 @@ func addServiceChain(c *nftables.Conn, t *nftables.Table, name string, clusterCI
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: clusterCIDR.Masked().Addr().AsSlice()},
 	}, setMark()...)})
-	if len(p.Endpoints) == 0 {
-		return
-	}
 	vmap := &nftables.Set{Table: t, Anonymous: true, Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
 	var elems []nftables.SetElement
 	for i, ep := range p.Endpoints {

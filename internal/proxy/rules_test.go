@@ -57,9 +57,9 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// services, prerouting, output, postrouting; a chain per Service
-		// port and per endpoint.
-		if got, want := len(chains), 4+3+3; got != want {
+		// services, prerouting, output, postrouting, three filter chains;
+		// a chain per Service port with endpoints and per endpoint.
+		if got, want := len(chains), 7+2+3; got != want {
 			t.Errorf("%d chains, want %d", got, want)
 		}
 		set, err := c.GetSetByName(tables[0], "service-ips")
@@ -67,8 +67,15 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 		elems, err := c.GetSetElements(set)
-		if err != nil || len(elems) != 3 {
-			t.Errorf("service-ips holds %d elements (%v), want 3", len(elems), err)
+		if err != nil || len(elems) != 2 {
+			t.Errorf("service-ips holds %d elements (%v), want 2", len(elems), err)
+		}
+		set, err = c.GetSetByName(tables[0], "no-endpoints")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if elems, err := c.GetSetElements(set); err != nil || len(elems) != 1 {
+			t.Errorf("no-endpoints holds %d elements (%v), want 1", len(elems), err)
 		}
 	})
 }

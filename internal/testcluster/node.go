@@ -91,6 +91,9 @@ func NewNode(t *testing.T) *Node {
 		"ip link add kelp-lab type bridge",
 		"ip addr add " + NodeIP + "/24 dev kelp-lab",
 		"ip link set kelp-lab up",
+		// A default route into the void, as on a machine whose gateway
+		// drops what it cannot deliver: nothing answers at 10.99.0.1.
+		"ip route add default via 10.99.0.1 dev kelp-lab",
 	}
 	for _, d := range privateDirs {
 		// The mount point must exist on the host; an empty directory there
