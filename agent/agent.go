@@ -18,6 +18,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/containerd"
+	"github.com/kelp-dev/kelp/internal/dns"
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/images"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
@@ -37,13 +38,14 @@ type Credentials struct {
 	KubeletCert, KubeletKey string // system:node:<name>
 	ServingCert, ServingKey string // the kubelet's serving certificate
 	ProxyCert, ProxyKey     string // system:kube-proxy, for the Service proxy
+	DNSCert, DNSKey         string // system:kelp-dns, for the DNS server
 }
 
 // Paths are where a node keeps its files, all derived from the data dir.
 type Paths struct {
 	Dir, BinDir, ImagesDir, ContainerdRoot, ContainerdConfig, ContainerdLog string
 	RegistryDir, CNIConfDir, KubeletConfig, Kubeconfig, StaticPods          string
-	ProxyKubeconfig                                                         string
+	ProxyKubeconfig, DNSKubeconfig, Corefile                                string
 }
 
 // PathsOf lays out <data-dir>/agent.
@@ -61,6 +63,8 @@ func PathsOf(dataDir string) Paths {
 		KubeletConfig:    filepath.Join(dir, "etc", "kubelet.yaml"),
 		Kubeconfig:       filepath.Join(dir, "kubelet.kubeconfig"),
 		ProxyKubeconfig:  filepath.Join(dir, "kubeproxy.kubeconfig"),
+		DNSKubeconfig:    filepath.Join(dir, "dns.kubeconfig"),
+		Corefile:         filepath.Join(dir, "etc", "Corefile"),
 		StaticPods:       filepath.Join(dir, "pod-manifests"),
 	}
 }
@@ -73,6 +77,7 @@ type Node struct {
 	containerd *containerd.Supervisor
 	kubelet    *component.Running
 	proxy      *component.Running
+	dns        *dns.Server
 	background *component.Running // image watch and pod network set-up
 	client     *client.Client
 }
@@ -151,8 +156,21 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 	}
 	// Services work before the kubelet starts pods that use them.
 	n.proxy = component.Go(context.WithoutCancel(ctx), "service proxy", func(ctx context.Context) error {
-		return proxy.Run(ctx, proxyClient, cfg.ClusterCIDR)
+		return proxy.Run(ctx, proxyClient, proxy.Config{ClusterCIDR: cfg.ClusterCIDR, ClusterDNS: cfg.ClusterDNS})
 	})
+	if err := kubeconfig.Write(p.DNSKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.DNSCert, KeyFile: creds.DNSKey}); err != nil {
+		return nil, err
+	}
+	n.dns, err = dns.Start(dns.Config{
+		Address:    cfg.ClusterDNS,
+		Domain:     cfg.ClusterDomain,
+		Kubeconfig: p.DNSKubeconfig,
+		ResolvConf: hostResolvConf(),
+		Corefile:   p.Corefile,
+	})
+	if err != nil {
+		return nil, err
+	}
 	kcfg := kubelet.Config{
 		NodeName:        cfg.NodeName,
 		NodeIPs:         cfg.NodeIPs,
@@ -277,6 +295,9 @@ func (n *Node) Stop(ctx context.Context) error {
 		if r != nil {
 			errs = append(errs, r.Stop(ctx))
 		}
+	}
+	if n.dns != nil {
+		errs = append(errs, n.dns.Stop())
 	}
 	if n.client != nil {
 		n.client.Close()

@@ -218,6 +218,41 @@ func TestNode(t *testing.T) {
 			}
 		}
 	})
+	t.Run("dns", func(t *testing.T) {
+		svc, err := c.CoreV1().Services("default").Get(context.Background(), "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.CoreV1().Services("default").Create(context.Background(), &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "ext"},
+			Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "example.com"},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		kubeDNS, err := c.CoreV1().Services("kube-system").Get(context.Background(), "kube-dns", metav1.GetOptions{})
+		if err != nil || kubeDNS.Spec.ClusterIP != "10.43.0.10" {
+			t.Errorf("kube-dns Service: %v %v", kubeDNS.Spec.ClusterIP, err)
+		}
+		exec := func(args ...string) string {
+			out, _ := n.Kubectl(append([]string{"exec", pods[0].Name, "--", "/testapp"}, args...)...)
+			return strings.TrimSpace(out)
+		}
+		for _, q := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"lookup", "web"}, svc.Spec.ClusterIP}, // through the search path
+			{[]string{"lookup", "web.default.svc.cluster.local"}, svc.Spec.ClusterIP},
+			{[]string{"srv", "http", "tcp", "web.default.svc.cluster.local"}, "web.default.svc.cluster.local. 80"},
+			{[]string{"ptr", svc.Spec.ClusterIP}, "web.default.svc.cluster.local."},
+			{[]string{"cname", "ext.default.svc.cluster.local"}, "example.com."},
+			{[]string{"get", "http://web.default.svc.cluster.local/"}, "web-"},
+		} {
+			eventually(t, fmt.Sprintf("%v answers %q", q.args, q.want), func() (bool, error) {
+				return strings.Contains(exec(q.args...), q.want), nil
+			})
+		}
+	})
 	t.Run("missing image", func(t *testing.T) {
 		eventually(t, "an ErrImagePull event for the missing image", func() (bool, error) {
 			events, err := c.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=missing-image"})
@@ -319,6 +354,9 @@ func nothingLeft(t *testing.T, n *testcluster.Node) {
 	}
 	if out, err := n.Run(time.Minute, n.Command("ip", "-o", "link", "show")); err != nil || strings.Contains(out, "cni0") || strings.Contains(out, "veth") {
 		t.Errorf("interfaces left: %v\n%s", err, out)
+	}
+	if out, err := n.Run(time.Minute, n.Command("ip", "-o", "addr", "show", "dev", "lo")); err != nil || strings.Contains(out, "10.43.0.10") {
+		t.Errorf("the cluster DNS address is left on lo: %v\n%s", err, out)
 	}
 	var tables []*nftables.Table
 	if err := n.InNetns(func() error {

@@ -166,6 +166,9 @@ func run(ctx context.Context, cfg config.Server) error {
 
 	nodeErr := make(<-chan error)
 	if !cfg.DisableAgent {
+		if err := ensureDNSObjects(ctx, creds.admin, cfg.ClusterDNS); err != nil {
+			return err
+		}
 		node, err := agent.Start(run, cfg.Agent(), staged, agent.Credentials{
 			Server:      url,
 			ServerCA:    certs.ServerCA,
@@ -176,6 +179,8 @@ func run(ctx context.Context, cfg config.Server) error {
 			ServingKey:  certs.KubeletServingKey,
 			ProxyCert:   certs.KubeProxyCert,
 			ProxyKey:    certs.KubeProxyKey,
+			DNSCert:     certs.DNSCert,
+			DNSKey:      certs.DNSKey,
 		})
 		if err != nil {
 			return err

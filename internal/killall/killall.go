@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kelp-dev/kelp/internal/cni"
+	"github.com/kelp-dev/kelp/internal/dns"
 )
 
 var log = logrus.WithField("component", "killall")
@@ -213,8 +214,8 @@ func unescape(s string) string {
 	return b.String()
 }
 
-// removeNetwork deletes the pod bridge, the veths still on it, and kelp's
-// nftables tables.
+// removeNetwork deletes the pod bridge, the veths still on it, the cluster
+// DNS address and kelp's nftables tables.
 func removeNetwork() error {
 	var errs []error
 	if bridge, err := netlink.LinkByName(cni.Bridge); err == nil {
@@ -226,6 +227,16 @@ func removeNetwork() error {
 		}
 		if err := netlink.LinkDel(bridge); err != nil {
 			errs = append(errs, fmt.Errorf("delete %s: %w", cni.Bridge, err))
+		}
+	}
+	if lo, err := netlink.LinkByName("lo"); err == nil {
+		addrs, _ := netlink.AddrList(lo, netlink.FAMILY_ALL)
+		for _, a := range addrs {
+			if a.Label == dns.AddressLabel {
+				if err := netlink.AddrDel(lo, &a); err != nil {
+					errs = append(errs, fmt.Errorf("remove the cluster DNS address %s: %w", a.IPNet, err))
+				}
+			}
 		}
 	}
 	c, err := nftables.New()

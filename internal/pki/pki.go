@@ -86,6 +86,7 @@ type Files struct {
 	KubeletClientCert, KubeletClientKey                   string // system:node:<hostname>, the server's own node
 	KubeletServingCert, KubeletServingKey                 string // signed by ServerCA, so the apiserver verifies it
 	KubeProxyCert, KubeProxyKey                           string // system:kube-proxy, the node's Service proxy
+	DNSCert, DNSKey                                       string // system:kelp-dns, the node's DNS server
 	AuthProxyCert, AuthProxyKey                           string // signed by RequestHeaderCA
 
 	EtcdServerCert, EtcdServerKey string // serving and client, signed by EtcdServerCA
@@ -112,6 +113,7 @@ func layout(dir string) Files {
 		KubeletClientCert: p("client-kubelet.crt"), KubeletClientKey: p("client-kubelet.key"),
 		KubeletServingCert: p("serving-kubelet.crt"), KubeletServingKey: p("serving-kubelet.key"),
 		KubeProxyCert: p("client-kube-proxy.crt"), KubeProxyKey: p("client-kube-proxy.key"),
+		DNSCert: p("client-kelp-dns.crt"), DNSKey: p("client-kelp-dns.key"),
 		AuthProxyCert: p("client-auth-proxy.crt"), AuthProxyKey: p("client-auth-proxy.key"),
 		EtcdServerCert: p("etcd/server-client.crt"), EtcdServerKey: p("etcd/server-client.key"),
 		EtcdClientCert: p("etcd/client.crt"), EtcdClientKey: p("etcd/client.key"),
@@ -130,7 +132,7 @@ func (f Files) all() []string {
 		f.APIServerKubeletClientCert, f.APIServerKubeletClientKey,
 		f.SupervisorCert, f.SupervisorKey,
 		f.KubeletClientCert, f.KubeletClientKey, f.KubeletServingCert, f.KubeletServingKey,
-		f.KubeProxyCert, f.KubeProxyKey,
+		f.KubeProxyCert, f.KubeProxyKey, f.DNSCert, f.DNSKey,
 		f.AuthProxyCert, f.AuthProxyKey,
 		f.EtcdServerCert, f.EtcdServerKey, f.EtcdClientCert, f.EtcdClientKey,
 		f.EtcdPeerCert, f.EtcdPeerKey,
@@ -208,6 +210,7 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		{ca: clientCA, cert: f.KubeletClientCert, key: f.KubeletClientKey, cn: "system:node:" + strings.ToLower(cfg.Hostname), orgs: []string{"system:nodes"}, usages: clientAuth},
 		{ca: serverCA, cert: f.KubeletServingCert, key: f.KubeletServingKey, cn: strings.ToLower(cfg.Hostname), usages: serverAuth, sans: nodeSANs},
 		{ca: clientCA, cert: f.KubeProxyCert, key: f.KubeProxyKey, cn: "system:kube-proxy", usages: clientAuth},
+		{ca: clientCA, cert: f.DNSCert, key: f.DNSKey, cn: "system:kelp-dns", usages: clientAuth},
 		{ca: requestHeaderCA, cert: f.AuthProxyCert, key: f.AuthProxyKey, cn: "system:auth-proxy", usages: clientAuth},
 		{ca: etcdServerCA, cert: f.EtcdServerCert, key: f.EtcdServerKey, cn: "etcd-server", usages: serverClientAuth, sans: nodeSANs},
 		{ca: etcdServerCA, cert: f.EtcdClientCert, key: f.EtcdClientKey, cn: "etcd-client", usages: clientAuth},

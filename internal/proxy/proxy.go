@@ -26,9 +26,17 @@ const coalesce = 100 * time.Millisecond
 
 var log = logrus.WithField("component", "proxy")
 
+// Config is what the proxy needs to know of the cluster.
+type Config struct {
+	ClusterCIDR netip.Prefix
+	// ClusterDNS is served on every node itself (see package dns); the
+	// proxy leaves its address alone.
+	ClusterDNS netip.Addr
+}
+
 // Run programs the Services of the cluster until ctx ends: once all of
 // them at start, then again after every change.
-func Run(ctx context.Context, client kubernetes.Interface, clusterCIDR netip.Prefix) error {
+func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 	conn, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
@@ -71,10 +79,10 @@ func Run(ctx context.Context, client kubernetes.Interface, clusterCIDR netip.Pre
 		if err != nil {
 			return fmt.Errorf("proxy: %w", err)
 		}
-		ports := Ports(svcs, eps)
+		ports := Ports(svcs, eps, cfg.ClusterDNS)
 		if applied == nil || !reflect.DeepEqual(ports, applied) {
 			started := time.Now()
-			if err := Apply(conn, clusterCIDR, ports); err != nil {
+			if err := Apply(conn, cfg.ClusterCIDR, ports); err != nil {
 				return err
 			}
 			applied = ports
@@ -101,8 +109,8 @@ var protocols = map[corev1.Protocol]uint8{
 
 // Ports returns what the proxy programs for svcs and their endpoint
 // slices, in a stable order: every port of every Service with an IPv4
-// ClusterIP, with the addresses of its ready endpoints.
-func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice) []Port {
+// ClusterIP other than skip, with the addresses of its ready endpoints.
+func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, skip netip.Addr) []Port {
 	bySvc := map[string][]*discoveryv1.EndpointSlice{}
 	for _, s := range eps {
 		if s.AddressType == discoveryv1.AddressTypeIPv4 {
@@ -113,7 +121,7 @@ func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice) []Port {
 	var out []Port
 	for _, svc := range svcs {
 		ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-		if err != nil || !ip.Is4() || svc.Spec.Type == corev1.ServiceTypeExternalName {
+		if err != nil || !ip.Is4() || ip == skip || svc.Spec.Type == corev1.ServiceTypeExternalName {
 			continue // headless, IPv6 or a DNS name: nothing to proxy
 		}
 		for _, sp := range svc.Spec.Ports {

@@ -4,15 +4,21 @@
 //	testapp get URL                 print the body of an HTTP GET (exit 1 on failure)
 //	testapp cat FILE                print a file
 //	testapp exit CODE               exit with CODE (for Jobs)
+//	testapp lookup NAME             print the addresses NAME resolves to
+//	testapp srv SERVICE PROTO NAME  print the SRV records as "target port"
+//	testapp ptr IP                  print the names of IP
+//	testapp cname NAME              print the canonical name of NAME
 package main
 
 import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -43,6 +49,24 @@ func main() {
 			os.Exit(1)
 		}
 		_, _ = os.Stdout.Write(data)
+	case "lookup":
+		addrs, err := net.LookupHost(os.Args[2])
+		exitOn(err)
+		fmt.Println(strings.Join(addrs, " "))
+	case "srv":
+		_, srvs, err := net.LookupSRV(os.Args[2], os.Args[3], os.Args[4])
+		exitOn(err)
+		for _, s := range srvs {
+			fmt.Println(s.Target, s.Port)
+		}
+	case "ptr":
+		names, err := net.LookupAddr(os.Args[2])
+		exitOn(err)
+		fmt.Println(strings.Join(names, " "))
+	case "cname":
+		name, err := net.LookupCNAME(os.Args[2])
+		exitOn(err)
+		fmt.Println(name)
 	case "exit":
 		code, _ := strconv.Atoi(os.Args[2])
 		fmt.Println("exiting with", code)
@@ -50,6 +74,13 @@ func main() {
 	default:
 		fmt.Fprintln(os.Stderr, "unknown command", os.Args[1])
 		os.Exit(2)
+	}
+}
+
+func exitOn(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 }
 

@@ -1,0 +1,61 @@
+package proxy
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func service(name, ip string, typ corev1.ServiceType, ports ...corev1.ServicePort) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec:       corev1.ServiceSpec{ClusterIP: ip, Type: typ, Ports: ports},
+	}
+}
+
+func slice(svc string, port string, number int32, endpoints ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: svc + "-x", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(port), Port: ptr.To(number), Protocol: ptr.To(corev1.ProtocolTCP)}},
+		Endpoints:   endpoints,
+	}
+}
+
+func endpoint(ip string, ready *bool) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ready}}
+}
+
+func TestPorts(t *testing.T) {
+	svcs := []*corev1.Service{
+		service("web", "10.43.0.20", corev1.ServiceTypeNodePort, corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP}),
+		service("api", "10.43.0.5", corev1.ServiceTypeClusterIP, corev1.ServicePort{Name: "", Port: 443, Protocol: corev1.ProtocolTCP}),
+		service("headless", "None", corev1.ServiceTypeClusterIP, corev1.ServicePort{Port: 80, Protocol: corev1.ProtocolTCP}),
+		service("ext", "", corev1.ServiceTypeExternalName),
+		service("kube-dns", "10.43.0.10", corev1.ServiceTypeClusterIP, corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}),
+	}
+	eps := []*discoveryv1.EndpointSlice{
+		// Ready unset counts as ready; not ready is left out; duplicates
+		// across slices collapse.
+		slice("web", "http", 8080, endpoint("10.42.0.7", nil), endpoint("10.42.0.6", ptr.To(true)), endpoint("10.42.0.9", ptr.To(false))),
+		slice("web", "http", 8080, endpoint("10.42.0.6", ptr.To(true))),
+		slice("web", "metrics", 9090, endpoint("10.42.0.8", nil)), // another port's slice
+		slice("api", "", 6443, endpoint("10.99.0.2", nil)),
+	}
+	got := Ports(svcs, eps, netip.MustParseAddr("10.43.0.10"))
+	want := []Port{
+		{ClusterIP: netip.MustParseAddr("10.43.0.5"), Protocol: unix.IPPROTO_TCP, Port: 443,
+			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.99.0.2:6443")}},
+		{ClusterIP: netip.MustParseAddr("10.43.0.20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080,
+			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.6:8080"), netip.MustParseAddrPort("10.42.0.7:8080")}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Ports =\n%+v\nwant\n%+v", got, want)
+	}
+}

@@ -1,0 +1,79 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// dnsUser is the identity of the nodes' DNS servers (pki's DNS cert).
+const dnsUser = "system:kelp-dns"
+
+// ensureDNSObjects creates what cluster DNS needs from the API: read access
+// for the nodes' DNS servers, and the kube-dns Service with the cluster DNS
+// address for clients that look for it. Existing objects are left alone.
+func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS netip.Addr) error {
+	rc, err := clientcmd.BuildConfigFromFlags("", adminKubeconfig)
+	if err != nil {
+		return err
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: dnsUser},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"services", "pods", "namespaces"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: dnsUser},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: dnsUser},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: dnsUser}},
+	}
+	service := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: "kube-system", Labels: map[string]string{"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: clusterDNS.String(),
+			Ports: []corev1.ServicePort{
+				{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromInt32(53)},
+				{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(53)},
+			},
+		},
+	}
+	for _, create := range []func() error{
+		func() error {
+			_, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{})
+			return err
+		},
+	} {
+		if err := create(); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create cluster DNS objects: %w", err)
+		}
+	}
+	// Looked up first: creating a Service whose ClusterIP is taken fails
+	// as invalid, not as already there.
+	services := c.CoreV1().Services("kube-system")
+	_, err = services.Get(ctx, service.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = services.Create(ctx, service, metav1.CreateOptions{})
+	}
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create the kube-dns Service: %w", err)
+	}
+	return nil
+}
