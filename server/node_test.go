@@ -86,6 +86,28 @@ spec:
   - {name: missing, image: "docker.io/kelp-test/does-not-exist:1.0"}
 `
 
+const udpWorkload = `
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: udp}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: udp}}
+  template:
+    metadata: {labels: {app: udp}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - {name: udp, image: ` + testcluster.TestImage + `, imagePullPolicy: IfNotPresent, args: [udpserve]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: udp}
+spec:
+  selector: {app: udp}
+  ports: [{port: 53, targetPort: 5353, protocol: UDP}]
+`
+
 // TestNode runs `kelp server` with its node and checks, in one cluster to
 // keep the suite short: pods from an airgap image, kubectl logs, exec and
 // port-forward, volumes, a Job, pod-to-pod and masqueraded egress traffic,
@@ -217,6 +239,34 @@ func TestNode(t *testing.T) {
 				t.Errorf("NodePort on %s answered %q", name, body)
 			}
 		}
+	})
+	t.Run("udp service follows a replaced endpoint", func(t *testing.T) {
+		udpManifest := filepath.Join(n.Dir, "udp.yaml")
+		if err := os.WriteFile(udpManifest, []byte(udpWorkload), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		kubectl(t, n, "apply", "-f", udpManifest)
+		kubectl(t, n, "wait", "--for=condition=Available", "deployment/udp", "--timeout=60s")
+		svc, err := c.CoreV1().Services("default").Get(context.Background(), "udp", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ask := func() string {
+			out, _ := n.Kubectl("exec", pods[0].Name, "--", "/testapp", "udpget", svc.Spec.ClusterIP+":53")
+			return strings.TrimSpace(out)
+		}
+		var first string
+		eventually(t, "the UDP Service answers", func() (bool, error) {
+			first = ask()
+			return strings.HasPrefix(first, "udp-"), nil
+		})
+		kubectl(t, n, "delete", "pod", first, "--wait=false")
+		// The client keeps its source port, so only a forgotten conntrack
+		// entry lets its datagrams reach the new pod.
+		eventually(t, "the replacement pod answers the same flow", func() (bool, error) {
+			out := ask()
+			return strings.HasPrefix(out, "udp-") && out != first, nil
+		})
 	})
 	t.Run("dns", func(t *testing.T) {
 		svc, err := c.CoreV1().Services("default").Get(context.Background(), "web", metav1.GetOptions{})

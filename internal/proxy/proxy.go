@@ -85,6 +85,9 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 			if err := Apply(conn, cfg.ClusterCIDR, ports); err != nil {
 				return err
 			}
+			if err := forget(staleUDPFlows(applied, ports)); err != nil {
+				log.WithError(err).Warn("could not forget UDP flows to removed endpoints")
+			}
 			applied = ports
 			log.WithFields(logrus.Fields{"ports": len(ports), "took": time.Since(started).Round(time.Microsecond)}).Debug("programmed Services")
 		}

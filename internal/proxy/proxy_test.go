@@ -59,3 +59,30 @@ func TestPorts(t *testing.T) {
 		t.Errorf("Ports =\n%+v\nwant\n%+v", got, want)
 	}
 }
+
+func TestStaleUDPFlows(t *testing.T) {
+	ip := netip.MustParseAddr("10.43.0.53")
+	ep := func(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+	before := []Port{
+		{ClusterIP: ip, Protocol: unix.IPPROTO_UDP, Port: 53, NodePort: 30053, Endpoints: []netip.AddrPort{ep("10.42.0.5:53"), ep("10.42.0.6:53")}},
+		{ClusterIP: ip, Protocol: unix.IPPROTO_TCP, Port: 53, Endpoints: []netip.AddrPort{ep("10.42.0.5:53")}},
+		{ClusterIP: netip.MustParseAddr("10.43.0.99"), Protocol: unix.IPPROTO_UDP, Port: 9, Endpoints: []netip.AddrPort{ep("10.42.0.9:9")}},
+	}
+	// 10.42.0.5 is replaced by 10.42.0.7 (TCP has nothing to forget), and
+	// the second Service is deleted.
+	now := []Port{
+		{ClusterIP: ip, Protocol: unix.IPPROTO_UDP, Port: 53, NodePort: 30053, Endpoints: []netip.AddrPort{ep("10.42.0.6:53"), ep("10.42.0.7:53")}},
+		{ClusterIP: ip, Protocol: unix.IPPROTO_TCP, Port: 53, Endpoints: []netip.AddrPort{ep("10.42.0.7:53")}},
+	}
+	got := staleUDPFlows(before, now)
+	want := []staleFlow{
+		{port: before[0], endpoint: netip.MustParseAddr("10.42.0.5")},
+		{port: before[2], endpoint: netip.MustParseAddr("10.42.0.9")},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("stale flows %+v, want %+v", got, want)
+	}
+	if got := staleUDPFlows(nil, now); len(got) != 0 {
+		t.Errorf("first sync: %+v", got)
+	}
+}

@@ -4,6 +4,8 @@
 //	testapp get URL                 print the body of an HTTP GET (exit 1 on failure)
 //	testapp cat FILE                print a file
 //	testapp exit CODE               exit with CODE (for Jobs)
+//	testapp udpserve [-listen :5353] UDP: answer every datagram with the hostname
+//	testapp udpget ADDR             send a datagram from UDP port 40000, print the answer
 //	testapp lookup NAME             print the addresses NAME resolves to
 //	testapp srv SERVICE PROTO NAME  print the SRV records as "target port"
 //	testapp ptr IP                  print the names of IP
@@ -49,6 +51,23 @@ func main() {
 			os.Exit(1)
 		}
 		_, _ = os.Stdout.Write(data)
+	case "udpserve":
+		fs := flag.NewFlagSet("udpserve", flag.ExitOnError)
+		listen := fs.String("listen", ":5353", "address to listen on")
+		_ = fs.Parse(os.Args[2:])
+		udpServe(*listen)
+	case "udpget":
+		// A fixed source port: the same flow every time, as a resolver's.
+		conn, err := net.DialUDP("udp", &net.UDPAddr{Port: 40000}, mustResolveUDP(os.Args[2]))
+		exitOn(err)
+		defer conn.Close()
+		_, err = conn.Write([]byte("ping"))
+		exitOn(err)
+		exitOn(conn.SetReadDeadline(time.Now().Add(2 * time.Second)))
+		buf := make([]byte, 512)
+		n, err := conn.Read(buf)
+		exitOn(err)
+		fmt.Println(string(buf[:n]))
 	case "lookup":
 		addrs, err := net.LookupHost(os.Args[2])
 		exitOn(err)
@@ -74,6 +93,25 @@ func main() {
 	default:
 		fmt.Fprintln(os.Stderr, "unknown command", os.Args[1])
 		os.Exit(2)
+	}
+}
+
+func mustResolveUDP(addr string) *net.UDPAddr {
+	a, err := net.ResolveUDPAddr("udp", addr)
+	exitOn(err)
+	return a
+}
+
+func udpServe(addr string) {
+	host, _ := os.Hostname()
+	conn, err := net.ListenPacket("udp", addr)
+	exitOn(err)
+	fmt.Println("serving UDP on", addr)
+	buf := make([]byte, 512)
+	for {
+		_, from, err := conn.ReadFrom(buf)
+		exitOn(err)
+		_, _ = conn.WriteTo([]byte(host), from)
 	}
 }
 
