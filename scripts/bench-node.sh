@@ -12,8 +12,10 @@
 #   node Ready       launch of `kelp server` (fresh data dir, bundle staged by a
 #                    first run) until the Node's Ready condition is True
 #   first pod        launch until a pod of the test image (from the airgap
-#                    images directory) is Running; the Deployment is created
-#                    as soon as the apiserver answers
+#                    images directory) is Running; the Deployment and its
+#                    Service are created as soon as the apiserver answers
+#   app by DNS name  launch until the app answers through its Service by DNS
+#                    name (a pod of it asks web.default.svc.cluster.local)
 #   idle             over IDLE s: RSS and PSS of kelp + containerd + shims, CPU %
 #                    of one core, and bytes written (/proc/PID/io write_bytes)
 #                    per second
@@ -82,6 +84,13 @@ spec:
     spec:
       containers:
       - {name: web, image: docker.io/kelp-test/testapp:1.0, imagePullPolicy: IfNotPresent, args: [serve]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
 YAML
 
 kelp_pid=
@@ -121,8 +130,16 @@ wait_for "node Ready" node_ready
 t_node=$(( $(now_ms) - t0 ))
 wait_for "pods Running" pods_running
 t_pod=$(( $(now_ms) - t0 ))
+app_by_name() {
+  local pod
+  pod=$(kubectl get pods -l app=web -o 'jsonpath={.items[0].metadata.name}')
+  [[ $(kubectl exec "$pod" -- /testapp get http://web.default.svc.cluster.local/) == web-* ]]
+}
+wait_for "the app by DNS name" app_by_name
+t_dns=$(( $(now_ms) - t0 ))
 echo "kelp bench-node: $("$KELP" --version | head -1), $(nproc) CPUs"
-printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss\n' "$(secs $t_api)" "$(secs $t_node)" "$(secs $t_pod)"
+printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss, app answers by DNS name %ss\n' \
+  "$(secs $t_api)" "$(secs $t_node)" "$(secs $t_pod)" "$(secs $t_dns)"
 
 # Every process of the node (containers have mount namespaces of their own):
 # the kelp binary (server, containerd) and the runc shims.
@@ -185,5 +202,6 @@ wait_for "pods Running after restart" pods_running
 echo
 printf 'restart: node Ready %ss; containers kept: %s\n' "$(secs $t_node)" "$([[ $(ids) == "$before_ids" ]] && echo yes || echo NO)"
 echo
-echo "goals (issue 3), for context: node Ready <= 10 s; first pod Running <= 15 s; idle RSS of"
-echo "  kelp + containerd + shims <= 350 MB; idle CPU <= 3 %; idle writes <= 2 kB/s"
+echo "goals (issues 3 and 4), for context: node Ready <= 10 s; first pod Running <= 15 s; app by"
+echo "  DNS name <= 15 s; idle RSS of kelp + containerd + shims <= 350 MB; idle CPU <= 3 %;"
+echo "  idle writes <= 2 kB/s"
