@@ -158,18 +158,20 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 	n.proxy = component.Go(context.WithoutCancel(ctx), "service proxy", func(ctx context.Context) error {
 		return proxy.Run(ctx, proxyClient, proxy.Config{ClusterCIDR: cfg.ClusterCIDR, ClusterDNS: cfg.ClusterDNS})
 	})
-	if err := kubeconfig.Write(p.DNSKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.DNSCert, KeyFile: creds.DNSKey}); err != nil {
-		return nil, err
-	}
-	n.dns, err = dns.Start(dns.Config{
-		Address:    cfg.ClusterDNS,
-		Domain:     cfg.ClusterDomain,
-		Kubeconfig: p.DNSKubeconfig,
-		ResolvConf: hostResolvConf(),
-		Corefile:   p.Corefile,
-	})
-	if err != nil {
-		return nil, err
+	if !cfg.DisableDNS {
+		if err := kubeconfig.Write(p.DNSKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.DNSCert, KeyFile: creds.DNSKey}); err != nil {
+			return nil, err
+		}
+		n.dns, err = dns.Start(dns.Config{
+			Address:    cfg.ClusterDNS,
+			Domain:     cfg.ClusterDomain,
+			Kubeconfig: p.DNSKubeconfig,
+			ResolvConf: hostResolvConf(),
+			Corefile:   p.Corefile,
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	kcfg := kubelet.Config{
 		NodeName:        cfg.NodeName,

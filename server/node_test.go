@@ -203,6 +203,39 @@ func TestNode(t *testing.T) {
 			}
 			return len(seen) == 2, nil
 		})
+		// A LoadBalancer gets the node's address, and answers on it; an
+		// external IP answers from outside.
+		lb, err := c.CoreV1().Services("default").Create(context.Background(), &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web-lb"},
+			Spec: corev1.ServiceSpec{
+				Type:        corev1.ServiceTypeLoadBalancer,
+				Selector:    map[string]string{"app": "web"},
+				ExternalIPs: []string{testcluster.NodeOutsideIP},
+				Ports:       []corev1.ServicePort{{Port: 8088, TargetPort: intstr.FromInt32(8080)}},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the LoadBalancer Service gets the node's address", func() (bool, error) {
+			lb, err = c.CoreV1().Services("default").Get(context.Background(), lb.Name, metav1.GetOptions{})
+			return err == nil && len(lb.Status.LoadBalancer.Ingress) == 1 && lb.Status.LoadBalancer.Ingress[0].IP == testcluster.NodeIP, err
+		})
+		for addr, dial := range map[string]func(context.Context, string, string) (net.Conn, error){
+			testcluster.NodeIP + ":8088":        n.DialContext,
+			testcluster.NodeOutsideIP + ":8088": outside.DialContext,
+		} {
+			client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+			eventually(t, "web answers on "+addr, func() (bool, error) {
+				resp, err := client.Get("http://" + addr + "/")
+				if err != nil {
+					return false, nil
+				}
+				defer resp.Body.Close()
+				body, _ := io.ReadAll(resp.Body)
+				return strings.HasPrefix(string(body), "web-"), nil
+			})
+		}
 		// A Service without endpoints refuses at once.
 		empty, err := c.CoreV1().Services("default").Create(context.Background(), &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "empty"},

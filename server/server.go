@@ -164,10 +164,22 @@ func run(ctx context.Context, cfg config.Server) error {
 	log.WithFields(logrus.Fields{"datastore": store.Backend().Kind, "kubeconfig": cfg.WriteKubeconfig, "took": time.Since(started).Round(time.Millisecond)}).
 		Info("kelp server is ready")
 
+	lbErr := make(<-chan error)
+	if !cfg.Disable.ServiceLB {
+		lb, err := startServiceLB(run, creds.admin)
+		if err != nil {
+			return err
+		}
+		stoppers = append(stoppers, lb.Stop)
+		lbErr = lb.Err()
+	}
+
 	nodeErr := make(<-chan error)
 	if !cfg.DisableAgent {
-		if err := ensureDNSObjects(ctx, creds.admin, cfg.ClusterDNS); err != nil {
-			return err
+		if !cfg.Disable.CoreDNS {
+			if err := ensureDNSObjects(ctx, creds.admin, cfg.ClusterDNS); err != nil {
+				return err
+			}
 		}
 		node, err := agent.Start(run, cfg.Agent(), staged, agent.Credentials{
 			Server:      url,
@@ -208,6 +220,8 @@ func run(ctx context.Context, cfg config.Server) error {
 	case err := <-sched.Err():
 		return err
 	case err := <-nodeErr:
+		return err
+	case err := <-lbErr:
 		return err
 	}
 }

@@ -15,6 +15,7 @@ type Agent struct {
 	ClusterDNS      netip.Addr
 	ClusterDomain   string
 	KubeletArgs     []string
+	DisableDNS      bool
 	Debug           bool
 }
 
@@ -31,6 +32,7 @@ func (s Server) Agent() Agent {
 		ClusterDNS:      s.ClusterDNS,
 		ClusterDomain:   s.ClusterDomain,
 		KubeletArgs:     s.ExtraArgs.Kubelet,
+		DisableDNS:      s.Disable.CoreDNS,
 		Debug:           s.Debug,
 	}
 }

@@ -162,3 +162,16 @@ func TestValidation(t *testing.T) {
 		})
 	}
 }
+
+func TestDisable(t *testing.T) {
+	s, err := runServer(t, "--disable", "coredns", "--disable", "servicelb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Disable.CoreDNS || !s.Disable.ServiceLB || !s.Agent().DisableDNS {
+		t.Errorf("disable = %+v", s.Disable)
+	}
+	if _, err := runServer(t, "--disable", "traefik"); err == nil || !strings.Contains(err.Error(), "want coredns or servicelb") {
+		t.Errorf("unknown part: %v", err)
+	}
+}

@@ -35,6 +35,7 @@ type Server struct {
 	NodeLabels           []string
 	NodeTaints           []string
 	PrivateRegistry      string
+	Disable              Disable
 	ExtraArgs            ExtraArgs
 	Debug                bool
 }
@@ -43,6 +44,12 @@ type Server struct {
 type Datastore struct {
 	Endpoint                  string // empty: SQLite via kine
 	CAFile, CertFile, KeyFile string
+}
+
+// Disable lists the built-in parts a user turned off with --disable.
+type Disable struct {
+	CoreDNS   bool // cluster DNS on every node
+	ServiceLB bool // load balancer addresses for LoadBalancer Services
 }
 
 // ExtraArgs are user flags appended to the generated ones, "name=value" each.
@@ -67,7 +74,7 @@ type ServerInput struct {
 	httpsPort                                                   int
 	clusterInit, disableAgent, debug                            bool
 	nodeIPs, tlsSANs, apiserverArgs, cmArgs, schedulerArgs      cli.StringSlice
-	nodeLabels, nodeTaints, kubeletArgs                         cli.StringSlice
+	nodeLabels, nodeTaints, kubeletArgs, disable                cli.StringSlice
 }
 
 // ServerFlags returns the flags of `kelp server`, bound to in.
@@ -99,6 +106,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringSliceFlag{Name: "node-label", EnvVars: env("node-label"), Destination: &in.nodeLabels, Usage: "label to register the node with, key=value"},
 		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
 		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: "/etc/kelp/registries.yaml", Destination: &in.privateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
+		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns or servicelb; repeatable"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
@@ -166,6 +174,16 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 	for _, taint := range s.NodeTaints {
 		if kv, effect, ok := strings.Cut(taint, ":"); !ok || kv == "" || !slices.Contains([]string{"NoSchedule", "PreferNoSchedule", "NoExecute"}, effect) {
 			check(fmt.Errorf("--node-taint %q: want key=value:Effect with Effect NoSchedule, PreferNoSchedule or NoExecute", taint))
+		}
+	}
+	for _, d := range in.disable.Value() {
+		switch d {
+		case "coredns":
+			s.Disable.CoreDNS = true
+		case "servicelb":
+			s.Disable.ServiceLB = true
+		default:
+			check(fmt.Errorf("--disable %q: want coredns or servicelb", d))
 		}
 	}
 	if len(s.NodeIPs) == 0 && host.IP.IsValid() {

@@ -136,6 +136,7 @@ func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, skip netip.
 			if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
 				p.NodePort = uint16(sp.NodePort)
 			}
+			p.ExternalIPs = externalIPs(svc)
 			p.Endpoints = readyEndpoints(bySvc[svc.Namespace+"/"+svc.Name], sp)
 			out = append(out, p)
 		}
@@ -144,6 +145,23 @@ func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, skip netip.
 		return cmp.Or(a.ClusterIP.Compare(b.ClusterIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
 	return out
+}
+
+// externalIPs are the Service's externalIPs and load balancer ingress IPs.
+func externalIPs(svc *corev1.Service) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range svc.Spec.ExternalIPs {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			out = append(out, ip)
+		}
+	}
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		if ip, err := netip.ParseAddr(in.IP); err == nil {
+			out = append(out, ip)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // readyEndpoints are the addresses serving sp: endpoints the slices call

@@ -34,7 +34,7 @@ func endpoint(ip string, ready *bool) discoveryv1.Endpoint {
 
 func TestPorts(t *testing.T) {
 	svcs := []*corev1.Service{
-		service("web", "10.43.0.20", corev1.ServiceTypeNodePort, corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP}),
+		service("web", "10.43.0.20", corev1.ServiceTypeLoadBalancer, corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP}),
 		service("api", "10.43.0.5", corev1.ServiceTypeClusterIP, corev1.ServicePort{Name: "", Port: 443, Protocol: corev1.ProtocolTCP}),
 		service("headless", "None", corev1.ServiceTypeClusterIP, corev1.ServicePort{Port: 80, Protocol: corev1.ProtocolTCP}),
 		service("ext", "", corev1.ServiceTypeExternalName),
@@ -48,12 +48,15 @@ func TestPorts(t *testing.T) {
 		slice("web", "metrics", 9090, endpoint("10.42.0.8", nil)), // another port's slice
 		slice("api", "", 6443, endpoint("10.99.0.2", nil)),
 	}
+	svcs[0].Spec.ExternalIPs = []string{"192.0.2.7"}
+	svcs[0].Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "10.99.0.2"}, {Hostname: "lb.example"}}
 	got := Ports(svcs, eps, netip.MustParseAddr("10.43.0.10"))
 	want := []Port{
 		{ClusterIP: netip.MustParseAddr("10.43.0.5"), Protocol: unix.IPPROTO_TCP, Port: 443,
 			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.99.0.2:6443")}},
 		{ClusterIP: netip.MustParseAddr("10.43.0.20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080,
-			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.6:8080"), netip.MustParseAddrPort("10.42.0.7:8080")}},
+			ExternalIPs: []netip.Addr{netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("192.0.2.7")},
+			Endpoints:   []netip.AddrPort{netip.MustParseAddrPort("10.42.0.6:8080"), netip.MustParseAddrPort("10.42.0.7:8080")}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Ports =\n%+v\nwant\n%+v", got, want)

@@ -25,7 +25,10 @@ type Port struct {
 	Protocol  uint8 // unix.IPPROTO_TCP, _UDP or _SCTP
 	Port      uint16
 	NodePort  uint16 // 0: none
-	Endpoints []netip.AddrPort
+	// ExternalIPs are further addresses of the port: the Service's
+	// externalIPs and its load balancer ingress IPs.
+	ExternalIPs []netip.Addr
+	Endpoints   []netip.AddrPort
 }
 
 // Apply replaces the proxy's table with one programming ports, in a single
@@ -55,17 +58,26 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 		if !p.ClusterIP.Is4() {
 			continue
 		}
-		key := concat(p.ClusterIP.AsSlice(), []byte{p.Protocol}, port(p.Port))
+		var keys [][]byte
+		for _, ip := range append([]netip.Addr{p.ClusterIP}, p.ExternalIPs...) {
+			if ip.Is4() {
+				keys = append(keys, concat(ip.AsSlice(), []byte{p.Protocol}, port(p.Port)))
+			}
+		}
 		if len(p.Endpoints) == 0 {
-			noEndpointElems = append(noEndpointElems, nftables.SetElement{Key: key})
+			for _, key := range keys {
+				noEndpointElems = append(noEndpointElems, nftables.SetElement{Key: key})
+			}
 			continue
 		}
 		chain := fmt.Sprintf("svc-%d", i)
 		addServiceChain(c, t, chain, clusterCIDR, p)
-		ipElems = append(ipElems, nftables.SetElement{
-			Key:         key,
-			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain},
-		})
+		for _, key := range keys {
+			ipElems = append(ipElems, nftables.SetElement{
+				Key:         key,
+				VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain},
+			})
+		}
 		if p.NodePort != 0 {
 			nodePortElems = append(nodePortElems, nftables.SetElement{
 				Key:         concat([]byte{p.Protocol}, port(p.NodePort)),

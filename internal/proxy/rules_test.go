@@ -40,7 +40,8 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 			{ClusterIP: netip.MustParseAddr("10.43.0.1"), Protocol: unix.IPPROTO_TCP, Port: 443,
 				Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.99.0.2:6443")}},
 			{ClusterIP: netip.MustParseAddr("10.43.0.20"), Protocol: unix.IPPROTO_UDP, Port: 53, NodePort: 30053,
-				Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.5:5353"), netip.MustParseAddrPort("10.42.0.6:5353")}},
+				ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.7")},
+				Endpoints:   []netip.AddrPort{netip.MustParseAddrPort("10.42.0.5:5353"), netip.MustParseAddrPort("10.42.0.6:5353")}},
 			{ClusterIP: netip.MustParseAddr("10.43.0.30"), Protocol: unix.IPPROTO_TCP, Port: 80},
 		}
 		cidr := netip.MustParsePrefix("10.42.0.0/16")
@@ -67,8 +68,8 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 		elems, err := c.GetSetElements(set)
-		if err != nil || len(elems) != 2 {
-			t.Errorf("service-ips holds %d elements (%v), want 2", len(elems), err)
+		if err != nil || len(elems) != 3 {
+			t.Errorf("service-ips holds %d elements (%v), want 3 (two ClusterIPs, an external IP)", len(elems), err)
 		}
 		set, err = c.GetSetByName(tables[0], "no-endpoints")
 		if err != nil {

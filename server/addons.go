@@ -12,6 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/servicelb"
 )
 
 // dnsUser is the identity of the nodes' DNS servers (pki's DNS cert).
@@ -76,4 +79,18 @@ func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS ne
 		return fmt.Errorf("create the kube-dns Service: %w", err)
 	}
 	return nil
+}
+
+// startServiceLB runs the built-in load balancer controller with the
+// admin credentials.
+func startServiceLB(ctx context.Context, adminKubeconfig string) (*component.Running, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", adminKubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return component.Go(ctx, "servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, c) }), nil
 }
