@@ -79,6 +79,7 @@ func (s *Supervisor) spawn(out *os.File) (*os.Process, error) {
 		err  error
 	}
 	ch := make(chan result, 1)
+	spawnerOnce.Do(func() { go spawner() })
 	spawnRequests <- func() {
 		cmd := exec.Command(s.args[0], s.args[1:]...)
 		cmd.Env = s.env
@@ -97,15 +98,18 @@ func (s *Supervisor) spawn(out *os.File) (*os.Process, error) {
 	return r.proc, nil
 }
 
-var spawnRequests = make(chan func())
+var (
+	spawnerOnce   sync.Once
+	spawnRequests = make(chan func())
+)
 
-func init() {
-	go func() {
-		runtime.LockOSThread() // never unlocked: this thread lives with the process
-		for f := range spawnRequests {
-			f()
-		}
-	}()
+// spawner runs the functions sent to spawnRequests on one thread that is
+// never unlocked, so it lives as long as the process.
+func spawner() {
+	runtime.LockOSThread()
+	for f := range spawnRequests {
+		f()
+	}
 }
 
 func (s *Supervisor) run() {
@@ -129,19 +133,21 @@ func (s *Supervisor) run() {
 			}
 			log.WithError(err).WithField("restart-in", backoff).Warnf("containerd exited; see %s", s.logPath)
 		}
-		select {
-		case <-s.stop:
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, maxBackoff)
-		out, err := s.openLog()
-		if err == nil {
-			proc, err = s.spawn(out)
-		}
-		if err != nil {
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, maxBackoff)
+			out, err := s.openLog()
+			if err == nil {
+				proc, err = s.spawn(out)
+			}
+			if err == nil {
+				break
+			}
 			log.WithError(err).Error("restart containerd")
-			continue
 		}
 		s.mu.Lock()
 		s.proc = proc

@@ -1,7 +1,6 @@
 package dns
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
@@ -66,34 +64,12 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dns: start CoreDNS: %w", err)
 	}
-	return &Server{instance: instance, address: cfg.Address}, nil
+	return &Server{instance: instance}, nil
 }
 
 // Server is a running DNS server.
 type Server struct {
 	instance *caddy.Instance
-	address  netip.Addr
-}
-
-// WaitReady blocks until the server answers a query for its own domain's
-// kubernetes Service name.
-func (s *Server) WaitReady(ctx context.Context, name string) error {
-	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, network, net.JoinHostPort(s.address.String(), "53"))
-	}}
-	var last error
-	for {
-		if _, err := r.LookupHost(ctx, name); err == nil {
-			return nil
-		} else {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("dns not ready (%v): %w", last, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // Stop stops serving; the address stays, so pods keep a resolver that
