@@ -155,8 +155,12 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 		return nil, err
 	}
 	// Services work before the kubelet starts pods that use them.
+	kube, err := clientFor(p.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
 	n.proxy = component.Go(context.WithoutCancel(ctx), "service proxy", func(ctx context.Context) error {
-		return proxy.Run(ctx, proxyClient, proxy.Config{ClusterCIDR: cfg.ClusterCIDR, ClusterDNS: cfg.ClusterDNS})
+		return proxy.Run(ctx, proxyClient, proxy.Config{ClusterCIDR: cfg.ClusterCIDR, ClusterDNS: cfg.ClusterDNS, NodeName: cfg.NodeName, Pods: kube})
 	})
 	if !cfg.DisableDNS {
 		if err := kubeconfig.Write(p.DNSKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.DNSCert, KeyFile: creds.DNSKey}); err != nil {
@@ -196,10 +200,6 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 		return nil, err
 	}
 	n.kubelet, err = kubelet.Start(context.WithoutCancel(ctx), kubelet.Args(kcfg))
-	if err != nil {
-		return nil, err
-	}
-	kube, err := clientFor(p.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}

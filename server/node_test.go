@@ -108,6 +108,20 @@ spec:
   ports: [{port: 53, targetPort: 5353, protocol: UDP}]
 `
 
+const hostPortWorkload = `
+apiVersion: v1
+kind: Pod
+metadata: {name: hostport}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: web
+    image: ` + testcluster.TestImage + `
+    imagePullPolicy: IfNotPresent
+    args: [serve]
+    ports: [{containerPort: 8080, hostPort: 8081}]
+`
+
 // TestNode runs `kelp server` with its node and checks, in one cluster to
 // keep the suite short: pods from an airgap image, kubectl logs, exec and
 // port-forward, volumes, a Job, pod-to-pod and masqueraded egress traffic,
@@ -236,6 +250,23 @@ func TestNode(t *testing.T) {
 				return strings.HasPrefix(string(body), "web-"), nil
 			})
 		}
+		// A pod's hostPort answers on the node's addresses.
+		hostPortPod := filepath.Join(n.Dir, "hostport.yaml")
+		if err := os.WriteFile(hostPortPod, []byte(hostPortWorkload), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		kubectl(t, n, "apply", "-f", hostPortPod)
+		kubectl(t, n, "wait", "--for=condition=Ready", "pod/hostport", "--timeout=60s")
+		client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: outside.DialContext, DisableKeepAlives: true}}
+		eventually(t, "the hostPort answers from outside", func() (bool, error) {
+			resp, err := client.Get("http://" + testcluster.NodeOutsideIP + ":8081/")
+			if err != nil {
+				return false, nil
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return strings.HasPrefix(string(body), "hostport "), nil
+		})
 		// A Service without endpoints refuses at once.
 		empty, err := c.CoreV1().Services("default").Create(context.Background(), &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "empty"},

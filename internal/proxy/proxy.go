@@ -14,6 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -32,6 +34,10 @@ type Config struct {
 	// ClusterDNS is served on every node itself (see package dns); the
 	// proxy leaves its address alone.
 	ClusterDNS netip.Addr
+	// NodeName and Pods (a client allowed to watch this node's pods, the
+	// kubelet's) serve the hostPorts of the pods on this node.
+	NodeName string
+	Pods     kubernetes.Interface
 }
 
 // Run programs the Services of the cluster until ctx ends: once all of
@@ -62,11 +68,20 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 	if _, err := endpointSlices.Informer().AddEventHandler(handler); err != nil {
 		return fmt.Errorf("proxy: %w", err)
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
-		if !synced {
-			return fmt.Errorf("proxy: %v not synced: %w", typ, ctx.Err())
+	podFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Pods, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+	}))
+	pods := podFactory.Core().V1().Pods()
+	if _, err := pods.Informer().AddEventHandler(handler); err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	for _, f := range []informers.SharedInformerFactory{factory, podFactory} {
+		f.Start(ctx.Done())
+		defer f.Shutdown()
+		for typ, synced := range f.WaitForCacheSync(ctx.Done()) {
+			if !synced {
+				return fmt.Errorf("proxy: %v not synced: %w", typ, ctx.Err())
+			}
 		}
 	}
 	var applied []Port
@@ -79,7 +94,11 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("proxy: %w", err)
 		}
-		ports := Ports(svcs, eps, cfg.ClusterDNS)
+		nodePods, err := pods.Lister().List(labels.Everything())
+		if err != nil {
+			return fmt.Errorf("proxy: %w", err)
+		}
+		ports := append(Ports(svcs, eps, cfg.ClusterDNS), HostPorts(nodePods)...)
 		if applied == nil || !reflect.DeepEqual(ports, applied) {
 			started := time.Now()
 			if err := Apply(conn, cfg.ClusterCIDR, ports); err != nil {
@@ -143,6 +162,32 @@ func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, skip netip.
 	}
 	slices.SortFunc(out, func(a, b Port) int {
 		return cmp.Or(a.ClusterIP.Compare(b.ClusterIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
+	})
+	return out
+}
+
+// HostPorts returns the hostPorts of running pods, on every address of
+// the node (a hostIP is not honoured yet), in a stable order.
+func HostPorts(pods []*corev1.Pod) []Port {
+	var out []Port
+	for _, pod := range pods {
+		ip, err := netip.ParseAddr(pod.Status.PodIP)
+		if err != nil || !ip.Is4() || pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil {
+			continue
+		}
+		for _, c := range pod.Spec.Containers {
+			for _, cp := range c.Ports {
+				proto, ok := protocols[cp.Protocol]
+				if cp.HostPort == 0 || !ok {
+					continue
+				}
+				out = append(out, Port{Protocol: proto, NodePort: uint16(cp.HostPort),
+					Endpoints: []netip.AddrPort{netip.AddrPortFrom(ip, uint16(cp.ContainerPort))}})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Port) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.NodePort, b.NodePort), a.Endpoints[0].Compare(b.Endpoints[0]))
 	})
 	return out
 }

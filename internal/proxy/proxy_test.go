@@ -89,3 +89,27 @@ func TestStaleUDPFlows(t *testing.T) {
 		t.Errorf("first sync: %+v", got)
 	}
 }
+
+func TestHostPorts(t *testing.T) {
+	pod := func(name, ip string, phase corev1.PodPhase, ports ...corev1.ContainerPort) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: ports}}},
+			Status:     corev1.PodStatus{PodIP: ip, Phase: phase},
+		}
+	}
+	got := HostPorts([]*corev1.Pod{
+		pod("ingress", "10.42.0.5", corev1.PodRunning,
+			corev1.ContainerPort{ContainerPort: 8443, HostPort: 443, Protocol: corev1.ProtocolTCP},
+			corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}), // no hostPort
+		pod("pending", "", corev1.PodPending, corev1.ContainerPort{ContainerPort: 80, HostPort: 80, Protocol: corev1.ProtocolTCP}),
+		pod("dns", "10.42.0.6", corev1.PodRunning, corev1.ContainerPort{ContainerPort: 5353, HostPort: 53, Protocol: corev1.ProtocolUDP}),
+	})
+	want := []Port{
+		{Protocol: unix.IPPROTO_TCP, NodePort: 443, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.5:8443")}},
+		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.6:5353")}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("HostPorts = %+v, want %+v", got, want)
+	}
+}

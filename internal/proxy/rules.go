@@ -19,10 +19,11 @@ const Table = "kelp-proxy"
 // callers) and pods reaching themselves through their Service.
 const masqMark = 0x4000
 
-// Port is one port of a Service as the proxy programs it.
+// Port is one port of a Service as the proxy programs it, or a pod's
+// hostPort: one with only a NodePort (the host port) and one endpoint.
 type Port struct {
-	ClusterIP netip.Addr
-	Protocol  uint8 // unix.IPPROTO_TCP, _UDP or _SCTP
+	ClusterIP netip.Addr // invalid for a hostPort
+	Protocol  uint8      // unix.IPPROTO_TCP, _UDP or _SCTP
 	Port      uint16
 	NodePort  uint16 // 0: none
 	// ExternalIPs are further addresses of the port: the Service's
@@ -54,10 +55,8 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 		KeyType: serviceIPs.KeyType,
 	}
 	var ipElems, nodePortElems, noEndpointElems []nftables.SetElement
+	nodePortTaken := map[[2]uint16]bool{}
 	for i, p := range ports {
-		if !p.ClusterIP.Is4() {
-			continue
-		}
 		var keys [][]byte
 		for _, ip := range append([]netip.Addr{p.ClusterIP}, p.ExternalIPs...) {
 			if ip.Is4() {
@@ -78,7 +77,10 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 				VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain},
 			})
 		}
-		if p.NodePort != 0 {
+		// A port of the node serves one Service or pod: the first wins,
+		// and Services come first.
+		if p.NodePort != 0 && !nodePortTaken[[2]uint16{uint16(p.Protocol), p.NodePort}] {
+			nodePortTaken[[2]uint16{uint16(p.Protocol), p.NodePort}] = true
 			nodePortElems = append(nodePortElems, nftables.SetElement{
 				Key:         concat([]byte{p.Protocol}, port(p.NodePort)),
 				VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain},

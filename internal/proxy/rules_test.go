@@ -43,6 +43,9 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 				ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.7")},
 				Endpoints:   []netip.AddrPort{netip.MustParseAddrPort("10.42.0.5:5353"), netip.MustParseAddrPort("10.42.0.6:5353")}},
 			{ClusterIP: netip.MustParseAddr("10.43.0.30"), Protocol: unix.IPPROTO_TCP, Port: 80},
+			// A hostPort, and one that collides with a NodePort: the Service wins.
+			{Protocol: unix.IPPROTO_TCP, NodePort: 8443, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.7:443")}},
+			{Protocol: unix.IPPROTO_UDP, NodePort: 30053, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.8:53")}},
 		}
 		cidr := netip.MustParsePrefix("10.42.0.0/16")
 		for range 2 { // the second apply replaces the first
@@ -60,7 +63,7 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 		}
 		// services, prerouting, output, postrouting, three filter chains;
 		// a chain per Service port with endpoints and per endpoint.
-		if got, want := len(chains), 7+2+3; got != want {
+		if got, want := len(chains), 7+4+5; got != want {
 			t.Errorf("%d chains, want %d", got, want)
 		}
 		set, err := c.GetSetByName(tables[0], "service-ips")
@@ -77,6 +80,13 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 		}
 		if elems, err := c.GetSetElements(set); err != nil || len(elems) != 1 {
 			t.Errorf("no-endpoints holds %d elements (%v), want 1", len(elems), err)
+		}
+		set, err = c.GetSetByName(tables[0], "service-nodeports")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if elems, err := c.GetSetElements(set); err != nil || len(elems) != 2 {
+			t.Errorf("service-nodeports holds %d elements (%v), want 2 (a NodePort, a hostPort)", len(elems), err)
 		}
 	})
 }
