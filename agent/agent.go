@@ -78,6 +78,7 @@ type Node struct {
 	kubelet    *component.Running
 	proxy      *component.Running
 	dns        *dns.Server
+	dnsCustom  *component.Running // nil with DNS disabled
 	background *component.Running // image watch and pod network set-up
 	client     *client.Client
 }
@@ -176,6 +177,13 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 		if err != nil {
 			return nil, err
 		}
+		dnsClient, err := clientFor(p.DNSKubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		n.dnsCustom = component.Go(context.WithoutCancel(ctx), "dns customisation", func(ctx context.Context) error {
+			return n.dns.WatchCustom(ctx, dnsClient)
+		})
 	}
 	kcfg := kubelet.Config{
 		NodeName:        cfg.NodeName,
@@ -276,8 +284,14 @@ func (n *Node) WaitReady(ctx context.Context) error {
 // background work; containerd is restarted rather than reported.
 func (n *Node) Err() <-chan error {
 	errc := make(chan error, 1)
+	var dnsErr <-chan error // stays nil, never ready, with DNS disabled
+	if n.dnsCustom != nil {
+		dnsErr = n.dnsCustom.Err()
+	}
 	go func() {
 		select {
+		case err := <-dnsErr:
+			errc <- err
 		case err := <-n.kubelet.Err():
 			errc <- err
 		case err := <-n.background.Err():
@@ -293,7 +307,7 @@ func (n *Node) Err() <-chan error {
 // shims outlive kelp, and the next start adopts them.
 func (n *Node) Stop(ctx context.Context) error {
 	var errs []error
-	for _, r := range []*component.Running{n.background, n.kubelet, n.proxy} {
+	for _, r := range []*component.Running{n.background, n.kubelet, n.proxy, n.dnsCustom} {
 		if r != nil {
 			errs = append(errs, r.Stop(ctx))
 		}

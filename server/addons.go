@@ -54,7 +54,25 @@ func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS ne
 			},
 		},
 	}
+	// The DNS servers read their customisation from one ConfigMap.
+	customRole := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: dnsUser, Namespace: "kube-system"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}}},
+	}
+	customBinding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: dnsUser, Namespace: "kube-system"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: dnsUser},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: dnsUser}},
+	}
 	for _, create := range []func() error{
+		func() error {
+			_, err := c.RbacV1().Roles("kube-system").Create(ctx, customRole, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.RbacV1().RoleBindings("kube-system").Create(ctx, customBinding, metav1.CreateOptions{})
+			return err
+		},
 		func() error {
 			_, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{})
 			return err

@@ -366,6 +366,28 @@ func TestNode(t *testing.T) {
 				return strings.Contains(exec(q.args...), q.want), nil
 			})
 		}
+		// Customised without a restart: hosts entries and a server block.
+		if _, err := c.CoreV1().ConfigMaps("kube-system").Create(context.Background(), &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: "coredns-custom"},
+			Data: map[string]string{
+				"hosts":       "10.1.2.3 legacy.example",
+				"corp.server": "corp.example:53 {\n    bind 10.43.0.10\n    hosts {\n        10.7.7.7 app.corp.example\n    }\n}\n",
+			},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"lookup", "legacy.example"}, "10.1.2.3"},
+			{[]string{"lookup", "app.corp.example"}, "10.7.7.7"},
+			{[]string{"lookup", "web"}, svc.Spec.ClusterIP}, // the cluster's names still answer
+		} {
+			eventually(t, fmt.Sprintf("%v answers %q", q.args, q.want), func() (bool, error) {
+				return strings.Contains(exec(q.args...), q.want), nil
+			})
+		}
 	})
 	t.Run("missing image", func(t *testing.T) {
 		eventually(t, "an ErrImagePull event for the missing image", func() (bool, error) {

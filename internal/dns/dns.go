@@ -7,6 +7,9 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/coredns/caddy"
@@ -27,12 +30,27 @@ type Config struct {
 	Corefile   string     // where the generated Corefile is written
 }
 
-// Corefile returns the CoreDNS configuration for cfg.
-func Corefile(cfg Config) string {
+// Custom is what users add to the configuration, from the ConfigMap
+// CustomConfigMap in kube-system.
+type Custom struct {
+	Hosts        string   // the "hosts" key: lines of a hosts file
+	ServerBlocks []string // the "*.server" keys: server blocks, in key order
+}
+
+// Corefile returns the CoreDNS configuration for cfg and custom.
+func Corefile(cfg Config, custom Custom) string {
+	var hosts string
+	if strings.TrimSpace(custom.Hosts) != "" {
+		hosts = "    hosts {\n"
+		for _, line := range strings.Split(strings.TrimSpace(custom.Hosts), "\n") {
+			hosts += "        " + strings.TrimSpace(line) + "\n"
+		}
+		hosts += "        fallthrough\n    }\n"
+	}
 	return fmt.Sprintf(`.:53 {
     bind %s
     errors
-    kubernetes %s in-addr.arpa ip6.arpa {
+%s    kubernetes %s in-addr.arpa ip6.arpa {
         kubeconfig %s
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
@@ -43,7 +61,7 @@ func Corefile(cfg Config) string {
     loop
     loadbalance
 }
-`, cfg.Address, cfg.Domain, cfg.Kubeconfig, cfg.ResolvConf)
+%s`, cfg.Address, hosts, cfg.Domain, cfg.Kubeconfig, cfg.ResolvConf, strings.Join(custom.ServerBlocks, "\n"))
 }
 
 // Start puts the cluster DNS address on the loopback interface and serves
@@ -52,29 +70,65 @@ func Start(cfg Config) (*Server, error) {
 	if err := addAddress(cfg.Address); err != nil {
 		return nil, err
 	}
-	corefile := Corefile(cfg)
-	if err := os.MkdirAll(filepath.Dir(cfg.Corefile), 0o700); err != nil {
-		return nil, fmt.Errorf("dns: %w", err)
-	}
-	if err := os.WriteFile(cfg.Corefile, []byte(corefile), 0o600); err != nil {
-		return nil, fmt.Errorf("dns: %w", err)
+	input, err := writeCorefile(cfg, Custom{})
+	if err != nil {
+		return nil, err
 	}
 	dnsserver.Quiet = true // no banner on kelp's output
-	instance, err := caddy.Start(caddy.CaddyfileInput{Contents: []byte(corefile), Filepath: cfg.Corefile, ServerTypeName: "dns"})
+	instance, err := caddy.Start(input)
 	if err != nil {
 		return nil, fmt.Errorf("dns: start CoreDNS: %w", err)
 	}
-	return &Server{instance: instance}, nil
+	return &Server{cfg: cfg, instance: instance}, nil
+}
+
+func writeCorefile(cfg Config, custom Custom) (caddy.CaddyfileInput, error) {
+	corefile := Corefile(cfg, custom)
+	if err := os.MkdirAll(filepath.Dir(cfg.Corefile), 0o700); err != nil {
+		return caddy.CaddyfileInput{}, fmt.Errorf("dns: %w", err)
+	}
+	if err := os.WriteFile(cfg.Corefile, []byte(corefile), 0o600); err != nil {
+		return caddy.CaddyfileInput{}, fmt.Errorf("dns: %w", err)
+	}
+	return caddy.CaddyfileInput{Contents: []byte(corefile), Filepath: cfg.Corefile, ServerTypeName: "dns"}, nil
 }
 
 // Server is a running DNS server.
 type Server struct {
+	cfg Config
+
+	mu       sync.Mutex
 	instance *caddy.Instance
+	custom   Custom
+}
+
+// Customize restarts the server with custom, gracefully: a configuration
+// CoreDNS refuses leaves the running one in place.
+func (s *Server) Customize(custom Custom) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if reflect.DeepEqual(custom, s.custom) {
+		return nil
+	}
+	input, err := writeCorefile(s.cfg, custom)
+	if err != nil {
+		return err
+	}
+	instance, err := s.instance.Restart(input)
+	if err != nil {
+		// Put the file back to what runs.
+		_, _ = writeCorefile(s.cfg, s.custom)
+		return fmt.Errorf("dns: %s/%s not applied: %w", "kube-system", CustomConfigMap, err)
+	}
+	s.instance, s.custom = instance, custom
+	return nil
 }
 
 // Stop stops serving; the address stays, so pods keep a resolver that
 // answers again as soon as the node is back.
 func (s *Server) Stop() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return s.instance.Stop()
 }
 

@@ -12,7 +12,7 @@ func TestCorefile(t *testing.T) {
 		Domain:     "edge.local",
 		Kubeconfig: "/var/lib/kelp/agent/dns.kubeconfig",
 		ResolvConf: "/run/systemd/resolve/resolv.conf",
-	})
+	}, Custom{})
 	for _, want := range []string{
 		"bind 10.43.0.10\n",
 		"kubernetes edge.local in-addr.arpa ip6.arpa {",
@@ -25,5 +25,29 @@ func TestCorefile(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("Corefile lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+func TestCorefileCustom(t *testing.T) {
+	custom := CustomOf(map[string]string{
+		"hosts":        "10.1.2.3 legacy.example\n  10.1.2.4 other.example  \n",
+		"b.server":     "b.example:53 {\n    bind 10.43.0.10\n}\n",
+		"a.server":     "a.example:53 {\n    bind 10.43.0.10\n}\n",
+		"ignored.conf": "not a server block",
+	})
+	got := Corefile(Config{Address: netip.MustParseAddr("10.43.0.10"), Domain: "cluster.local"}, custom)
+	for _, want := range []string{
+		"    hosts {\n        10.1.2.3 legacy.example\n        10.1.2.4 other.example\n        fallthrough\n    }\n    kubernetes cluster.local",
+		"}\na.example:53 {\n    bind 10.43.0.10\n}\n\nb.example:53 {",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Corefile lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "not a server block") {
+		t.Errorf("a key without .server made it in:\n%s", got)
+	}
+	if plain := Corefile(Config{Address: netip.MustParseAddr("10.43.0.10"), Domain: "cluster.local"}, Custom{}); strings.Contains(plain, "hosts") {
+		t.Errorf("no hosts block without hosts:\n%s", plain)
 	}
 }
