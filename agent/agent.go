@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
+	"github.com/google/nftables"
 	"github.com/sirupsen/logrus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -23,6 +24,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/images"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/kubelet"
+	"github.com/kelp-dev/kelp/internal/netpol"
 	"github.com/kelp-dev/kelp/internal/proxy"
 	"github.com/kelp-dev/kelp/internal/registries"
 )
@@ -39,33 +41,36 @@ type Credentials struct {
 	ServingCert, ServingKey string // the kubelet's serving certificate
 	ProxyCert, ProxyKey     string // system:kube-proxy, for the Service proxy
 	DNSCert, DNSKey         string // system:kelp-dns, for the DNS server
+	// system:kelp-controller, for NetworkPolicy enforcement
+	ControllerCert, ControllerKey string
 }
 
 // Paths are where a node keeps its files, all derived from the data dir.
 type Paths struct {
 	Dir, BinDir, ImagesDir, ContainerdRoot, ContainerdConfig, ContainerdLog string
 	RegistryDir, CNIConfDir, KubeletConfig, Kubeconfig, StaticPods          string
-	ProxyKubeconfig, DNSKubeconfig, Corefile                                string
+	ProxyKubeconfig, DNSKubeconfig, ControllerKubeconfig, Corefile          string
 }
 
 // PathsOf lays out <data-dir>/agent.
 func PathsOf(dataDir string) Paths {
 	dir := filepath.Join(dataDir, "agent")
 	return Paths{
-		Dir:              dir,
-		BinDir:           filepath.Join(dir, "bin"),
-		ImagesDir:        filepath.Join(dir, "images"),
-		ContainerdRoot:   filepath.Join(dir, "containerd"),
-		ContainerdConfig: filepath.Join(dir, "etc", "containerd", "config.toml"),
-		ContainerdLog:    filepath.Join(dir, "containerd", "containerd.log"),
-		RegistryDir:      filepath.Join(dir, "etc", "containerd", "certs.d"),
-		CNIConfDir:       filepath.Join(dir, "etc", "cni", "net.d"),
-		KubeletConfig:    filepath.Join(dir, "etc", "kubelet.yaml"),
-		Kubeconfig:       filepath.Join(dir, "kubelet.kubeconfig"),
-		ProxyKubeconfig:  filepath.Join(dir, "kubeproxy.kubeconfig"),
-		DNSKubeconfig:    filepath.Join(dir, "dns.kubeconfig"),
-		Corefile:         filepath.Join(dir, "etc", "Corefile"),
-		StaticPods:       filepath.Join(dir, "pod-manifests"),
+		Dir:                  dir,
+		BinDir:               filepath.Join(dir, "bin"),
+		ImagesDir:            filepath.Join(dir, "images"),
+		ContainerdRoot:       filepath.Join(dir, "containerd"),
+		ContainerdConfig:     filepath.Join(dir, "etc", "containerd", "config.toml"),
+		ContainerdLog:        filepath.Join(dir, "containerd", "containerd.log"),
+		RegistryDir:          filepath.Join(dir, "etc", "containerd", "certs.d"),
+		CNIConfDir:           filepath.Join(dir, "etc", "cni", "net.d"),
+		KubeletConfig:        filepath.Join(dir, "etc", "kubelet.yaml"),
+		Kubeconfig:           filepath.Join(dir, "kubelet.kubeconfig"),
+		ProxyKubeconfig:      filepath.Join(dir, "kubeproxy.kubeconfig"),
+		DNSKubeconfig:        filepath.Join(dir, "dns.kubeconfig"),
+		ControllerKubeconfig: filepath.Join(dir, "controller.kubeconfig"),
+		Corefile:             filepath.Join(dir, "etc", "Corefile"),
+		StaticPods:           filepath.Join(dir, "pod-manifests"),
 	}
 }
 
@@ -79,6 +84,7 @@ type Node struct {
 	proxy      *component.Running
 	dns        *dns.Server
 	dnsCustom  *component.Running // nil with DNS disabled
+	netpol     *component.Running // nil with network policy disabled
 	background *component.Running // image watch and pod network set-up
 	client     *client.Client
 }
@@ -185,6 +191,24 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 			return n.dns.WatchCustom(ctx, dnsClient)
 		})
 	}
+	if cfg.DisableNetworkPolicy {
+		// Policies enforced before the user turned enforcement off would
+		// stay in force forever.
+		if err := removeNetworkPolicies(); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := kubeconfig.Write(p.ControllerKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.ControllerCert, KeyFile: creds.ControllerKey}); err != nil {
+			return nil, err
+		}
+		controllerClient, err := clientFor(p.ControllerKubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		n.netpol = component.Go(context.WithoutCancel(ctx), "network policy", func(ctx context.Context) error {
+			return netpol.Run(ctx, controllerClient, netpol.Config{NodeName: cfg.NodeName})
+		})
+	}
 	kcfg := kubelet.Config{
 		NodeName:        cfg.NodeName,
 		NodeIPs:         cfg.NodeIPs,
@@ -284,13 +308,19 @@ func (n *Node) WaitReady(ctx context.Context) error {
 // background work; containerd is restarted rather than reported.
 func (n *Node) Err() <-chan error {
 	errc := make(chan error, 1)
-	var dnsErr <-chan error // stays nil, never ready, with DNS disabled
+	// A nil channel is never ready: a disabled part never fails.
+	var dnsErr, netpolErr <-chan error
 	if n.dnsCustom != nil {
 		dnsErr = n.dnsCustom.Err()
+	}
+	if n.netpol != nil {
+		netpolErr = n.netpol.Err()
 	}
 	go func() {
 		select {
 		case err := <-dnsErr:
+			errc <- err
+		case err := <-netpolErr:
 			errc <- err
 		case err := <-n.kubelet.Err():
 			errc <- err
@@ -307,7 +337,7 @@ func (n *Node) Err() <-chan error {
 // shims outlive kelp, and the next start adopts them.
 func (n *Node) Stop(ctx context.Context) error {
 	var errs []error
-	for _, r := range []*component.Running{n.background, n.kubelet, n.proxy, n.dnsCustom} {
+	for _, r := range []*component.Running{n.background, n.kubelet, n.proxy, n.dnsCustom, n.netpol} {
 		if r != nil {
 			errs = append(errs, r.Stop(ctx))
 		}
@@ -322,6 +352,14 @@ func (n *Node) Stop(ctx context.Context) error {
 		errs = append(errs, n.containerd.Stop(ctx))
 	}
 	return errors.Join(errs...)
+}
+
+func removeNetworkPolicies() error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("netpol: %w", err)
+	}
+	return netpol.Remove(c)
 }
 
 func clientFor(kubeconfig string) (kubernetes.Interface, error) {

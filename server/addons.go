@@ -24,11 +24,7 @@ const dnsUser = "system:kelp-dns"
 // for the nodes' DNS servers, and the kube-dns Service with the cluster DNS
 // address for clients that look for it. Existing objects are left alone.
 func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS netip.Addr) error {
-	rc, err := clientcmd.BuildConfigFromFlags("", adminKubeconfig)
-	if err != nil {
-		return err
-	}
-	c, err := kubernetes.NewForConfig(rc)
+	c, err := adminClient(adminKubeconfig)
 	if err != nil {
 		return err
 	}
@@ -38,11 +34,6 @@ func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS ne
 			{APIGroups: []string{""}, Resources: []string{"services", "pods", "namespaces"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
 		},
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: dnsUser},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: dnsUser},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: dnsUser}},
 	}
 	service := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: "kube-system", Labels: map[string]string{"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
@@ -64,7 +55,7 @@ func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS ne
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: dnsUser},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: dnsUser}},
 	}
-	for _, create := range []func() error{
+	if err := createAll(ctx, "cluster DNS objects",
 		func() error {
 			_, err := c.RbacV1().Roles("kube-system").Create(ctx, customRole, metav1.CreateOptions{})
 			return err
@@ -73,18 +64,9 @@ func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS ne
 			_, err := c.RbacV1().RoleBindings("kube-system").Create(ctx, customBinding, metav1.CreateOptions{})
 			return err
 		},
-		func() error {
-			_, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{})
-			return err
-		},
-	} {
-		if err := create(); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create cluster DNS objects: %w", err)
-		}
+		func() error { return createClusterRole(ctx, c, role) },
+	); err != nil {
+		return err
 	}
 	// Looked up first: creating a Service whose ClusterIP is taken fails
 	// as invalid, not as already there.
@@ -102,13 +84,67 @@ func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS ne
 // startServiceLB runs the built-in load balancer controller with the
 // admin credentials.
 func startServiceLB(ctx context.Context, adminKubeconfig string) (*component.Running, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", adminKubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	c, err := kubernetes.NewForConfig(rc)
+	c, err := adminClient(adminKubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	return component.Go(ctx, "servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, c) }), nil
+}
+
+// controllerUser is the identity of the nodes' NetworkPolicy controllers
+// (pki's controller cert).
+const controllerUser = "system:kelp-controller"
+
+// ensureControllerAccess lets the nodes' NetworkPolicy controllers read
+// what decides who may talk to whom.
+func ensureControllerAccess(ctx context.Context, adminKubeconfig string) error {
+	c, err := adminClient(adminKubeconfig)
+	if err != nil {
+		return err
+	}
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: controllerUser},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"list", "watch"}},
+		},
+	}
+	return createAll(ctx, "node controller access", func() error { return createClusterRole(ctx, c, role) })
+}
+
+// createClusterRole creates role and binds it to the user of its name.
+func createClusterRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.ClusterRole) error {
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: role.Name}},
+	}
+	return createAll(ctx, "cluster role "+role.Name,
+		func() error {
+			_, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{})
+			return err
+		})
+}
+
+// createAll runs creates in order; objects that exist already are left
+// alone.
+func createAll(ctx context.Context, what string, creates ...func() error) error {
+	for _, create := range creates {
+		if err := create(); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create %s: %w", what, err)
+		}
+	}
+	return ctx.Err()
+}
+
+func adminClient(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", kubeconfig, err)
+	}
+	return kubernetes.NewForConfig(rc)
 }

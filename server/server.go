@@ -181,18 +181,25 @@ func run(ctx context.Context, cfg config.Server) error {
 				return err
 			}
 		}
+		if !cfg.Disable.NetworkPolicy {
+			if err := ensureControllerAccess(ctx, creds.admin); err != nil {
+				return err
+			}
+		}
 		node, err := agent.Start(run, cfg.Agent(), staged, agent.Credentials{
-			Server:      url,
-			ServerCA:    certs.ServerCA,
-			ClientCA:    certs.ClientCA,
-			KubeletCert: certs.KubeletClientCert,
-			KubeletKey:  certs.KubeletClientKey,
-			ServingCert: certs.KubeletServingCert,
-			ServingKey:  certs.KubeletServingKey,
-			ProxyCert:   certs.KubeProxyCert,
-			ProxyKey:    certs.KubeProxyKey,
-			DNSCert:     certs.DNSCert,
-			DNSKey:      certs.DNSKey,
+			Server:         url,
+			ServerCA:       certs.ServerCA,
+			ClientCA:       certs.ClientCA,
+			KubeletCert:    certs.KubeletClientCert,
+			KubeletKey:     certs.KubeletClientKey,
+			ServingCert:    certs.KubeletServingCert,
+			ServingKey:     certs.KubeletServingKey,
+			ProxyCert:      certs.KubeProxyCert,
+			ProxyKey:       certs.KubeProxyKey,
+			DNSCert:        certs.DNSCert,
+			DNSKey:         certs.DNSKey,
+			ControllerCert: certs.ControllerCert,
+			ControllerKey:  certs.ControllerKey,
 		})
 		if err != nil {
 			return err

@@ -16,23 +16,26 @@ type Agent struct {
 	ClusterDomain   string
 	KubeletArgs     []string
 	DisableDNS      bool
-	Debug           bool
+	// DisableNetworkPolicy leaves NetworkPolicies to another controller.
+	DisableNetworkPolicy bool
+	Debug                bool
 }
 
 // Agent is the configuration of the server's own node.
 func (s Server) Agent() Agent {
 	return Agent{
-		DataDir:         s.DataDir,
-		NodeName:        s.NodeName,
-		NodeIPs:         s.NodeIPs,
-		NodeLabels:      s.NodeLabels,
-		NodeTaints:      s.NodeTaints,
-		PrivateRegistry: s.PrivateRegistry,
-		ClusterCIDR:     s.ClusterCIDR,
-		ClusterDNS:      s.ClusterDNS,
-		ClusterDomain:   s.ClusterDomain,
-		KubeletArgs:     s.ExtraArgs.Kubelet,
-		DisableDNS:      s.Disable.CoreDNS,
-		Debug:           s.Debug,
+		DataDir:              s.DataDir,
+		NodeName:             s.NodeName,
+		NodeIPs:              s.NodeIPs,
+		NodeLabels:           s.NodeLabels,
+		NodeTaints:           s.NodeTaints,
+		PrivateRegistry:      s.PrivateRegistry,
+		ClusterCIDR:          s.ClusterCIDR,
+		ClusterDNS:           s.ClusterDNS,
+		ClusterDomain:        s.ClusterDomain,
+		KubeletArgs:          s.ExtraArgs.Kubelet,
+		DisableDNS:           s.Disable.CoreDNS,
+		DisableNetworkPolicy: s.Disable.NetworkPolicy,
+		Debug:                s.Debug,
 	}
 }

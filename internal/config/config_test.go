@@ -164,11 +164,18 @@ func TestValidation(t *testing.T) {
 }
 
 func TestDisable(t *testing.T) {
-	s, err := runServer(t, "--disable", "coredns", "--disable", "servicelb")
+	s, err := runServer(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !s.Disable.CoreDNS || !s.Disable.ServiceLB || !s.Agent().DisableDNS {
+	if s.Disable != (Disable{}) {
+		t.Errorf("by default disable = %+v, want nothing", s.Disable)
+	}
+	s, err = runServer(t, "--disable", "coredns", "--disable", "servicelb", "--disable-network-policy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Disable.CoreDNS || !s.Disable.ServiceLB || !s.Disable.NetworkPolicy || !s.Agent().DisableDNS || !s.Agent().DisableNetworkPolicy {
 		t.Errorf("disable = %+v", s.Disable)
 	}
 	if _, err := runServer(t, "--disable", "traefik"); err == nil || !strings.Contains(err.Error(), "want coredns or servicelb") {

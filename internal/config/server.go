@@ -50,6 +50,9 @@ type Datastore struct {
 type Disable struct {
 	CoreDNS   bool // cluster DNS on every node
 	ServiceLB bool // load balancer addresses for LoadBalancer Services
+	// NetworkPolicy is --disable-network-policy: no enforcement on the
+	// nodes, for a NetworkPolicy controller of the user's own.
+	NetworkPolicy bool
 }
 
 // ExtraArgs are user flags appended to the generated ones, "name=value" each.
@@ -72,7 +75,7 @@ type ServerInput struct {
 	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey string
 	configFile, privateRegistry                                 string
 	httpsPort                                                   int
-	clusterInit, disableAgent, debug                            bool
+	clusterInit, disableAgent, disableNetworkPolicy, debug      bool
 	nodeIPs, tlsSANs, apiserverArgs, cmArgs, schedulerArgs      cli.StringSlice
 	nodeLabels, nodeTaints, kubeletArgs, disable                cli.StringSlice
 }
@@ -107,6 +110,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
 		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: "/etc/kelp/registries.yaml", Destination: &in.privateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
 		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns or servicelb; repeatable"},
+		&cli.BoolFlag{Name: "disable-network-policy", EnvVars: env("disable-network-policy"), Destination: &in.disableNetworkPolicy, Usage: "do not enforce NetworkPolicies on the nodes"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
@@ -132,6 +136,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		WriteKubeconfig:      in.writeKubeconfig,
 		ClusterInit:          in.clusterInit,
 		DisableAgent:         in.disableAgent,
+		Disable:              Disable{NetworkPolicy: in.disableNetworkPolicy},
 		NodeLabels:           in.nodeLabels.Value(),
 		NodeTaints:           in.nodeTaints.Value(),
 		PrivateRegistry:      in.privateRegistry,

@@ -87,6 +87,7 @@ type Files struct {
 	KubeletServingCert, KubeletServingKey                 string // signed by ServerCA, so the apiserver verifies it
 	KubeProxyCert, KubeProxyKey                           string // system:kube-proxy, the node's Service proxy
 	DNSCert, DNSKey                                       string // system:kelp-dns, the node's DNS server
+	ControllerCert, ControllerKey                         string // system:kelp-controller, the node's NetworkPolicy controller
 	AuthProxyCert, AuthProxyKey                           string // signed by RequestHeaderCA
 
 	EtcdServerCert, EtcdServerKey string // serving and client, signed by EtcdServerCA
@@ -114,6 +115,7 @@ func layout(dir string) Files {
 		KubeletServingCert: p("serving-kubelet.crt"), KubeletServingKey: p("serving-kubelet.key"),
 		KubeProxyCert: p("client-kube-proxy.crt"), KubeProxyKey: p("client-kube-proxy.key"),
 		DNSCert: p("client-kelp-dns.crt"), DNSKey: p("client-kelp-dns.key"),
+		ControllerCert: p("client-kelp-controller.crt"), ControllerKey: p("client-kelp-controller.key"),
 		AuthProxyCert: p("client-auth-proxy.crt"), AuthProxyKey: p("client-auth-proxy.key"),
 		EtcdServerCert: p("etcd/server-client.crt"), EtcdServerKey: p("etcd/server-client.key"),
 		EtcdClientCert: p("etcd/client.crt"), EtcdClientKey: p("etcd/client.key"),
@@ -132,7 +134,7 @@ func (f Files) all() []string {
 		f.APIServerKubeletClientCert, f.APIServerKubeletClientKey,
 		f.SupervisorCert, f.SupervisorKey,
 		f.KubeletClientCert, f.KubeletClientKey, f.KubeletServingCert, f.KubeletServingKey,
-		f.KubeProxyCert, f.KubeProxyKey, f.DNSCert, f.DNSKey,
+		f.KubeProxyCert, f.KubeProxyKey, f.DNSCert, f.DNSKey, f.ControllerCert, f.ControllerKey,
 		f.AuthProxyCert, f.AuthProxyKey,
 		f.EtcdServerCert, f.EtcdServerKey, f.EtcdClientCert, f.EtcdClientKey,
 		f.EtcdPeerCert, f.EtcdPeerKey,
@@ -211,6 +213,7 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		{ca: serverCA, cert: f.KubeletServingCert, key: f.KubeletServingKey, cn: strings.ToLower(cfg.Hostname), usages: serverAuth, sans: nodeSANs},
 		{ca: clientCA, cert: f.KubeProxyCert, key: f.KubeProxyKey, cn: "system:kube-proxy", usages: clientAuth},
 		{ca: clientCA, cert: f.DNSCert, key: f.DNSKey, cn: "system:kelp-dns", usages: clientAuth},
+		{ca: clientCA, cert: f.ControllerCert, key: f.ControllerKey, cn: "system:kelp-controller", usages: clientAuth},
 		{ca: requestHeaderCA, cert: f.AuthProxyCert, key: f.AuthProxyKey, cn: "system:auth-proxy", usages: clientAuth},
 		{ca: etcdServerCA, cert: f.EtcdServerCert, key: f.EtcdServerKey, cn: "etcd-server", usages: serverClientAuth, sans: nodeSANs},
 		{ca: etcdServerCA, cert: f.EtcdClientCert, key: f.EtcdClientKey, cn: "etcd-client", usages: clientAuth},

@@ -159,6 +159,7 @@ func leafCases(f Files) []leafCase {
 		{"kubelet-serving", f.KubeletServingCert, f.KubeletServingKey, f.ServerCA, serverAuth, "node-1", nil},
 		{"kube-proxy", f.KubeProxyCert, f.KubeProxyKey, f.ClientCA, clientAuth, "system:kube-proxy", nil},
 		{"dns", f.DNSCert, f.DNSKey, f.ClientCA, clientAuth, "system:kelp-dns", nil},
+		{"controller", f.ControllerCert, f.ControllerKey, f.ClientCA, clientAuth, "system:kelp-controller", nil},
 		{"auth-proxy", f.AuthProxyCert, f.AuthProxyKey, f.RequestHeaderCA, clientAuth, "system:auth-proxy", nil},
 		{"etcd-server", f.EtcdServerCert, f.EtcdServerKey, f.EtcdServerCA, serverClientAuth, "etcd-server", nil},
 		{"etcd-client", f.EtcdClientCert, f.EtcdClientKey, f.EtcdServerCA, clientAuth, "etcd-client", nil},
@@ -173,7 +174,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 	wantNames := []string{
 		"client-admin.crt", "client-admin.key", "client-auth-proxy.crt", "client-auth-proxy.key",
 		"client-ca.crt", "client-ca.key", "client-controller.crt", "client-controller.key",
-		"client-kelp-dns.crt", "client-kelp-dns.key", "client-kelp-supervisor.crt", "client-kelp-supervisor.key",
+		"client-kelp-controller.crt", "client-kelp-controller.key", "client-kelp-dns.crt", "client-kelp-dns.key", "client-kelp-supervisor.crt", "client-kelp-supervisor.key",
 		"client-kube-apiserver.crt", "client-kube-apiserver.key", "client-kube-proxy.crt", "client-kube-proxy.key",
 		"client-kubelet.crt", "client-kubelet.key",
 		"client-scheduler.crt", "client-scheduler.key", "etcd",
@@ -262,7 +263,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 	}
 
 	// One Info line per created CA, leaf and key file; nothing louder.
-	if got, want := len(infoEntries(hook)), 5+2+14; got != want {
+	if got, want := len(infoEntries(hook)), 5+2+15; got != want {
 		t.Errorf("logged %d entries at Info or above, want %d", got, want)
 	}
 	for _, e := range hook.AllEntries() {

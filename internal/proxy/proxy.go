@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 )
 
 // coalesce is how long the proxy waits after a change for more before it
@@ -84,7 +85,12 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 			}
 		}
 	}
+	health := newHealthServer()
+	defer health.close()
+	check := time.NewTicker(tamperCheck)
+	defer check.Stop()
 	var applied []Port
+	var chains int // in the table as applied
 	for {
 		svcs, err := services.Lister().List(labels.Everything())
 		if err != nil {
@@ -98,7 +104,7 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("proxy: %w", err)
 		}
-		ports := append(Ports(svcs, eps, cfg.ClusterDNS), HostPorts(nodePods)...)
+		ports := append(Ports(svcs, eps, cfg.NodeName, cfg.ClusterDNS), HostPorts(nodePods)...)
 		if applied == nil || !reflect.DeepEqual(ports, applied) {
 			started := time.Now()
 			if err := Apply(conn, cfg.ClusterCIDR, ports); err != nil {
@@ -108,12 +114,28 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 				log.WithError(err).Warn("could not forget UDP flows to removed endpoints")
 			}
 			applied = ports
+			chains = countChains(conn)
 			log.WithFields(logrus.Fields{"ports": len(ports), "took": time.Since(started).Round(time.Microsecond)}).Debug("programmed Services")
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-changed:
+		if err := health.update(HealthChecks(svcs, eps, cfg.NodeName)); err != nil {
+			log.WithError(err).Warn("could not serve a health check port")
+		}
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-changed:
+				break wait
+			case <-check.C:
+				// Someone flushed the ruleset (a firewall reload, say):
+				// program everything again.
+				if countChains(conn) != chains {
+					log.Warnf("nftables table %s was changed by someone else; programming it again", Table)
+					applied = nil
+					break wait
+				}
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -123,23 +145,37 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 	}
 }
 
+// tamperCheck is how often the proxy checks that its table is still as it
+// made it.
+const tamperCheck = 10 * time.Second
+
+// countChains counts the chains of the proxy's table: -1 if there is no
+// such table.
+func countChains(c *nftables.Conn) int {
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return -1
+	}
+	n := -1
+	for _, ch := range chains {
+		if ch.Table.Name == Table {
+			n = max(n, 0) + 1
+		}
+	}
+	return n
+}
+
 var protocols = map[corev1.Protocol]uint8{
 	corev1.ProtocolTCP:  unix.IPPROTO_TCP,
 	corev1.ProtocolUDP:  unix.IPPROTO_UDP,
 	corev1.ProtocolSCTP: unix.IPPROTO_SCTP,
 }
 
-// Ports returns what the proxy programs for svcs and their endpoint
-// slices, in a stable order: every port of every Service with an IPv4
-// ClusterIP other than skip, with the addresses of its ready endpoints.
-func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, skip netip.Addr) []Port {
-	bySvc := map[string][]*discoveryv1.EndpointSlice{}
-	for _, s := range eps {
-		if s.AddressType == discoveryv1.AddressTypeIPv4 {
-			key := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
-			bySvc[key] = append(bySvc[key], s)
-		}
-	}
+// Ports returns what the proxy of node programs for svcs and their
+// endpoint slices, in a stable order: every port of every Service with an
+// IPv4 ClusterIP other than skip.
+func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, node string, skip netip.Addr) []Port {
+	bySvc := slicesByService(eps)
 	var out []Port
 	for _, svc := range svcs {
 		ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
@@ -156,7 +192,15 @@ func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, skip netip.
 				p.NodePort = uint16(sp.NodePort)
 			}
 			p.ExternalIPs = externalIPs(svc)
-			p.Endpoints = readyEndpoints(bySvc[svc.Namespace+"/"+svc.Name], sp)
+			all := endpointsOf(bySvc[svc.Namespace+"/"+svc.Name], sp, node)
+			p.Endpoints = usable(all, ptr.Deref(svc.Spec.InternalTrafficPolicy, corev1.ServiceInternalTrafficPolicyCluster) == corev1.ServiceInternalTrafficPolicyLocal)
+			if externalLocal(svc) {
+				p.ExternalLocal = true
+				p.LocalEndpoints = usable(all, true)
+			}
+			if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+				p.Affinity = affinityTimeout(svc)
+			}
 			out = append(out, p)
 		}
 	}
@@ -164,6 +208,23 @@ func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, skip netip.
 		return cmp.Or(a.ClusterIP.Compare(b.ClusterIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
 	return out
+}
+
+// externalLocal says whether traffic from outside the cluster stays on the
+// node it arrives at (externalTrafficPolicy Local); only Services that
+// take such traffic have the policy.
+func externalLocal(svc *corev1.Service) bool {
+	external := svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer || len(svc.Spec.ExternalIPs) > 0
+	return external && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+}
+
+// affinityTimeout is how long a client sticks to its endpoint; the API
+// defaults it to 3 hours.
+func affinityTimeout(svc *corev1.Service) time.Duration {
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		return time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+	}
+	return time.Duration(corev1.DefaultClientIPServiceAffinitySeconds) * time.Second
 }
 
 // HostPorts returns the hostPorts of running pods, on every address of
@@ -206,34 +267,5 @@ func externalIPs(svc *corev1.Service) []netip.Addr {
 		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
-}
-
-// readyEndpoints are the addresses serving sp: endpoints the slices call
-// ready (no condition means ready), on the slice port of the same name.
-func readyEndpoints(eps []*discoveryv1.EndpointSlice, sp corev1.ServicePort) []netip.AddrPort {
-	var out []netip.AddrPort
-	for _, s := range eps {
-		var target int32
-		for _, p := range s.Ports {
-			if p.Name != nil && *p.Name == sp.Name && p.Port != nil && (p.Protocol == nil || *p.Protocol == sp.Protocol) {
-				target = *p.Port
-			}
-		}
-		if target == 0 {
-			continue
-		}
-		for _, e := range s.Endpoints {
-			if e.Conditions.Ready != nil && !*e.Conditions.Ready {
-				continue
-			}
-			for _, a := range e.Addresses {
-				if ip, err := netip.ParseAddr(a); err == nil {
-					out = append(out, netip.AddrPortFrom(ip, uint16(target)))
-				}
-			}
-		}
-	}
-	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
 	return slices.Compact(out)
 }

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -28,8 +29,14 @@ func slice(svc string, port string, number int32, endpoints ...discoveryv1.Endpo
 	}
 }
 
-func endpoint(ip string, ready *bool) discoveryv1.Endpoint {
+func ep(ip string, ready *bool) discoveryv1.Endpoint {
 	return discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ready}}
+}
+
+// onNode is an endpoint on node with the given conditions.
+func onNode(ip, node string, ready, serving, terminating bool) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: []string{ip}, NodeName: ptr.To(node),
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(ready), Serving: ptr.To(serving), Terminating: ptr.To(terminating)}}
 }
 
 func TestPorts(t *testing.T) {
@@ -43,14 +50,14 @@ func TestPorts(t *testing.T) {
 	eps := []*discoveryv1.EndpointSlice{
 		// Ready unset counts as ready; not ready is left out; duplicates
 		// across slices collapse.
-		slice("web", "http", 8080, endpoint("10.42.0.7", nil), endpoint("10.42.0.6", ptr.To(true)), endpoint("10.42.0.9", ptr.To(false))),
-		slice("web", "http", 8080, endpoint("10.42.0.6", ptr.To(true))),
-		slice("web", "metrics", 9090, endpoint("10.42.0.8", nil)), // another port's slice
-		slice("api", "", 6443, endpoint("10.99.0.2", nil)),
+		slice("web", "http", 8080, ep("10.42.0.7", nil), ep("10.42.0.6", ptr.To(true)), ep("10.42.0.9", ptr.To(false))),
+		slice("web", "http", 8080, ep("10.42.0.6", ptr.To(true))),
+		slice("web", "metrics", 9090, ep("10.42.0.8", nil)), // another port's slice
+		slice("api", "", 6443, ep("10.99.0.2", nil)),
 	}
 	svcs[0].Spec.ExternalIPs = []string{"192.0.2.7"}
 	svcs[0].Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "10.99.0.2"}, {Hostname: "lb.example"}}
-	got := Ports(svcs, eps, netip.MustParseAddr("10.43.0.10"))
+	got := Ports(svcs, eps, "node-a", netip.MustParseAddr("10.43.0.10"))
 	want := []Port{
 		{ClusterIP: netip.MustParseAddr("10.43.0.5"), Protocol: unix.IPPROTO_TCP, Port: 443,
 			Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.99.0.2:6443")}},
@@ -65,7 +72,7 @@ func TestPorts(t *testing.T) {
 
 func TestStaleUDPFlows(t *testing.T) {
 	ip := netip.MustParseAddr("10.43.0.53")
-	ep := func(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+	ep := netip.MustParseAddrPort
 	before := []Port{
 		{ClusterIP: ip, Protocol: unix.IPPROTO_UDP, Port: 53, NodePort: 30053, Endpoints: []netip.AddrPort{ep("10.42.0.5:53"), ep("10.42.0.6:53")}},
 		{ClusterIP: ip, Protocol: unix.IPPROTO_TCP, Port: 53, Endpoints: []netip.AddrPort{ep("10.42.0.5:53")}},
@@ -111,5 +118,104 @@ func TestHostPorts(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("HostPorts = %+v, want %+v", got, want)
+	}
+}
+
+func TestPortsTrafficPolicies(t *testing.T) {
+	addrs := func(s ...string) []netip.AddrPort {
+		var out []netip.AddrPort
+		for _, a := range s {
+			out = append(out, netip.MustParseAddrPort(a))
+		}
+		return out
+	}
+	http := corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP}
+	for _, tc := range []struct {
+		name      string
+		configure func(*corev1.Service)
+		endpoints []discoveryv1.Endpoint
+		want      Port
+	}{
+		{
+			name: "cluster policies use every ready endpoint",
+			endpoints: []discoveryv1.Endpoint{
+				onNode("10.42.0.5", "node-a", true, true, false),
+				onNode("10.42.1.5", "node-b", true, true, false),
+				onNode("10.42.1.6", "node-b", false, false, false), // starting up
+			},
+			want: Port{Endpoints: addrs("10.42.0.5:8080", "10.42.1.5:8080")},
+		},
+		{
+			name: "external traffic policy Local",
+			configure: func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			},
+			endpoints: []discoveryv1.Endpoint{
+				onNode("10.42.0.5", "node-a", true, true, false),
+				onNode("10.42.1.5", "node-b", true, true, false),
+			},
+			want: Port{Endpoints: addrs("10.42.0.5:8080", "10.42.1.5:8080"), ExternalLocal: true, LocalEndpoints: addrs("10.42.0.5:8080")},
+		},
+		{
+			name: "internal traffic policy Local",
+			configure: func(s *corev1.Service) {
+				s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+			},
+			endpoints: []discoveryv1.Endpoint{
+				onNode("10.42.0.5", "node-a", true, true, false),
+				onNode("10.42.1.5", "node-b", true, true, false),
+			},
+			want: Port{Endpoints: addrs("10.42.0.5:8080")},
+		},
+		{
+			name: "terminating endpoints serve only when no ready one is left",
+			endpoints: []discoveryv1.Endpoint{
+				onNode("10.42.0.5", "node-a", false, true, true),
+				onNode("10.42.0.6", "node-a", false, false, true), // no longer serving
+				onNode("10.42.1.5", "node-b", true, true, false),
+			},
+			want: Port{Endpoints: addrs("10.42.1.5:8080")},
+		},
+		{
+			name: "terminating endpoints as the last resort, per policy",
+			configure: func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			},
+			endpoints: []discoveryv1.Endpoint{
+				onNode("10.42.0.5", "node-a", false, true, true),
+				onNode("10.42.1.5", "node-b", true, true, false),
+			},
+			want: Port{Endpoints: addrs("10.42.1.5:8080"), ExternalLocal: true, LocalEndpoints: addrs("10.42.0.5:8080")},
+		},
+		{
+			name: "client IP affinity, default timeout",
+			configure: func(s *corev1.Service) {
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			},
+			endpoints: []discoveryv1.Endpoint{onNode("10.42.0.5", "node-a", true, true, false)},
+			want:      Port{Endpoints: addrs("10.42.0.5:8080"), Affinity: 3 * time.Hour},
+		},
+		{
+			name: "client IP affinity with its timeout",
+			configure: func(s *corev1.Service) {
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+				s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
+			},
+			endpoints: []discoveryv1.Endpoint{onNode("10.42.0.5", "node-a", true, true, false)},
+			want:      Port{Endpoints: addrs("10.42.0.5:8080"), Affinity: time.Minute},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := service("web", "10.43.0.20", corev1.ServiceTypeNodePort, http)
+			if tc.configure != nil {
+				tc.configure(svc)
+			}
+			got := Ports([]*corev1.Service{svc}, []*discoveryv1.EndpointSlice{slice("web", "http", 8080, tc.endpoints...)}, "node-a", netip.Addr{})
+			want := tc.want
+			want.ClusterIP, want.Protocol, want.Port, want.NodePort = netip.MustParseAddr("10.43.0.20"), unix.IPPROTO_TCP, 80, 30080
+			if len(got) != 1 || !reflect.DeepEqual(got[0], want) {
+				t.Errorf("Ports =\n%+v\nwant\n%+v", got, want)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
@@ -46,12 +47,30 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 			// A hostPort, and one that collides with a NodePort: the Service wins.
 			{Protocol: unix.IPPROTO_TCP, NodePort: 8443, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.7:443")}},
 			{Protocol: unix.IPPROTO_UDP, NodePort: 30053, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.8:53")}},
+			// externalTrafficPolicy Local and client IP affinity.
+			{ClusterIP: netip.MustParseAddr("10.43.0.40"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30040,
+				Endpoints:     []netip.AddrPort{netip.MustParseAddrPort("10.42.0.5:80"), netip.MustParseAddrPort("10.42.1.5:80")},
+				ExternalLocal: true, LocalEndpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.5:80")},
+				Affinity: time.Minute},
 		}
 		cidr := netip.MustParsePrefix("10.42.0.0/16")
-		for range 2 { // the second apply replaces the first
-			if err := Apply(c, cidr, ports); err != nil {
-				t.Fatal(err)
-			}
+		if err := Apply(c, cidr, ports); err != nil {
+			t.Fatal(err)
+		}
+		// A client that stuck to an endpoint still does after the table
+		// is replaced.
+		sticky := &nftables.Set{Table: &nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4}, Name: "affinity-10.43.0.40-6-80-10.42.1.5:80", KeyType: nftables.TypeIPAddr, HasTimeout: true}
+		if err := c.SetAddElements(sticky, []nftables.SetElement{{Key: []byte{10, 42, 3, 3}, Timeout: 30 * time.Second}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatalf("add an affinity entry: %v", err)
+		}
+		if err := Apply(c, cidr, ports); err != nil {
+			t.Fatal(err)
+		}
+		if elems, err := c.GetSetElements(sticky); err != nil || len(elems) != 1 || elems[0].Expires <= 0 || elems[0].Expires > 30*time.Second {
+			t.Errorf("affinity entries after a sync: %+v %v, want the one client with its time left", elems, err)
 		}
 		tables, err := c.ListTables()
 		if err != nil || len(tables) != 1 || tables[0].Name != Table {
@@ -62,8 +81,9 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 		// services, prerouting, output, postrouting, three filter chains;
-		// a chain per Service port with endpoints and per endpoint.
-		if got, want := len(chains), 7+4+5; got != want {
+		// a chain per Service port with endpoints and per endpoint, and
+		// an external chain for externalTrafficPolicy Local.
+		if got, want := len(chains), 7+5+7+1; got != want {
 			t.Errorf("%d chains, want %d", got, want)
 		}
 		set, err := c.GetSetByName(tables[0], "service-ips")
@@ -71,8 +91,8 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 		elems, err := c.GetSetElements(set)
-		if err != nil || len(elems) != 3 {
-			t.Errorf("service-ips holds %d elements (%v), want 3 (two ClusterIPs, an external IP)", len(elems), err)
+		if err != nil || len(elems) != 4 {
+			t.Errorf("service-ips holds %d elements (%v), want 4 (three ClusterIPs, an external IP)", len(elems), err)
 		}
 		set, err = c.GetSetByName(tables[0], "no-endpoints")
 		if err != nil {
@@ -85,8 +105,8 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if elems, err := c.GetSetElements(set); err != nil || len(elems) != 2 {
-			t.Errorf("service-nodeports holds %d elements (%v), want 2 (a NodePort, a hostPort)", len(elems), err)
+		if elems, err := c.GetSetElements(set); err != nil || len(elems) != 3 {
+			t.Errorf("service-nodeports holds %d elements (%v), want 3 (two NodePorts, a hostPort)", len(elems), err)
 		}
 	})
 }

@@ -1,7 +1,7 @@
 // Command testapp is the one program in the cluster tests' container image.
 //
 //	testapp serve [-listen :8080]  HTTP: / answers "<hostname> <client addr>", /healthz, /file?path=
-//	testapp get URL                 print the body of an HTTP GET (exit 1 on failure)
+//	testapp get URL [TIMEOUT]       print the body of an HTTP GET (exit 1 on failure; default timeout 5s)
 //	testapp cat FILE                print a file
 //	testapp exit CODE               exit with CODE (for Jobs)
 //	testapp udpserve [-listen :5353] UDP: answer every datagram with the hostname
@@ -37,6 +37,11 @@ func main() {
 		serve(*listen)
 	case "get":
 		client := http.Client{Timeout: 5 * time.Second}
+		if len(os.Args) > 3 {
+			timeout, err := time.ParseDuration(os.Args[3])
+			exitOn(err)
+			client.Timeout = timeout
+		}
 		resp, err := client.Get(os.Args[2])
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -1,0 +1,347 @@
+package netpol
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// inNewNetns runs fn on a thread in a network namespace of its own, so the
+// test never touches the machine's nftables. The thread is discarded after.
+func inNewNetns(t *testing.T, fn func()) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: Go retires the thread
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			t.Errorf("unshare: %v", err)
+			return
+		}
+		fn()
+	}()
+	<-done
+}
+
+// setElements counts the elements of each set of the table.
+func setElements(t *testing.T, c *nftables.Conn) map[string]int {
+	t.Helper()
+	sets, err := c.GetSets(&nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, s := range sets {
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			t.Fatalf("elements of %s: %v", s.Name, err)
+		}
+		out[s.Name] = len(elems)
+	}
+	return out
+}
+
+func TestApplyProgramsTheKernel(t *testing.T) {
+	inNewNetns(t, func() {
+		c, err := nftables.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		everyoneElse := ranges("10.42.1.5", "10.42.2.0-10.42.2.255")
+		r := Ruleset{
+			Ingress: []Chain{
+				{Pods: addrs("10.42.0.10", "10.42.0.11"), Rules: []Rule{
+					{Protocol: unix.IPPROTO_TCP, FirstPort: 8000, LastPort: 8100},
+					{Peers: everyoneElse, Protocol: unix.IPPROTO_TCP, FirstPort: 80, LastPort: 80},
+					{Peers: everyoneElse, Protocol: unix.IPPROTO_UDP},
+					{Peers: ranges("0.0.0.0-9.255.255.255", "11.0.0.0-255.255.255.255")},
+				}},
+				{Pods: addrs("10.42.0.12")},
+			},
+			Egress: []Chain{{Pods: addrs("10.42.0.11"), Rules: []Rule{
+				{Peers: ranges("10.43.0.10"), Protocol: unix.IPPROTO_UDP, FirstPort: 53, LastPort: 53},
+				{Protocol: unix.IPPROTO_SCTP, FirstPort: 9999, LastPort: 9999},
+			}}},
+		}
+		// The second apply replaces the first, and a third the second.
+		for _, r := range []Ruleset{{Ingress: []Chain{{Pods: addrs("10.42.0.99")}}}, {}, r} {
+			if err := Apply(c, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tables, err := c.ListTables()
+		if err != nil || len(tables) != 1 || tables[0].Name != Table {
+			t.Fatalf("tables %v, %v", tables, err)
+		}
+		chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rules := map[string]int{}
+		for _, ch := range chains {
+			got, err := c.GetRules(ch.Table, ch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rules[ch.Name] = len(got)
+		}
+		wantRules := map[string]int{"forward": 3, "ingress-0": 5, "ingress-1": 1, "egress-0": 3}
+		if fmt.Sprint(rules) != fmt.Sprint(wantRules) {
+			t.Errorf("rules per chain %v, want %v", rules, wantRules)
+		}
+		// Peer sets are shared by the rules that name the same peers; an
+		// interval ends at the address after it unless it runs to the end.
+		wantElems := map[string]int{"egress-pods": 1, "ingress-pods": 3, "peers-0": 2, "peers-1": 4, "peers-2": 3}
+		if got := setElements(t, c); fmt.Sprint(got) != fmt.Sprint(wantElems) {
+			t.Errorf("set elements %v, want %v", got, wantElems)
+		}
+
+		if ok, err := intact(c, r); err != nil || !ok {
+			t.Errorf("intact after Apply = %v, %v", ok, err)
+		}
+		if ok, err := intact(c, Ruleset{}); err != nil || ok {
+			t.Errorf("intact for another ruleset = %v, %v", ok, err)
+		}
+		for _, ch := range chains {
+			if ch.Name == "ingress-0" {
+				got, _ := c.GetRules(ch.Table, ch)
+				if err := c.DelRule(got[0]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := intact(c, r); err != nil || ok {
+			t.Errorf("intact without a rule = %v, %v", ok, err)
+		}
+
+		for range 2 { // removing what is gone is no error
+			if err := Remove(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if tables, err := c.ListTables(); err != nil || len(tables) != 0 {
+			t.Errorf("after Remove: tables %v, %v", tables, err)
+		}
+		if ok, err := intact(c, r); err != nil || ok {
+			t.Errorf("intact without the table = %v, %v", ok, err)
+		}
+	})
+}
+
+// podNetns is a network namespace standing in for a pod's, with a thread
+// in it that runs what it is given.
+type podNetns struct {
+	fd    int
+	funcs chan func()
+}
+
+func newPodNetns(t *testing.T) (*podNetns, error) {
+	p := &podNetns{funcs: make(chan func())}
+	ready := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked: Go retires the thread
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ready <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			ready <- err
+			return
+		}
+		p.fd = fd
+		ready <- nil
+		for f := range p.funcs {
+			f()
+		}
+	}()
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() {
+		close(p.funcs)
+		unix.Close(p.fd)
+	})
+	return p, nil
+}
+
+func (p *podNetns) do(f func() error) error {
+	errs := make(chan error)
+	p.funcs <- func() { errs <- f() }
+	return <-errs
+}
+
+// connects reports whether a TCP connection from p to addr is set up, or
+// is dropped (times out).
+func (p *podNetns) connects(addr string) (bool, error) {
+	var ok bool
+	err := p.do(func() error {
+		c, err := net.DialTimeout("tcp4", addr, 500*time.Millisecond)
+		if err == nil {
+			ok = true
+			return c.Close()
+		}
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			return nil
+		}
+		return err
+	})
+	return ok, err
+}
+
+// TestEnforcement puts four pods on a bridge, as the CNI bridge does, and
+// checks which connections between them the compiled policies let through.
+func TestEnforcement(t *testing.T) {
+	// br_netfilter hands bridged packets to the forward hook; it is in
+	// the kernel if its sysctls are.
+	if _, err := os.Stat("/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil {
+		t.Skip("needs br_netfilter")
+	}
+	inNewNetns(t, func() {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+		if err := netlink.LinkAdd(br); err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(br); err != nil {
+			t.Fatal(err)
+		}
+		var pods []*corev1.Pod
+		netns := map[string]*podNetns{}
+		for i, name := range []string{"a", "b", "c", "d"} {
+			ip := fmt.Sprintf("10.42.0.%d", 2+i)
+			p, err := newPodNetns(t)
+			if err != nil {
+				t.Fatal(err)
+			}
+			netns[name] = p
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth-" + name, MasterIndex: br.Index}, PeerName: "pod-" + name}); err != nil {
+				t.Fatal(err)
+			}
+			for _, err := range []error{
+				linkDo("veth-"+name, netlink.LinkSetUp),
+				linkDo("pod-"+name, func(l netlink.Link) error { return netlink.LinkSetNsFd(l, p.fd) }),
+				p.do(func() error {
+					if err := linkDo("pod-"+name, func(l netlink.Link) error {
+						return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(ip).To4(), Mask: net.CIDRMask(24, 32)}})
+					}); err != nil {
+						return err
+					}
+					return linkDo("pod-"+name, netlink.LinkSetUp)
+				}),
+			} {
+				if err != nil {
+					t.Fatalf("pod %s: %v", name, err)
+				}
+			}
+			pod := pod("default", name, ip, node, map[string]string{"app": name})
+			if name == "b" {
+				ports(corev1.ContainerPort{Name: "http", ContainerPort: 8080})(pod)
+			}
+			pods = append(pods, pod)
+		}
+		for name, ports := range map[string][]int{"a": {8080}, "b": {8080, 9090}, "d": {8080}} {
+			for _, port := range ports {
+				if err := netns[name].do(func() error {
+					l, err := net.Listen("tcp4", fmt.Sprintf(":%d", port))
+					if err != nil {
+						return err
+					}
+					t.Cleanup(func() { l.Close() })
+					go func() {
+						for {
+							c, err := l.Accept()
+							if err != nil {
+								return
+							}
+							c.Close()
+						}
+					}()
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+
+		policies := []*networkingv1.NetworkPolicy{
+			policy("default", "b-from-a", networkingv1.NetworkPolicySpec{
+				PodSelector: *selects(map[string]string{"app": "b"}),
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: selects(map[string]string{"app": "a"})}},
+					Ports: []networkingv1.NetworkPolicyPort{named("http")},
+				}},
+			}),
+			policy("default", "b-no-egress", networkingv1.NetworkPolicySpec{
+				PodSelector: *selects(map[string]string{"app": "b"}),
+				PolicyTypes: egressOnly,
+			}),
+			policy("default", "c-egress", networkingv1.NetworkPolicySpec{
+				PodSelector: *selects(map[string]string{"app": "c"}),
+				PolicyTypes: egressOnly,
+				Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{
+					{IPBlock: &networkingv1.IPBlock{CIDR: "10.42.0.0/24", Except: []string{"10.42.0.5/32"}}},
+				}}},
+			}),
+		}
+		r := Compile(policies, pods, []*corev1.Namespace{namespace("default", nil)}, node)
+		c, err := nftables.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Apply(c, r); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			from, to string
+			want     bool
+			why      string
+		}{
+			{"a", "10.42.0.3:8080", true, "allowed peer and named port; the replies of b, which may not start connections, pass"},
+			{"a", "10.42.0.3:9090", false, "a port the policy does not name"},
+			{"d", "10.42.0.3:8080", false, "a peer the policy does not name"},
+			{"b", "10.42.0.2:8080", false, "b may not start connections"},
+			{"c", "10.42.0.2:8080", true, "c may reach its ipBlock, a is not isolated"},
+			{"c", "10.42.0.5:8080", false, "d is an except of c's ipBlock"},
+			{"c", "10.42.0.3:8080", false, "c may send, but b may not receive from c"},
+			{"d", "10.42.0.2:8080", true, "neither d nor a is isolated"},
+		} {
+			got, err := netns[tc.from].connects(tc.to)
+			if err != nil {
+				t.Errorf("%s -> %s: %v", tc.from, tc.to, err)
+			} else if got != tc.want {
+				t.Errorf("%s -> %s connects = %v, want %v: %s", tc.from, tc.to, got, tc.want, tc.why)
+			}
+		}
+		if err := Remove(c); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := netns["d"].connects("10.42.0.3:8080"); err != nil || !ok {
+			t.Errorf("without the table d -> b connects = %v, %v", ok, err)
+		}
+	})
+}
+
+// linkDo runs f on the link called name in the thread's namespace.
+func linkDo(name string, f func(netlink.Link) error) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return f(l)
+}
