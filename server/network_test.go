@@ -212,6 +212,11 @@ func TestNetwork(t *testing.T) {
 	t.Run("network policy", func(t *testing.T) {
 		networkPolicyTable(t, n)
 	})
+	// CoreDNS's kubernetes plugin takes klog over when it loads; kelp
+	// takes it back, so the kubelet's lines keep their own component.
+	if n.Logged("plugin/kubernetes: Observed pod startup duration") {
+		t.Error("the kubelet logs through CoreDNS's logger")
+	}
 }
 
 // apply writes manifest to a file and applies it.

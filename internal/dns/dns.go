@@ -15,6 +15,8 @@ import (
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/vishvananda/netlink"
+
+	"github.com/kelp-dev/kelp/internal/logging"
 )
 
 // AddressLabel marks the cluster DNS address kelp puts on the loopback
@@ -76,6 +78,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	dnsserver.Quiet = true // no banner on kelp's output
 	instance, err := caddy.Start(input)
+	logging.RouteKlog()
 	if err != nil {
 		return nil, fmt.Errorf("dns: start CoreDNS: %w", err)
 	}
@@ -115,6 +118,7 @@ func (s *Server) Customize(custom Custom) error {
 		return err
 	}
 	instance, err := s.instance.Restart(input)
+	logging.RouteKlog()
 	if err != nil {
 		// Put the file back to what runs.
 		_, _ = writeCorefile(s.cfg, s.custom)

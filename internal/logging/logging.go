@@ -28,6 +28,13 @@ func Setup(debug bool) {
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
 	_ = fs.Set("v", strconv.Itoa(verbosity))
+	RouteKlog()
+}
+
+// RouteKlog sends klog's output to logrus. Setup does it; call it again
+// after a library took klog over (CoreDNS's kubernetes plugin does at
+// every configuration load).
+func RouteKlog() {
 	klog.SetLogger(logr.New(&sink{entry: logrus.WithField("component", "k8s")}))
 }
 
