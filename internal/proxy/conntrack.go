@@ -46,30 +46,36 @@ func staleUDPFlows(before, now []Port) []staleFlow {
 	return stale
 }
 
-// portKey identifies a Service port across syncs.
+// portKey identifies a Service port or a hostPort across syncs.
 type portKey struct {
 	ip       netip.Addr
 	protocol uint8
 	port     uint16
+	nodePort uint16
 }
 
 func key(p Port) portKey {
-	return portKey{p.ClusterIP, p.Protocol, p.Port}
+	return portKey{p.ClusterIP, p.Protocol, p.Port, p.NodePort}
 }
 
 // forget deletes the conntrack entries of stale flows, through the
-// ClusterIP and through the NodePort.
+// ClusterIP, the external addresses and the NodePort.
 func forget(stale []staleFlow) error {
 	var errs []error
 	for _, s := range stale {
 		var filters []netlink.CustomConntrackFilter
-		viaClusterIP := &netlink.ConntrackFilter{}
-		errs = append(errs,
-			viaClusterIP.AddProtocol(unix.IPPROTO_UDP),
-			viaClusterIP.AddIP(netlink.ConntrackOrigDstIP, net.IP(s.port.ClusterIP.AsSlice())),
-			viaClusterIP.AddPort(netlink.ConntrackOrigDstPort, s.port.Port),
-			viaClusterIP.AddIP(netlink.ConntrackReplySrcIP, net.IP(s.endpoint.AsSlice())))
-		filters = append(filters, viaClusterIP)
+		for _, ip := range append([]netip.Addr{s.port.ClusterIP}, s.port.ExternalIPs...) {
+			if !ip.IsValid() {
+				continue // a hostPort
+			}
+			viaIP := &netlink.ConntrackFilter{}
+			errs = append(errs,
+				viaIP.AddProtocol(unix.IPPROTO_UDP),
+				viaIP.AddIP(netlink.ConntrackOrigDstIP, net.IP(ip.AsSlice())),
+				viaIP.AddPort(netlink.ConntrackOrigDstPort, s.port.Port),
+				viaIP.AddIP(netlink.ConntrackReplySrcIP, net.IP(s.endpoint.AsSlice())))
+			filters = append(filters, viaIP)
+		}
 		if s.port.NodePort != 0 {
 			viaNodePort := &netlink.ConntrackFilter{}
 			errs = append(errs,

@@ -228,7 +228,7 @@ func affinityTimeout(svc *corev1.Service) time.Duration {
 }
 
 // HostPorts returns the hostPorts of running pods, on every address of
-// the node (a hostIP is not honoured yet), in a stable order.
+// the node or on their hostIP, in a stable order.
 func HostPorts(pods []*corev1.Pod) []Port {
 	var out []Port
 	for _, pod := range pods {
@@ -242,13 +242,19 @@ func HostPorts(pods []*corev1.Pod) []Port {
 				if cp.HostPort == 0 || !ok {
 					continue
 				}
-				out = append(out, Port{Protocol: proto, NodePort: uint16(cp.HostPort),
-					Endpoints: []netip.AddrPort{netip.AddrPortFrom(ip, uint16(cp.ContainerPort))}})
+				p := Port{Protocol: proto, Endpoints: []netip.AddrPort{netip.AddrPortFrom(ip, uint16(cp.ContainerPort))}}
+				// A hostIP binds the port to that one address of the node.
+				if hostIP, err := netip.ParseAddr(cp.HostIP); err == nil && hostIP.Is4() && !hostIP.IsUnspecified() {
+					p.Port, p.ExternalIPs = uint16(cp.HostPort), []netip.Addr{hostIP}
+				} else {
+					p.NodePort = uint16(cp.HostPort)
+				}
+				out = append(out, p)
 			}
 		}
 	}
 	slices.SortFunc(out, func(a, b Port) int {
-		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.NodePort, b.NodePort), a.Endpoints[0].Compare(b.Endpoints[0]))
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.NodePort, b.NodePort), cmp.Compare(a.Port, b.Port), a.Endpoints[0].Compare(b.Endpoints[0]))
 	})
 	return out
 }

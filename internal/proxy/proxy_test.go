@@ -95,6 +95,14 @@ func TestStaleUDPFlows(t *testing.T) {
 	if got := staleUDPFlows(nil, now); len(got) != 0 {
 		t.Errorf("first sync: %+v", got)
 	}
+	// Two UDP hostPorts are told apart by their port.
+	hostPorts := []Port{
+		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: []netip.AddrPort{ep("10.42.0.5:53")}},
+		{Protocol: unix.IPPROTO_UDP, NodePort: 67, Endpoints: []netip.AddrPort{ep("10.42.0.6:67")}},
+	}
+	if got := staleUDPFlows(hostPorts, hostPorts); len(got) != 0 {
+		t.Errorf("unchanged hostPorts: stale %+v", got)
+	}
 }
 
 func TestHostPorts(t *testing.T) {
@@ -111,8 +119,10 @@ func TestHostPorts(t *testing.T) {
 			corev1.ContainerPort{ContainerPort: 8080, Protocol: corev1.ProtocolTCP}), // no hostPort
 		pod("pending", "", corev1.PodPending, corev1.ContainerPort{ContainerPort: 80, HostPort: 80, Protocol: corev1.ProtocolTCP}),
 		pod("dns", "10.42.0.6", corev1.PodRunning, corev1.ContainerPort{ContainerPort: 5353, HostPort: 53, Protocol: corev1.ProtocolUDP}),
+		pod("bound", "10.42.0.7", corev1.PodRunning, corev1.ContainerPort{ContainerPort: 8080, HostPort: 8080, HostIP: "192.0.2.1", Protocol: corev1.ProtocolTCP}),
 	})
 	want := []Port{
+		{Protocol: unix.IPPROTO_TCP, Port: 8080, ExternalIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.7:8080")}},
 		{Protocol: unix.IPPROTO_TCP, NodePort: 443, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.5:8443")}},
 		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.6:5353")}},
 	}
