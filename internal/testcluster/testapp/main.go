@@ -10,15 +10,23 @@
 //	testapp srv SERVICE PROTO NAME  print the SRV records as "target port"
 //	testapp ptr IP                  print the names of IP
 //	testapp cname NAME              print the canonical name of NAME
+//	testapp firstanswer URL         poll URL until it answers, print the time of the answer
+//	testapp sink [-listen :9000]    TCP: read and discard whatever arrives
+//	testapp blast ADDR SECONDS      write to a TCP sink as fast as possible, print MB/s
+//	testapp dnsbench NAME N         resolve NAME N times, print the median and 99th percentile
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -91,6 +99,21 @@ func main() {
 		name, err := net.LookupCNAME(os.Args[2])
 		exitOn(err)
 		fmt.Println(name)
+	case "firstanswer":
+		firstAnswer(os.Args[2])
+	case "sink":
+		fs := flag.NewFlagSet("sink", flag.ExitOnError)
+		listen := fs.String("listen", ":9000", "address to listen on")
+		_ = fs.Parse(os.Args[2:])
+		sink(*listen)
+	case "blast":
+		seconds, err := strconv.Atoi(os.Args[3])
+		exitOn(err)
+		blast(os.Args[2], time.Duration(seconds)*time.Second)
+	case "dnsbench":
+		n, err := strconv.Atoi(os.Args[3])
+		exitOn(err)
+		dnsBench(os.Args[2], n)
 	case "exit":
 		code, _ := strconv.Atoi(os.Args[2])
 		fmt.Println("exiting with", code)
@@ -140,4 +163,102 @@ func serve(addr string) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+}
+
+// firstAnswer starts a GET of url every 5 ms, each on a connection of its
+// own, and prints the wall-clock time (unix milliseconds) at which the
+// first answer arrived; it gives up after a minute. The tries overlap: one
+// whose SYN was dropped (ICMP errors are rate-limited) must not hold up
+// the next.
+func firstAnswer(url string) {
+	client := http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	answered := make(chan time.Time, 1)
+	try := func() {
+		resp, err := client.Get(url)
+		if err != nil {
+			return
+		}
+		resp.Body.Close()
+		select {
+		case answered <- time.Now():
+		default:
+		}
+	}
+	fmt.Println("polling", url)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	giveUp := time.After(time.Minute)
+	for {
+		go try()
+		select {
+		case t := <-answered:
+			fmt.Println(t.UnixMilli())
+			return
+		case <-giveUp:
+			exitOn(fmt.Errorf("%s did not answer within a minute", url))
+		case <-tick.C:
+		}
+	}
+}
+
+func sink(addr string) {
+	ln, err := net.Listen("tcp", addr)
+	exitOn(err)
+	fmt.Println("sinking TCP on", addr)
+	for {
+		conn, err := ln.Accept()
+		exitOn(err)
+		go func() {
+			defer conn.Close()
+			// Large reads, so that the sink is not what limits the rate.
+			buf := make([]byte, 256<<10)
+			for {
+				if _, err := conn.Read(buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// blast writes to a sink at addr for d, then waits until the sink has
+// read everything, so the rate counts only bytes that arrived.
+func blast(addr string, d time.Duration) {
+	conn, err := net.Dial("tcp", addr)
+	exitOn(err)
+	defer conn.Close()
+	buf := make([]byte, 256<<10)
+	var sent int64
+	start := time.Now()
+	for time.Since(start) < d {
+		n, err := conn.Write(buf)
+		exitOn(err)
+		sent += int64(n)
+	}
+	exitOn(conn.(*net.TCPConn).CloseWrite())
+	// The sink closes its end once it has read our end of stream.
+	if _, err := io.Copy(io.Discard, conn); err != nil && !errors.Is(err, net.ErrClosed) {
+		exitOn(err)
+	}
+	fmt.Printf("%.1f MB/s\n", float64(sent)/time.Since(start).Seconds()/1e6)
+}
+
+// dnsBench resolves name to IPv4 addresses n times in a row with Go's own
+// resolver, which caches nothing: every lookup is one A query to the
+// nameserver of /etc/resolv.conf.
+func dnsBench(name string, n int) {
+	r := &net.Resolver{PreferGo: true}
+	took := make([]time.Duration, 0, n)
+	for range n {
+		start := time.Now()
+		_, err := r.LookupNetIP(context.Background(), "ip4", name)
+		exitOn(err)
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	quantile := func(q float64) float64 {
+		i := max(int(math.Ceil(q*float64(len(took))))-1, 0)
+		return took[i].Seconds() * 1e3
+	}
+	fmt.Printf("%d queries: p50 %.2f ms, p99 %.2f ms\n", n, quantile(0.5), quantile(0.99))
 }
