@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/google/nftables"
 	"github.com/sirupsen/logrus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -25,6 +24,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/kubelet"
 	"github.com/kelp-dev/kelp/internal/netpol"
+	"github.com/kelp-dev/kelp/internal/nft"
 	"github.com/kelp-dev/kelp/internal/proxy"
 	"github.com/kelp-dev/kelp/internal/registries"
 )
@@ -355,7 +355,7 @@ func (n *Node) Stop(ctx context.Context) error {
 }
 
 func removeNetworkPolicies() error {
-	c, err := nftables.New()
+	c, err := nft.New()
 	if err != nil {
 		return fmt.Errorf("netpol: %w", err)
 	}

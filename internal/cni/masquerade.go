@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+
+	"github.com/kelp-dev/kelp/internal/nft"
 )
 
 // Table is kelp's nftables table for the pod network.
@@ -20,7 +22,7 @@ func EnsureMasquerade(clusterCIDR netip.Prefix) error {
 	if !clusterCIDR.Addr().Is4() {
 		return fmt.Errorf("pod masquerade: %s: only IPv4 cluster networks are supported so far", clusterCIDR)
 	}
-	c, err := nftables.New()
+	c, err := nft.New()
 	if err != nil {
 		return fmt.Errorf("pod masquerade: %w", err)
 	}

@@ -15,13 +15,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kelp-dev/kelp/internal/cni"
 	"github.com/kelp-dev/kelp/internal/dns"
+	"github.com/kelp-dev/kelp/internal/nft"
 )
 
 var log = logrus.WithField("component", "killall")
@@ -239,7 +239,7 @@ func removeNetwork() error {
 			}
 		}
 	}
-	c, err := nftables.New()
+	c, err := nft.New()
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}

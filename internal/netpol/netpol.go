@@ -6,7 +6,6 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +13,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/kelp-dev/kelp/internal/nft"
 )
 
 const (
@@ -43,7 +44,7 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 }
 
 func run(ctx context.Context, client kubernetes.Interface, cfg Config, checkEvery time.Duration) error {
-	conn, err := nftables.New()
+	conn, err := nft.New()
 	if err != nil {
 		return fmt.Errorf("netpol: %w", err)
 	}

@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/kelp-dev/kelp/internal/nft"
 )
 
 // coalesce is how long the proxy waits after a change for more before it
@@ -44,7 +46,7 @@ type Config struct {
 // Run programs the Services of the cluster until ctx ends: once all of
 // them at start, then again after every change.
 func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
-	conn, err := nftables.New()
+	conn, err := nft.New()
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
 	}

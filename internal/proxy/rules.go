@@ -225,7 +225,10 @@ type endpointChain struct {
 // addPick ends ch with the choice of an endpoint: the one a client sticks
 // to, else one at random.
 func addPick(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, eps []netip.AddrPort, epChains map[netip.AddrPort]endpointChain) {
-	vmap := &nftables.Set{Table: t, Anonymous: true, Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	// A named map, not an anonymous one: the kernel binds each anonymous
+	// set by walking the whole pending batch, which made a table of 1,000
+	// Services take seconds.
+	vmap := &nftables.Set{Table: t, Name: ch.Name + "-endpoints", Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
 	var elems []nftables.SetElement
 	for i, ep := range eps {
 		ec := epChains[ep]
@@ -242,7 +245,7 @@ func addPick(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, eps []neti
 			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: ec.name},
 		})
 	}
-	// Errors of an anonymous set surface at Flush.
+	// Errors of the set surface at Flush.
 	_ = c.AddSet(vmap, elems)
 	// numgen random mod N vmap { 0: goto ep-0, … }
 	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
+
+	"github.com/kelp-dev/kelp/internal/nft"
 )
 
 // inNewNetns runs fn on a thread in a network namespace of its own, so the
@@ -107,6 +109,30 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 		}
 		if elems, err := c.GetSetElements(set); err != nil || len(elems) != 3 {
 			t.Errorf("service-nodeports holds %d elements (%v), want 3 (two NodePorts, a hostPort)", len(elems), err)
+		}
+	})
+}
+
+// A table of a few hundred Services is one batch far larger than a netlink
+// socket of the default size holds; kelp's connections carry it.
+func TestApplyManyServices(t *testing.T) {
+	inNewNetns(t, func() {
+		c, err := nft.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ports []Port
+		for i := range 300 {
+			p := Port{ClusterIP: netip.AddrFrom4([4]byte{10, 43, byte(i / 250), byte(i%250 + 1)}), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: uint16(30000 + i)}
+			for j := range 10 {
+				p.Endpoints = append(p.Endpoints, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 42, byte(i / 250), byte(j + 10)}), 8080))
+			}
+			ports = append(ports, p)
+		}
+		for range 2 {
+			if err := Apply(c, netip.MustParsePrefix("10.42.0.0/16"), ports); err != nil {
+				t.Fatal(err)
+			}
 		}
 	})
 }

@@ -112,6 +112,9 @@ func main() {
 		blast(os.Args[2], time.Duration(seconds)*time.Second)
 	case "dnsbench":
 		n, err := strconv.Atoi(os.Args[3])
+		if err == nil && n < 1 {
+			err = errors.New("dnsbench: N must be at least 1")
+		}
 		exitOn(err)
 		dnsBench(os.Args[2], n)
 	case "exit":
