@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/containerd"
 	"github.com/kelp-dev/kelp/internal/crictl"
@@ -66,6 +68,7 @@ func newApp() *cli.App {
 	cli.VersionFlag = &cli.BoolFlag{Name: "version", Usage: "print the versions of kelp and its components"}
 	cli.VersionPrinter = func(*cli.Context) { fmt.Print(version.String()) }
 	var serverInput config.ServerInput
+	var agentInput config.AgentInput
 	return &cli.App{
 		Name:            "kelp",
 		Usage:           "Kubernetes in one binary",
@@ -77,6 +80,12 @@ func newApp() *cli.App {
 				Usage:  "run a control plane and a node",
 				Flags:  config.ServerFlags(&serverInput),
 				Action: func(c *cli.Context) error { return runServer(c, &serverInput) },
+			},
+			{
+				Name:   "agent",
+				Usage:  "join this machine to a cluster as a node",
+				Flags:  config.AgentFlags(&agentInput),
+				Action: func(c *cli.Context) error { return runAgent(c, &agentInput) },
 			},
 			{
 				Name:  "check-config",
@@ -133,6 +142,29 @@ func newApp() *cli.App {
 			},
 		},
 	}
+}
+
+func runAgent(c *cli.Context, in *config.AgentInput) error {
+	if c.Args().Present() {
+		return fmt.Errorf("kelp agent takes no arguments, got %q", c.Args().Slice())
+	}
+	cfg, err := in.Parse(config.DetectHost())
+	if err != nil {
+		return err
+	}
+	logging.Setup(cfg.Node.Debug)
+	if os.Geteuid() != 0 {
+		return errors.New("kelp agent must run as root (it manages mounts, containers and the network of this machine): run it with sudo")
+	}
+	if err := agent.CheckHost(); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills at once
+	}()
+	return agent.Join(ctx, cfg)
 }
 
 func runServer(c *cli.Context, in *config.ServerInput) error {

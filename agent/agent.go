@@ -25,6 +25,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/kubelet"
 	"github.com/kelp-dev/kelp/internal/netpol"
 	"github.com/kelp-dev/kelp/internal/nft"
+	"github.com/kelp-dev/kelp/internal/overlay"
 	"github.com/kelp-dev/kelp/internal/proxy"
 	"github.com/kelp-dev/kelp/internal/registries"
 )
@@ -85,6 +86,7 @@ type Node struct {
 	dns        *dns.Server
 	dnsCustom  *component.Running // nil with DNS disabled
 	netpol     *component.Running // nil with network policy disabled
+	overlay    *component.Running
 	background *component.Running // image watch and pod network set-up
 	client     *client.Client
 }
@@ -235,12 +237,23 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 	if err != nil {
 		return nil, err
 	}
+	ocfg := overlay.Config{Backend: cfg.Overlay.Backend, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.Overlay.Iface, ClusterCIDR: cfg.ClusterCIDR}
+	if err := ocfg.Validate(); err != nil {
+		return nil, err
+	}
+	mtu, err := overlay.MTU(ocfg)
+	if err != nil {
+		return nil, err
+	}
+	n.overlay = component.Go(context.WithoutCancel(ctx), "overlay", func(ctx context.Context) error {
+		return overlay.Run(ctx, kube, ocfg)
+	})
 	n.background = component.Go(context.WithoutCancel(ctx), "node network and images", func(ctx context.Context) error {
 		cidr, err := cni.WaitPodCIDR(ctx, kube, cfg.NodeName)
 		if err != nil {
 			return err
 		}
-		if err := cni.WriteConflist(p.CNIConfDir, cidr, filepath.Join(RunDir, "cni", "networks")); err != nil {
+		if err := cni.WriteConflist(p.CNIConfDir, cidr, filepath.Join(RunDir, "cni", "networks"), mtu); err != nil {
 			return err
 		}
 		log.WithField("podCIDR", cidr).Info("pod network configured")
@@ -328,6 +341,8 @@ func (n *Node) Err() <-chan error {
 			errc <- err
 		case err := <-n.proxy.Err():
 			errc <- err
+		case err := <-n.overlay.Err():
+			errc <- err
 		}
 	}()
 	return errc
@@ -337,7 +352,7 @@ func (n *Node) Err() <-chan error {
 // shims outlive kelp, and the next start adopts them.
 func (n *Node) Stop(ctx context.Context) error {
 	var errs []error
-	for _, r := range []*component.Running{n.background, n.kubelet, n.proxy, n.dnsCustom, n.netpol} {
+	for _, r := range []*component.Running{n.background, n.kubelet, n.proxy, n.dnsCustom, n.netpol, n.overlay} {
 		if r != nil {
 			errs = append(errs, r.Stop(ctx))
 		}

@@ -488,7 +488,7 @@ func nothingLeft(t *testing.T, n *testcluster.Node) {
 			t.Errorf("mount left: %s", f[4])
 		}
 	}
-	if out, err := n.Run(time.Minute, n.Command("ip", "-o", "link", "show")); err != nil || strings.Contains(out, "cni0") || strings.Contains(out, "veth") {
+	if out, err := n.Run(time.Minute, n.Command("ip", "-o", "link", "show")); err != nil || strings.Contains(out, "cni0") || strings.Contains(out, "veth") || strings.Contains(out, "kelp.vxlan") {
 		t.Errorf("interfaces left: %v\n%s", err, out)
 	}
 	if out, err := n.Run(time.Minute, n.Command("ip", "-o", "addr", "show", "dev", "lo")); err != nil || strings.Contains(out, "10.43.0.10") {

@@ -22,6 +22,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/scheduler"
+	"github.com/kelp-dev/kelp/internal/supervisor"
 )
 
 const (
@@ -61,6 +62,10 @@ func run(ctx context.Context, cfg config.Server) error {
 	}
 	log.WithField("dir", staged.Dir).Debug("bundle staged")
 	certs, err := pki.Ensure(pkiConfig(cfg))
+	if err != nil {
+		return err
+	}
+	tokens, err := ensureTokens(cfg, certs)
 	if err != nil {
 		return err
 	}
@@ -107,6 +112,12 @@ func run(ctx context.Context, cfg config.Server) error {
 		Storage:              store.Backend(),
 		SingleServer:         single,
 		ExtraArgs:            cfg.ExtraArgs.APIServer,
+	}), supervisor.Routes(supervisor.Config{
+		Certs:           certs,
+		ServerToken:     tokens.server,
+		AgentToken:      tokens.agent,
+		AdminKubeconfig: credPaths(cfg).admin,
+		Agent:           agentConfig(cfg),
 	}))
 	if err != nil {
 		return err
@@ -124,6 +135,9 @@ func run(ctx context.Context, cfg config.Server) error {
 	}
 	creds, err := writeKubeconfigs(cfg, url, certs)
 	if err != nil {
+		return err
+	}
+	if err := ensureSupervisorAccess(ctx, creds.admin); err != nil {
 		return err
 	}
 	if !single {
@@ -291,13 +305,18 @@ type credentials struct {
 	controllerManager, scheduler, admin string
 }
 
-func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) (credentials, error) {
+// credPaths lays out <data-dir>/server/cred.
+func credPaths(cfg config.Server) credentials {
 	dir := filepath.Join(cfg.DataDir, "server", "cred")
-	creds := credentials{
+	return credentials{
 		controllerManager: filepath.Join(dir, "controller.kubeconfig"),
 		scheduler:         filepath.Join(dir, "scheduler.kubeconfig"),
 		admin:             filepath.Join(dir, "admin.kubeconfig"),
 	}
+}
+
+func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) (credentials, error) {
+	creds := credPaths(cfg)
 	for _, f := range []struct {
 		path      string
 		cert, key string

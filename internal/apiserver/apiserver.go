@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"strconv"
@@ -106,13 +107,14 @@ func Args(cfg Config) []string {
 }
 
 // Start parses args the way the kube-apiserver command does and runs the
-// server until ctx ends. Bad flags fail here, before anything listens.
+// server until ctx ends, with routes (kelp's supervisor) served beside the
+// API. Bad flags fail here, before anything listens.
 //
 // The upstream cobra command cannot be used as is: it installs a
 // process-wide signal handler when it is built, which the other in-process
 // components would install a second time (a panic). So kelp parses the same
 // flag sets and calls the same Complete, Validate and Run.
-func Start(ctx context.Context, args []string) (*component.Running, error) {
+func Start(ctx context.Context, args []string, routes map[string]http.Handler) (*component.Running, error) {
 	// The apiserver's identity lease lasts an hour and is renewed every
 	// 10 s, a datastore write each time; once a minute is plenty. Upstream
 	// exposes the period only as this variable.
@@ -142,8 +144,39 @@ func Start(ctx context.Context, args []string) (*component.Running, error) {
 		return nil, fmt.Errorf("kube-apiserver options: %w", errors.NewAggregate(errs))
 	}
 	return component.Go(ctx, "kube-apiserver", func(ctx context.Context) error {
-		return app.Run(ctx, completed)
+		return run(ctx, completed, routes)
 	}), nil
+}
+
+// run is upstream's app.Run with kelp's own routes added to the server,
+// behind its authentication and authorization: a path ending in "/" is a
+// prefix.
+func run(ctx context.Context, opts options.CompletedOptions, routes map[string]http.Handler) error {
+	config, err := app.NewConfig(opts)
+	if err != nil {
+		return err
+	}
+	completed, err := config.Complete()
+	if err != nil {
+		return err
+	}
+	server, err := app.CreateServerChain(completed)
+	if err != nil {
+		return err
+	}
+	mux := server.GenericAPIServer.Handler.NonGoRestfulMux
+	for path, h := range routes {
+		if strings.HasSuffix(path, "/") {
+			mux.UnlistedHandlePrefix(path, h)
+		} else {
+			mux.UnlistedHandle(path, h)
+		}
+	}
+	prepared, err := server.PrepareRun()
+	if err != nil {
+		return err
+	}
+	return prepared.Run(ctx)
 }
 
 // LocalURL is where clients on this machine reach the apiserver: loopback,

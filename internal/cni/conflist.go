@@ -23,8 +23,10 @@ const Bridge = "cni0"
 const ConflistName = "10-kelp.conflist"
 
 // Conflist returns the CNI network configuration for a node whose pods get
-// addresses from podCIDR; host-local keeps its leases under ipamDir.
-func Conflist(podCIDR netip.Prefix, ipamDir string) ([]byte, error) {
+// addresses from podCIDR; host-local keeps its leases under ipamDir. mtu is
+// the pods' MTU, smaller than the uplink's where the overlay encapsulates;
+// 0 leaves the plugin's default.
+func Conflist(podCIDR netip.Prefix, ipamDir string, mtu int) ([]byte, error) {
 	type m = map[string]any
 	defaultRoute := "0.0.0.0/0"
 	if podCIDR.Addr().Is6() {
@@ -52,13 +54,16 @@ func Conflist(podCIDR netip.Prefix, ipamDir string) ([]byte, error) {
 			{"type": "bandwidth", "capabilities": m{"bandwidth": true}},
 		},
 	}
+	if mtu > 0 {
+		conf["plugins"].([]m)[0]["mtu"] = mtu
+	}
 	return json.MarshalIndent(conf, "", "  ")
 }
 
 // WriteConflist writes the configuration into dir atomically: containerd
 // watches the directory and must never read half a file.
-func WriteConflist(dir string, podCIDR netip.Prefix, ipamDir string) error {
-	data, err := Conflist(podCIDR, ipamDir)
+func WriteConflist(dir string, podCIDR netip.Prefix, ipamDir string, mtu int) error {
+	data, err := Conflist(podCIDR, ipamDir, mtu)
 	if err != nil {
 		return err
 	}

@@ -14,13 +14,14 @@ func TestConflist(t *testing.T) {
 	const ipamDir = "/run/kelp/cni/networks"
 	tests := []struct {
 		cidr, route string
+		mtu         int
 	}{
-		{"10.42.3.0/24", "0.0.0.0/0"},
-		{"fd42:0:0:3::/64", "::/0"},
+		{"10.42.3.0/24", "0.0.0.0/0", 1450},
+		{"fd42:0:0:3::/64", "::/0", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.cidr, func(t *testing.T) {
-			data, err := Conflist(netip.MustParsePrefix(tt.cidr), ipamDir)
+			data, err := Conflist(netip.MustParsePrefix(tt.cidr), ipamDir, tt.mtu)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -45,6 +46,9 @@ func TestConflist(t *testing.T) {
 					t.Errorf("plugins[0].%s = %v, want %v", key, bridge[key], want)
 				}
 			}
+			if mtu, set := bridge["mtu"]; (tt.mtu == 0 && set) || (tt.mtu != 0 && mtu != float64(tt.mtu)) {
+				t.Errorf("plugins[0].mtu = %v, want %d (0: unset)", mtu, tt.mtu)
+			}
 			wantIPAM := map[string]any{
 				"type":    "host-local",
 				"dataDir": ipamDir,
@@ -68,10 +72,10 @@ func TestWriteConflist(t *testing.T) {
 	first := netip.MustParsePrefix("10.42.3.0/24")
 	const ipamDir = "/run/kelp/cni/networks"
 
-	if err := WriteConflist(dir, first, ipamDir); err != nil {
+	if err := WriteConflist(dir, first, ipamDir, 0); err != nil {
 		t.Fatal(err)
 	}
-	want, _ := Conflist(first, ipamDir)
+	want, _ := Conflist(first, ipamDir, 0)
 	if got, err := os.ReadFile(path); err != nil || string(got) != string(want) {
 		t.Fatalf("content %q, %v", got, err)
 	}
@@ -81,7 +85,7 @@ func TestWriteConflist(t *testing.T) {
 	if err := os.Chtimes(path, old, old); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteConflist(dir, first, ipamDir); err != nil {
+	if err := WriteConflist(dir, first, ipamDir, 0); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(path)
@@ -93,10 +97,10 @@ func TestWriteConflist(t *testing.T) {
 	}
 
 	second := netip.MustParsePrefix("10.42.7.0/24")
-	if err := WriteConflist(dir, second, ipamDir); err != nil {
+	if err := WriteConflist(dir, second, ipamDir, 0); err != nil {
 		t.Fatal(err)
 	}
-	want, _ = Conflist(second, ipamDir)
+	want, _ = Conflist(second, ipamDir, 0)
 	if got, err := os.ReadFile(path); err != nil || string(got) != string(want) {
 		t.Errorf("content not replaced: %q, %v", got, err)
 	}

@@ -1,6 +1,15 @@
 package config
 
-import "net/netip"
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
 
 // Agent is the validated configuration of a node: the one `kelp server`
 // runs beside its control plane.
@@ -18,6 +27,7 @@ type Agent struct {
 	DisableDNS      bool
 	// DisableNetworkPolicy leaves NetworkPolicies to another controller.
 	DisableNetworkPolicy bool
+	Overlay              Overlay
 	Debug                bool
 }
 
@@ -36,6 +46,70 @@ func (s Server) Agent() Agent {
 		KubeletArgs:          s.ExtraArgs.Kubelet,
 		DisableDNS:           s.Disable.CoreDNS,
 		DisableNetworkPolicy: s.Disable.NetworkPolicy,
+		Overlay:              s.Overlay,
 		Debug:                s.Debug,
 	}
+}
+
+// Join is the validated configuration of `kelp agent`: where to join and
+// the node's own settings. The cluster's settings (CIDRs, DNS, overlay)
+// come from the server when the node joins.
+type Join struct {
+	Server string // https URL of a server
+	Token  string // as given; see package token
+	Node   Agent
+}
+
+// AgentInput holds the raw flag values of `kelp agent` until Parse
+// validates them. Its zero value is ready for AgentFlags.
+type AgentInput struct {
+	nodeInput
+	server, token, tokenFile string
+}
+
+// AgentFlags returns the flags of `kelp agent`, bound to in.
+func AgentFlags(in *AgentInput) []cli.Flag {
+	return append(nodeFlags(&in.nodeInput),
+		&cli.StringFlag{Name: "server", Aliases: []string{"s"}, EnvVars: []string{"KELP_URL"}, Destination: &in.server, Usage: "server to join, https://<server>:6443"},
+		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "join token: the server's <data-dir>/server/token (or agent-token)"},
+		&cli.StringFlag{Name: "token-file", EnvVars: env("token-file"), Destination: &in.tokenFile, Usage: "file holding the join token"},
+	)
+}
+
+// Parse validates the flag values into a Join.
+func (in *AgentInput) Parse(host Host) (Join, error) {
+	var errs []error
+	check := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	j := Join{Server: strings.TrimRight(in.server, "/"), Token: strings.TrimSpace(in.token), Node: in.nodeInput.parse(host, check)}
+	u, err := url.Parse(j.Server)
+	switch {
+	case in.server == "":
+		check(errors.New("--server is required: the URL of a server, https://<server>:6443"))
+	case err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/"):
+		check(fmt.Errorf("--server %q: want https://<server>:6443", in.server))
+	}
+	switch {
+	case j.Token != "" && in.tokenFile != "":
+		check(errors.New("--token and --token-file exclude each other"))
+	case in.tokenFile != "":
+		data, err := os.ReadFile(in.tokenFile)
+		if err != nil {
+			check(fmt.Errorf("--token-file: %w", err))
+		}
+		j.Token = strings.TrimSpace(string(data))
+	}
+	if j.Token == "" && len(errs) == 0 {
+		check(errors.New("a join token is required: --token, --token-file or KELP_TOKEN, from the server's <data-dir>/server/token"))
+	}
+	if len(j.Node.NodeIPs) == 0 {
+		check(errors.New("no node IP found: set --node-ip"))
+	}
+	if len(errs) > 0 {
+		return Join{}, errors.Join(errs...)
+	}
+	return j, nil
 }

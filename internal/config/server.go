@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +37,16 @@ type Server struct {
 	Disable              Disable
 	ExtraArgs            ExtraArgs
 	Debug                bool
+	// Token and AgentToken are the secrets nodes join with (--token,
+	// --agent-token); empty: the token kept in the data dir, or none.
+	Token, AgentToken string
+	Overlay           Overlay
+}
+
+// Overlay is how pods on different nodes reach each other.
+type Overlay struct {
+	Backend string // "vxlan", "host-gw" or "none"
+	Iface   string // uplink; empty: the interface of the node IP
 }
 
 // Datastore selects the storage behind the apiserver.
@@ -68,27 +77,21 @@ func (s Server) FirstServiceIP() netip.Addr {
 // ServerInput holds the raw flag values of `kelp server` until Parse
 // validates them. Its zero value is ready for ServerFlags.
 type ServerInput struct {
-	dataDir, nodeName, bindAddress, advertiseAddress            string
+	nodeInput
+	bindAddress, advertiseAddress                               string
 	clusterCIDR, serviceCIDR, clusterDNS, clusterDomain         string
 	serviceNodePortRange                                        string
 	writeKubeconfig, writeKubeconfigMode                        string
 	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey string
-	configFile, privateRegistry                                 string
+	token, agentToken, overlay                                  string
 	httpsPort                                                   int
-	clusterInit, disableAgent, disableNetworkPolicy, debug      bool
-	nodeIPs, tlsSANs, apiserverArgs, cmArgs, schedulerArgs      cli.StringSlice
-	nodeLabels, nodeTaints, kubeletArgs, disable                cli.StringSlice
+	clusterInit, disableAgent, disableNetworkPolicy             bool
+	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable      cli.StringSlice
 }
 
 // ServerFlags returns the flags of `kelp server`, bound to in.
 func ServerFlags(in *ServerInput) []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, EnvVars: []string{configFileEnv}, Value: DefaultConfigFile, Destination: &in.configFile,
-			Usage: "config file (YAML, keys are long flag names); FILE.d/*.yaml are read after it"},
-		&cli.BoolFlag{Name: "debug", Aliases: []string{"v"}, EnvVars: env("debug"), Destination: &in.debug, Usage: "log at debug level, including the Kubernetes components"},
-		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: env("data-dir"), Value: "/var/lib/kelp", Destination: &in.dataDir, Usage: "directory for state, certificates and the unpacked bundle"},
-		&cli.StringFlag{Name: "node-name", EnvVars: env("node-name"), Destination: &in.nodeName, Usage: "node name (default: the hostname)"},
-		&cli.StringSliceFlag{Name: "node-ip", EnvVars: env("node-ip"), Destination: &in.nodeIPs, Usage: "IP address of this node (default: detected from the default route)"},
+	return append(nodeFlags(&in.nodeInput), []cli.Flag{
 		&cli.StringFlag{Name: "bind-address", EnvVars: env("bind-address"), Value: "0.0.0.0", Destination: &in.bindAddress, Usage: "address the apiserver listens on"},
 		&cli.IntFlag{Name: "https-listen-port", EnvVars: env("https-listen-port"), Value: 6443, Destination: &in.httpsPort, Usage: "port of the apiserver"},
 		&cli.StringFlag{Name: "advertise-address", EnvVars: env("advertise-address"), Destination: &in.advertiseAddress, Usage: "address other members reach this server at (default: the node IP)"},
@@ -106,16 +109,15 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "datastore-certfile", EnvVars: env("datastore-certfile"), Destination: &in.datastoreCert, Usage: "client certificate for the external datastore"},
 		&cli.StringFlag{Name: "datastore-keyfile", EnvVars: env("datastore-keyfile"), Destination: &in.datastoreKey, Usage: "client key for the external datastore"},
 		&cli.BoolFlag{Name: "disable-agent", EnvVars: env("disable-agent"), Destination: &in.disableAgent, Usage: "run the control plane only, no node"},
-		&cli.StringSliceFlag{Name: "node-label", EnvVars: env("node-label"), Destination: &in.nodeLabels, Usage: "label to register the node with, key=value"},
-		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
-		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: "/etc/kelp/registries.yaml", Destination: &in.privateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
 		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns or servicelb; repeatable"},
+		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "secret nodes join with (default: made at first start, kept in <data-dir>/server/token)"},
+		&cli.StringFlag{Name: "agent-token", EnvVars: env("agent-token"), Destination: &in.agentToken, Usage: "secret that joins agents only (written to <data-dir>/server/agent-token)"},
+		&cli.StringFlag{Name: "overlay", EnvVars: env("overlay"), Value: "vxlan", Destination: &in.overlay, Usage: "pod network between nodes: vxlan, host-gw (nodes on one L2 network) or none (bring your own CNI)"},
 		&cli.BoolFlag{Name: "disable-network-policy", EnvVars: env("disable-network-policy"), Destination: &in.disableNetworkPolicy, Usage: "do not enforce NetworkPolicies on the nodes"},
-		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-scheduler-arg", EnvVars: env("kube-scheduler-arg"), Destination: &in.schedulerArgs, Usage: "extra kube-scheduler flag, name=value"},
-	}
+	}...)
 }
 
 // env names the environment variable of a flag: data-dir → KELP_DATA_DIR.
@@ -126,9 +128,17 @@ func env(flag string) []string {
 // Parse validates the flag values into a Server. host supplies the
 // facts (hostname, node IP) used for defaults, so tests can fix them.
 func (in *ServerInput) Parse(host Host) (Server, error) {
+	var errs []error
+	check := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	node := in.nodeInput.parse(host, check)
 	s := Server{
-		DataDir:              filepath.Clean(in.dataDir),
-		NodeName:             strings.ToLower(in.nodeName),
+		DataDir:              node.DataDir,
+		NodeName:             node.NodeName,
+		NodeIPs:              node.NodeIPs,
 		HTTPSPort:            in.httpsPort,
 		TLSSANs:              in.tlsSANs.Value(),
 		ServiceNodePortRange: in.serviceNodePortRange,
@@ -137,10 +147,13 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		ClusterInit:          in.clusterInit,
 		DisableAgent:         in.disableAgent,
 		Disable:              Disable{NetworkPolicy: in.disableNetworkPolicy},
-		NodeLabels:           in.nodeLabels.Value(),
-		NodeTaints:           in.nodeTaints.Value(),
-		PrivateRegistry:      in.privateRegistry,
-		Debug:                in.debug,
+		Token:                in.token,
+		AgentToken:           in.agentToken,
+		Overlay:              Overlay{Backend: in.overlay, Iface: node.Overlay.Iface},
+		NodeLabels:           node.NodeLabels,
+		NodeTaints:           node.NodeTaints,
+		PrivateRegistry:      node.PrivateRegistry,
+		Debug:                node.Debug,
 		Datastore: Datastore{
 			Endpoint: in.datastoreEndpoint,
 			CAFile:   in.datastoreCA,
@@ -151,35 +164,8 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			APIServer:         in.apiserverArgs.Value(),
 			ControllerManager: in.cmArgs.Value(),
 			Scheduler:         in.schedulerArgs.Value(),
-			Kubelet:           in.kubeletArgs.Value(),
+			Kubelet:           node.KubeletArgs,
 		},
-	}
-	var errs []error
-	check := func(err error) {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if !filepath.IsAbs(in.dataDir) {
-		check(fmt.Errorf("--data-dir %q: want an absolute path", in.dataDir))
-	}
-	if s.NodeName == "" {
-		s.NodeName = strings.ToLower(host.Hostname)
-	}
-	for _, raw := range in.nodeIPs.Value() {
-		ip, err := parseIP("--node-ip", raw)
-		check(err)
-		s.NodeIPs = append(s.NodeIPs, ip)
-	}
-	for _, l := range s.NodeLabels {
-		if k, _, ok := strings.Cut(l, "="); !ok || k == "" {
-			check(fmt.Errorf("--node-label %q: want key=value", l))
-		}
-	}
-	for _, taint := range s.NodeTaints {
-		if kv, effect, ok := strings.Cut(taint, ":"); !ok || kv == "" || !slices.Contains([]string{"NoSchedule", "PreferNoSchedule", "NoExecute"}, effect) {
-			check(fmt.Errorf("--node-taint %q: want key=value:Effect with Effect NoSchedule, PreferNoSchedule or NoExecute", taint))
-		}
 	}
 	for _, d := range in.disable.Value() {
 		switch d {
@@ -191,8 +177,9 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			check(fmt.Errorf("--disable %q: want coredns or servicelb", d))
 		}
 	}
-	if len(s.NodeIPs) == 0 && host.IP.IsValid() {
-		s.NodeIPs = []netip.Addr{host.IP}
+	check(checkOverlay(in.overlay))
+	if strings.Contains(in.token, "::") || strings.Contains(in.agentToken, "::") {
+		check(errors.New("--token and --agent-token take the secret alone, not a full KELP1… token"))
 	}
 	var err error
 	s.BindAddress, err = parseIP("--bind-address", in.bindAddress)
@@ -233,17 +220,20 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		check(errors.New("--cluster-init and --datastore-endpoint exclude each other: embedded etcd or an external datastore, not both"))
 	}
 	check(checkEndpoint(in.datastoreEndpoint))
-	for _, a := range [][]string{s.ExtraArgs.APIServer, s.ExtraArgs.ControllerManager, s.ExtraArgs.Scheduler, s.ExtraArgs.Kubelet} {
-		for _, arg := range a {
-			if !strings.Contains(arg, "=") && strings.HasPrefix(arg, "-") {
-				check(fmt.Errorf("extra argument %q: write it as name=value without leading dashes, e.g. v=2", arg))
-			}
-		}
+	for _, a := range [][]string{s.ExtraArgs.APIServer, s.ExtraArgs.ControllerManager, s.ExtraArgs.Scheduler} {
+		check(checkExtraArgs(a))
 	}
 	if len(errs) > 0 {
 		return Server{}, errors.Join(errs...)
 	}
 	return s, nil
+}
+
+func checkOverlay(backend string) error {
+	if !slices.Contains([]string{"vxlan", "host-gw", "none"}, backend) {
+		return fmt.Errorf("--overlay %q: want vxlan, host-gw or none", backend)
+	}
+	return nil
 }
 
 func parseIP(flag, raw string) (netip.Addr, error) {

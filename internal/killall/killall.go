@@ -22,6 +22,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/cni"
 	"github.com/kelp-dev/kelp/internal/dns"
 	"github.com/kelp-dev/kelp/internal/nft"
+	"github.com/kelp-dev/kelp/internal/overlay"
 )
 
 var log = logrus.WithField("component", "killall")
@@ -215,9 +216,12 @@ func unescape(s string) string {
 }
 
 // removeNetwork deletes the pod bridge, the veths still on it, the cluster
-// DNS address and kelp's nftables tables.
+// DNS address, the overlay's device and routes, and kelp's nftables tables.
 func removeNetwork() error {
 	var errs []error
+	if err := overlay.Remove(); err != nil {
+		errs = append(errs, err)
+	}
 	if bridge, err := netlink.LinkByName(cni.Bridge); err == nil {
 		links, _ := netlink.LinkList()
 		for _, l := range links {

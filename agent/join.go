@@ -1,0 +1,290 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kelp-dev/kelp/embed"
+	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/supervisor"
+	"github.com/kelp-dev/kelp/internal/token"
+)
+
+// Join makes this machine a node of the cluster at cfg.Server and runs it
+// until ctx ends: it pins the server's CA by the token's hash, presents the
+// token for the node's certificates and the cluster's settings, and starts
+// the node. A node that joined before starts from what it got then when the
+// server does not answer, so a restart keeps its pods while the server is
+// away.
+func Join(ctx context.Context, cfg config.Join) error {
+	tok, err := token.Parse(cfg.Token, token.NodeUser)
+	if err != nil {
+		return fmt.Errorf("join token: %w", err)
+	}
+	p := PathsOf(cfg.Node.DataDir)
+	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", p.Dir, err)
+	}
+	password, err := nodePassword(filepath.Join(p.Dir, "node-password"))
+	if err != nil {
+		return err
+	}
+	req := supervisor.JoinRequest{NodeName: cfg.Node.NodeName, Password: password}
+	for _, ip := range cfg.Node.NodeIPs {
+		req.NodeIPs = append(req.NodeIPs, ip.String())
+	}
+	saved := filepath.Join(p.Dir, "join.json")
+	resp, err := bootstrap(ctx, cfg.Server, tok, req, filepath.Join(p.Dir, "server-ca.crt"), saved)
+	if err != nil {
+		return err
+	}
+	creds, err := writeCredentials(filepath.Join(p.Dir, "tls"), cfg.Server, resp)
+	if err != nil {
+		return err
+	}
+	node, err := nodeConfig(cfg.Node, resp.Config)
+	if err != nil {
+		return err
+	}
+	staged, err := embed.Stage(cfg.Node.DataDir)
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	n, err := Start(ctx, node, staged, creds)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := n.Stop(stopCtx); err != nil {
+			log.WithError(err).Error("stop")
+		}
+		log.Info("kelp agent stopped")
+	}()
+	if err := n.WaitReady(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	log.WithFields(map[string]any{"node": node.NodeName, "server": cfg.Server, "took": time.Since(started).Round(time.Millisecond)}).Info("kelp node is running")
+	select {
+	case <-ctx.Done():
+		log.Info("stopping kelp agent")
+		return nil
+	case err := <-n.Err():
+		return err
+	}
+}
+
+// errRefused is a join the server answered with no: trying again cannot
+// help.
+var errRefused = errors.New("the server refused this node")
+
+// bootstrap gets the node's credentials from the server, trying again
+// with backoff while it does not answer. Without the server, a node that
+// joined before goes on with what it saved then.
+func bootstrap(ctx context.Context, server string, tok token.Token, req supervisor.JoinRequest, caPath, savedPath string) (supervisor.JoinResponse, error) {
+	var saved *supervisor.JoinResponse
+	if data, err := os.ReadFile(savedPath); err == nil {
+		var r supervisor.JoinResponse
+		if json.Unmarshal(data, &r) == nil {
+			saved = &r
+		}
+	}
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		resp, err := joinOnce(ctx, server, tok, req, caPath)
+		if err == nil {
+			data, err := json.Marshal(resp)
+			if err == nil {
+				err = writePrivate(savedPath, data)
+			}
+			return resp, err
+		}
+		if errors.Is(err, errRefused) {
+			return supervisor.JoinResponse{}, err
+		}
+		if saved != nil {
+			log.WithError(err).Warn("the server does not answer; the node starts with the credentials of its last join")
+			return *saved, nil
+		}
+		log.WithError(err).Warnf("cannot join yet; trying again in %s", wait)
+		select {
+		case <-ctx.Done():
+			return supervisor.JoinResponse{}, fmt.Errorf("join %s: %w", server, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+}
+
+// joinOnce asks the server once. The CA is the one pinned at a previous
+// join, or the server's if it matches the token's hash, or with a short
+// token, trusted on first use.
+func joinOnce(ctx context.Context, server string, tok token.Token, req supervisor.JoinRequest, caPath string) (supervisor.JoinResponse, error) {
+	ca, err := os.ReadFile(caPath)
+	if err != nil {
+		if ca, err = fetchCA(ctx, server); err != nil {
+			return supervisor.JoinResponse{}, err
+		}
+		if tok.CAHash == "" {
+			log.Warn("the token has no CA hash: trusting the server's CA on first use; use the full token from <data-dir>/server/token to pin it")
+		}
+	}
+	if tok.CAHash != "" && pki.CAHash(ca) != tok.CAHash {
+		return supervisor.JoinResponse{}, fmt.Errorf("%w: its CA does not match the token's hash; the token is from another cluster, or something between this machine and %s is not the server", errRefused, server)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return supervisor.JoinResponse{}, fmt.Errorf("%w: the server's CA is not a PEM certificate", errRefused)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return supervisor.JoinResponse{}, err
+	}
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, server+supervisor.JoinPath, bytes.NewReader(body))
+	if err != nil {
+		return supervisor.JoinResponse{}, err
+	}
+	r.Header.Set(supervisor.TokenHeader, tok.User+":"+tok.Secret)
+	r.Header.Set("Content-Type", "application/json")
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := client.Do(r)
+	if err != nil {
+		return supervisor.JoinResponse{}, fmt.Errorf("join %s: %w", server, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return supervisor.JoinResponse{}, fmt.Errorf("join %s: %w", server, err)
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized, http.StatusConflict, http.StatusBadRequest:
+		return supervisor.JoinResponse{}, fmt.Errorf("%w: %s", errRefused, strings.TrimSpace(string(data)))
+	default:
+		return supervisor.JoinResponse{}, fmt.Errorf("join %s: %s: %s", server, resp.Status, strings.TrimSpace(string(data)))
+	}
+	var out supervisor.JoinResponse
+	if err := json.Unmarshal(data, &out); err != nil {
+		return supervisor.JoinResponse{}, fmt.Errorf("join %s: malformed answer: %w", server, err)
+	}
+	if err := writePrivate(caPath, ca); err != nil {
+		return supervisor.JoinResponse{}, err
+	}
+	return out, nil
+}
+
+// fetchCA reads the server's CA without verifying the server: the caller
+// checks it against the token's hash.
+func fetchCA(ctx context.Context, server string) ([]byte, error) {
+	r, err := http.NewRequestWithContext(ctx, http.MethodGet, server+supervisor.CACertsPath, nil)
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := client.Do(r)
+	if err != nil {
+		return nil, fmt.Errorf("reach %s: %w", server, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("get the CA of %s: %s %v", server, resp.Status, err)
+	}
+	return data, nil
+}
+
+// nodePassword is the node's own secret, made at its first join.
+func nodePassword(path string) (string, error) {
+	if data, err := os.ReadFile(path); err == nil {
+		return strings.TrimSpace(string(data)), nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("read node password: %w", err)
+	}
+	password, err := token.Random()
+	if err != nil {
+		return "", err
+	}
+	return password, writePrivate(path, []byte(password+"\n"))
+}
+
+// writeCredentials saves the node's certificates in dir.
+func writeCredentials(dir, server string, resp supervisor.JoinResponse) (Credentials, error) {
+	path := func(name string) string { return filepath.Join(dir, name) }
+	c := Credentials{
+		Server:   server,
+		ServerCA: path("server-ca.crt"), ClientCA: path("client-ca.crt"),
+		KubeletCert: path("client-kubelet.crt"), KubeletKey: path("client-kubelet.key"),
+		ServingCert: path("serving-kubelet.crt"), ServingKey: path("serving-kubelet.key"),
+		ProxyCert: path("client-kube-proxy.crt"), ProxyKey: path("client-kube-proxy.key"),
+		DNSCert: path("client-kelp-dns.crt"), DNSKey: path("client-kelp-dns.key"),
+		ControllerCert: path("client-kelp-controller.crt"), ControllerKey: path("client-kelp-controller.key"),
+	}
+	files := map[string][]byte{c.ServerCA: resp.ServerCA, c.ClientCA: resp.ClientCA}
+	for _, kp := range []struct {
+		pair      pki.KeyPair
+		cert, key string
+	}{
+		{resp.Certs.KubeletClient, c.KubeletCert, c.KubeletKey},
+		{resp.Certs.KubeletServing, c.ServingCert, c.ServingKey},
+		{resp.Certs.Proxy, c.ProxyCert, c.ProxyKey},
+		{resp.Certs.DNS, c.DNSCert, c.DNSKey},
+		{resp.Certs.Controller, c.ControllerCert, c.ControllerKey},
+	} {
+		files[kp.cert], files[kp.key] = kp.pair.Cert, kp.pair.Key
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Credentials{}, fmt.Errorf("create %s: %w", dir, err)
+	}
+	for name, data := range files {
+		if len(data) == 0 {
+			return Credentials{}, fmt.Errorf("the server sent no %s", filepath.Base(name))
+		}
+		if err := writePrivate(name, data); err != nil {
+			return Credentials{}, err
+		}
+	}
+	return c, nil
+}
+
+// nodeConfig completes the node's own settings with the cluster's.
+func nodeConfig(node config.Agent, cluster supervisor.AgentConfig) (config.Agent, error) {
+	var err error
+	if node.ClusterCIDR, err = netip.ParsePrefix(cluster.ClusterCIDR); err != nil {
+		return config.Agent{}, fmt.Errorf("the server's cluster CIDR %q: %w", cluster.ClusterCIDR, err)
+	}
+	if node.ClusterDNS, err = netip.ParseAddr(cluster.ClusterDNS); err != nil {
+		return config.Agent{}, fmt.Errorf("the server's cluster DNS %q: %w", cluster.ClusterDNS, err)
+	}
+	node.ClusterDomain = cluster.ClusterDomain
+	node.Overlay.Backend = cluster.Overlay
+	node.DisableDNS = cluster.DisableDNS
+	node.DisableNetworkPolicy = cluster.DisableNetworkPolicy
+	return node, nil
+}
+
+func writePrivate(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

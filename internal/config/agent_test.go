@@ -1,0 +1,88 @@
+package config
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+)
+
+func runAgent(t *testing.T, args ...string) (Join, error) {
+	t.Helper()
+	t.Setenv(configFileEnv, writeFile(t, filepath.Join(t.TempDir(), "empty.yaml"), ""))
+	var in AgentInput
+	var got Join
+	app := &cli.App{
+		Name: "kelp",
+		Commands: []*cli.Command{{
+			Name:  "agent",
+			Flags: AgentFlags(&in),
+			Action: func(*cli.Context) error {
+				j, err := in.Parse(testHost)
+				got = j
+				return err
+			},
+		}},
+	}
+	full, err := WithFileArgs(app, append([]string{"kelp", "agent"}, args...))
+	if err != nil {
+		return Join{}, err
+	}
+	return got, app.Run(full)
+}
+
+func TestAgent(t *testing.T) {
+	tokenFile := writeFile(t, filepath.Join(t.TempDir(), "token"), "s3cret\n")
+	j, err := runAgent(t, "--server", "https://10.99.0.2:6443/", "--token-file", tokenFile, "--node-name", "Agent-1", "--node-label", "zone=a", "--kubelet-arg", "v=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Server != "https://10.99.0.2:6443" || j.Token != "s3cret" || j.Node.NodeName != "agent-1" || j.Node.DataDir != "/var/lib/kelp" ||
+		len(j.Node.NodeIPs) != 1 || j.Node.NodeLabels[0] != "zone=a" || j.Node.KubeletArgs[0] != "v=2" {
+		t.Errorf("parsed %+v", j)
+	}
+	t.Setenv("KELP_URL", "https://server.example:6443")
+	t.Setenv("KELP_TOKEN", "from-env")
+	if j, err := runAgent(t); err != nil || j.Server != "https://server.example:6443" || j.Token != "from-env" {
+		t.Errorf("from the environment: %+v %v", j, err)
+	}
+}
+
+func TestAgentBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--token", "x"}, "--server is required"},
+		{[]string{"--server", "http://10.99.0.2:6443", "--token", "x"}, "want https://<server>:6443"},
+		{[]string{"--server", "10.99.0.2:6443", "--token", "x"}, "want https://<server>:6443"},
+		{[]string{"--server", "https://10.99.0.2:6443"}, "a join token is required"},
+		{[]string{"--server", "https://10.99.0.2:6443", "--token", "x", "--token-file", "/nonexistent"}, "exclude each other"},
+		{[]string{"--server", "https://10.99.0.2:6443", "--token-file", "/nonexistent"}, "--token-file"},
+		{[]string{"--server", "https://10.99.0.2:6443", "--token", "x", "--node-taint", "bad"}, "--node-taint"},
+	} {
+		if _, err := runAgent(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestServerJoinSettings(t *testing.T) {
+	s, err := runServer(t, "--token", "s3cret", "--agent-token", "agents", "--overlay", "host-gw", "--overlay-iface", "eth1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Token != "s3cret" || s.AgentToken != "agents" || s.Overlay != (Overlay{Backend: "host-gw", Iface: "eth1"}) || s.Agent().Overlay != s.Overlay {
+		t.Errorf("parsed %+v %+v", s.Overlay, s)
+	}
+	if s, err := runServer(t); err != nil || s.Overlay.Backend != "vxlan" {
+		t.Errorf("default overlay %q, %v", s.Overlay.Backend, err)
+	}
+	if _, err := runServer(t, "--overlay", "flannel"); err == nil || !strings.Contains(err.Error(), "want vxlan, host-gw or none") {
+		t.Errorf("unknown overlay: %v", err)
+	}
+	if _, err := runServer(t, "--token", "KELP1abc::server:x"); err == nil || !strings.Contains(err.Error(), "the secret alone") {
+		t.Errorf("a full token as --token: %v", err)
+	}
+}

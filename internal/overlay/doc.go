@@ -1,0 +1,12 @@
+// Package overlay connects the pod networks of a cluster's nodes, in place
+// of flannel. Pods on one node already reach each other over the CNI
+// bridge; this package makes the pod CIDRs of all other nodes reachable.
+// Each node publishes on its Node object how it is reached (annotations
+// overlay.kelp.io/*), and routes every other node's pod CIDR either
+// through a VXLAN device (backend vxlan, which works across routed
+// networks) or straight to the other node's IP (backend host-gw, for nodes
+// on one L2 segment, without encapsulation overhead).
+//
+// What it programs stays in place when kelp stops, so pods keep talking
+// while kelp restarts; `kelp killall` removes it with Remove.
+package overlay

@@ -1,0 +1,307 @@
+package overlay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// The backends.
+const (
+	// BackendVXLAN encapsulates pod traffic in VXLAN: nodes only need to
+	// reach each other by IP.
+	BackendVXLAN = "vxlan"
+	// BackendHostGW routes pod traffic to the other node's IP as it is:
+	// no overhead, but all nodes must be on one L2 segment.
+	BackendHostGW = "host-gw"
+	// BackendNone leaves pod traffic between nodes to a CNI the user
+	// brings.
+	BackendNone = "none"
+)
+
+const (
+	// coalesce is how long Run waits after a change for more before it
+	// programs the kernel: nodes joining at once come one by one.
+	coalesce = 100 * time.Millisecond
+	// resyncEvery is how often Run programs the kernel even without a
+	// change, in case someone deleted one of kelp's entries.
+	resyncEvery = 30 * time.Second
+)
+
+var log = logrus.WithField("component", "overlay")
+
+// Config is what the overlay needs to know of the node and the cluster.
+type Config struct {
+	// Backend is BackendVXLAN, BackendHostGW or BackendNone; all nodes
+	// of a cluster need the same.
+	Backend  string
+	NodeName string
+	// NodeIP is where other nodes send this node's overlay traffic.
+	NodeIP netip.Addr
+	// Iface is the interface overlay traffic leaves by; "" is the one
+	// that has NodeIP.
+	Iface string
+	// ClusterCIDR holds all pod CIDRs; kelp routes nothing outside it.
+	ClusterCIDR netip.Prefix
+}
+
+// Validate reports what is wrong with cfg.
+func (cfg Config) Validate() error {
+	switch cfg.Backend {
+	case BackendVXLAN, BackendHostGW, BackendNone:
+	default:
+		return fmt.Errorf("overlay: unknown backend %q: use %s, %s or %s", cfg.Backend, BackendVXLAN, BackendHostGW, BackendNone)
+	}
+	if cfg.NodeName == "" {
+		return errors.New("overlay: no node name")
+	}
+	if !cfg.NodeIP.Is4() {
+		return fmt.Errorf("overlay: node IP %v: only IPv4 node IPs are supported so far", cfg.NodeIP)
+	}
+	if !cfg.ClusterCIDR.Addr().Is4() {
+		return fmt.Errorf("overlay: cluster CIDR %v: only IPv4 cluster networks are supported so far", cfg.ClusterCIDR)
+	}
+	return nil
+}
+
+// Run publishes this node's overlay annotations and, once the node has a
+// pod CIDR, routes to the pods of all other nodes, keeping the kernel in
+// step with them until ctx ends. client may be the kubelet's: it patches
+// only its own Node. Failures to publish or to program a peer are logged
+// and tried again, since the API server or the peer may be fine later; Run
+// returns an error only when cfg is unusable or the VXLAN device cannot be
+// made. On return it leaves everything in place: pods keep talking while
+// kelp restarts.
+func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
+	return run(ctx, client, cfg, resyncEvery)
+}
+
+func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync time.Duration) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	o := &overlay{client: client, cfg: cfg, local: local{backend: cfg.Backend, ip: cfg.NodeIP, mac: vtepMAC(cfg.NodeName)}}
+	if cfg.Backend == BackendNone {
+		// The CNI the user brings routes the same pod CIDRs: what kelp
+		// routed before the switch to none would get in its way.
+		if err := Remove(); err != nil {
+			return err
+		}
+	} else {
+		up, err := uplink(cfg)
+		if err != nil {
+			return err
+		}
+		o.local.uplink = up.Attrs().Name
+		// Made now, not once the node has a pod CIDR, so a kernel
+		// without VXLAN fails kelp at start, where it is seen.
+		if cfg.Backend == BackendVXLAN {
+			if _, err := ensureDevice(o.local, up); err != nil {
+				return err
+			}
+		}
+	}
+
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimNode))
+	nodes := factory.Core().V1().Nodes()
+	o.nodes = nodes.Lister()
+	changed := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { notify() },
+		UpdateFunc: func(any, any) { notify() },
+		DeleteFunc: func(any) { notify() },
+	}); err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
+		if !synced {
+			return fmt.Errorf("overlay: %v not synced: %w", typ, ctx.Err())
+		}
+	}
+	tick := time.NewTicker(resync)
+	defer tick.Stop()
+	for force := true; ; {
+		if err := o.sync(ctx, force); err != nil {
+			return err
+		}
+		force = false
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			force = true
+		case <-changed:
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(coalesce):
+			}
+		}
+	}
+}
+
+// overlay is the state of Run between syncs.
+type overlay struct {
+	client kubernetes.Interface
+	cfg    Config
+	local  local
+	nodes  corelisters.NodeLister
+	// peers are those last programmed, and podCIDR the node's then.
+	peers   []Peer
+	podCIDR netip.Prefix
+	// programmed says whether programming succeeded once, from when on
+	// changes of peers are logged; clean whether the last one did.
+	programmed, clean bool
+}
+
+// sync publishes the node's annotations and programs the kernel when the
+// node has a pod CIDR and the peers changed, the last programming failed
+// or force is set.
+func (o *overlay) sync(ctx context.Context, force bool) error {
+	self, err := o.nodes.Get(o.cfg.NodeName)
+	if err != nil {
+		log.WithError(err).Debug("waiting for the node to register")
+		return nil
+	}
+	if err := publish(ctx, o.client, self, o.cfg); err != nil {
+		log.WithError(err).Warn("could not publish the node's overlay annotations; trying again")
+	}
+	if o.cfg.Backend == BackendNone {
+		return nil
+	}
+	podCIDR, err := netip.ParsePrefix(self.Spec.PodCIDR)
+	if err != nil || !podCIDR.Addr().Is4() {
+		log.WithField("pod-cidr", self.Spec.PodCIDR).Debug("waiting for the node to get an IPv4 pod CIDR")
+		return nil
+	}
+	podCIDR = podCIDR.Masked()
+	all, err := o.nodes.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	peers := Peers(all, o.cfg)
+	if !force && o.clean && podCIDR == o.podCIDR && reflect.DeepEqual(peers, o.peers) {
+		return nil
+	}
+	l := o.local
+	l.podCIDR = podCIDR
+	err = program(l, peers)
+	switch {
+	case err != nil:
+		log.WithError(err).Warn("could not program the overlay; trying again")
+	case !o.programmed:
+		log.WithFields(logrus.Fields{"backend": o.cfg.Backend, "pod-cidr": podCIDR, "peers": len(peers)}).Info("pod network overlay programmed")
+	}
+	if o.programmed {
+		logChanges(o.peers, peers)
+	}
+	o.peers, o.podCIDR, o.clean = peers, podCIDR, err == nil
+	o.programmed = o.programmed || err == nil
+	return nil
+}
+
+// logChanges tells the operator which nodes were added, changed or removed.
+func logChanges(before, after []Peer) {
+	old := map[string]Peer{}
+	for _, p := range before {
+		old[p.Name] = p
+	}
+	for _, p := range after {
+		fields := logrus.Fields{"node": p.Name, "pod-cidr": p.PodCIDR, "ip": p.IP}
+		if p.MAC != nil {
+			fields["mac"] = p.MAC
+		}
+		q, ok := old[p.Name]
+		delete(old, p.Name)
+		switch {
+		case !ok:
+			log.WithFields(fields).Info("peer added")
+		case !reflect.DeepEqual(p, q):
+			log.WithFields(fields).Info("peer changed")
+		}
+	}
+	for name := range old {
+		log.WithField("node", name).Info("peer removed")
+	}
+}
+
+// annotations are what node publishes; a nil value is an annotation it
+// must not have, left by another backend.
+func annotations(cfg Config) map[string]*string {
+	backend, ip := cfg.Backend, cfg.NodeIP.String()
+	a := map[string]*string{AnnotationBackend: &backend, AnnotationPublicIP: &ip, AnnotationVTEPMAC: nil}
+	if cfg.Backend == BackendVXLAN {
+		mac := vtepMAC(cfg.NodeName).String()
+		a[AnnotationVTEPMAC] = &mac
+	}
+	return a
+}
+
+// publish patches the annotations of node that are not as cfg wants them.
+func publish(ctx context.Context, client kubernetes.Interface, node *corev1.Node, cfg Config) error {
+	patch := map[string]*string{}
+	for k, want := range annotations(cfg) {
+		have, ok := node.Annotations[k]
+		if ok != (want != nil) || (ok && have != *want) {
+			patch[k] = want
+		}
+	}
+	if len(patch) == 0 {
+		return nil
+	}
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
+	if err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	if _, err := client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, data, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("overlay: patch annotations of node %s: %w", node.Name, err)
+	}
+	log.WithFields(logrus.Fields{"backend": cfg.Backend, "public-ip": cfg.NodeIP}).Info("published the node's overlay annotations")
+	return nil
+}
+
+// trimNode keeps of a node only what Peers reads: every node caches every
+// node of the cluster, and a node's status (images, conditions, heartbeats)
+// is most of it.
+func trimNode(obj any) (any, error) {
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	var ann map[string]string
+	for k, v := range node.Annotations {
+		if strings.HasPrefix(k, "overlay.kelp.io/") {
+			if ann == nil {
+				ann = map[string]string{}
+			}
+			ann[k] = v
+		}
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: node.Name, ResourceVersion: node.ResourceVersion, Annotations: ann},
+		Spec:       corev1.NodeSpec{PodCIDR: node.Spec.PodCIDR},
+	}, nil
+}

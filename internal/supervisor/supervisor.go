@@ -1,0 +1,259 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/token"
+)
+
+// Paths the supervisor serves; anyone may reach them (RBAC), the join
+// checks the token itself.
+const (
+	CACertsPath = "/cacerts"
+	PingPath    = "/ping"
+	JoinPath    = "/v1-kelp/join"
+)
+
+// TokenHeader carries "<user>:<secret>". Not Authorization: the apiserver
+// removes that header from the requests it lets through.
+const TokenHeader = "Kelp-Token"
+
+// maxJoins bounds the joins signed at once, so that a hundred nodes
+// booting together do not starve the apiserver they share a process with.
+const maxJoins = 8
+
+var log = logrus.WithField("component", "supervisor")
+
+// Config is what the supervisor serves.
+type Config struct {
+	Certs           pki.Files
+	ServerToken     string // the server token's secret
+	AgentToken      string // --agent-token's secret; empty: none
+	AdminKubeconfig string // for the nodes' password Secrets
+	Agent           AgentConfig
+}
+
+// AgentConfig is what a joining node learns of the cluster.
+type AgentConfig struct {
+	Servers              []string `json:"servers"` // apiserver URLs
+	ClusterCIDR          string   `json:"clusterCIDR"`
+	ServiceCIDR          string   `json:"serviceCIDR"`
+	ClusterDNS           string   `json:"clusterDNS"`
+	ClusterDomain        string   `json:"clusterDomain"`
+	Overlay              string   `json:"overlay"`
+	DisableDNS           bool     `json:"disableDNS"`
+	DisableNetworkPolicy bool     `json:"disableNetworkPolicy"`
+}
+
+// JoinRequest is what a node sends to join.
+type JoinRequest struct {
+	NodeName string   `json:"nodeName"`
+	NodeIPs  []string `json:"nodeIPs"`
+	// Password is the node's own secret, made at its first join: it keeps
+	// another machine from taking over the node's name.
+	Password string `json:"password"`
+}
+
+// JoinResponse is what a node gets when it joins.
+type JoinResponse struct {
+	Config   AgentConfig   `json:"config"`
+	ServerCA []byte        `json:"serverCA"`
+	ClientCA []byte        `json:"clientCA"`
+	Certs    pki.NodeCerts `json:"certs"`
+}
+
+// Routes are the supervisor's handlers by path.
+func Routes(cfg Config) map[string]http.Handler {
+	s := &supervisor{cfg: cfg, slots: make(chan struct{}, maxJoins)}
+	return map[string]http.Handler{
+		CACertsPath: http.HandlerFunc(s.caCerts),
+		PingPath: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintln(w, "pong")
+		}),
+		JoinPath: http.HandlerFunc(s.join),
+	}
+}
+
+type supervisor struct {
+	cfg   Config
+	slots chan struct{}
+
+	clientOnce sync.Once
+	client     kubernetes.Interface
+	clientErr  error
+}
+
+func (s *supervisor) caCerts(w http.ResponseWriter, r *http.Request) {
+	ca, err := os.ReadFile(s.cfg.Certs.ServerCA)
+	if err != nil {
+		http.Error(w, "server CA unavailable", http.StatusInternalServerError)
+		log.WithError(err).Error("read the server CA")
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-pem-file")
+	_, _ = w.Write(ca)
+}
+
+func (s *supervisor) join(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	if !s.authorized(r.Header.Get(TokenHeader)) {
+		log.WithField("from", r.RemoteAddr).Warn("a node presented a wrong token")
+		http.Error(w, "the token is not valid for this cluster: copy it from the server's <data-dir>/server/token", http.StatusUnauthorized)
+		return
+	}
+	var req JoinRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
+		http.Error(w, "malformed join request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	ips, err := validate(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	case <-r.Context().Done():
+		return
+	}
+	if err := s.claimName(r.Context(), req); err != nil {
+		status := http.StatusInternalServerError
+		if errors.Is(err, errNameTaken) {
+			status = http.StatusConflict
+		}
+		http.Error(w, err.Error(), status)
+		log.WithError(err).WithField("node", req.NodeName).Warn("join refused")
+		return
+	}
+	resp, err := s.response(req.NodeName, ips)
+	if err != nil {
+		http.Error(w, "could not issue the node's certificates", http.StatusInternalServerError)
+		log.WithError(err).WithField("node", req.NodeName).Error("join failed")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
+	log.WithFields(logrus.Fields{"node": req.NodeName, "ips": req.NodeIPs}).Info("node joined")
+}
+
+// authorized accepts the server token, and the agent token as a node.
+func (s *supervisor) authorized(header string) bool {
+	user, secret, ok := strings.Cut(header, ":")
+	if !ok || secret == "" {
+		return false
+	}
+	switch user {
+	case token.ServerUser:
+		return token.Equal(secret, s.cfg.ServerToken)
+	case token.NodeUser:
+		return token.Equal(secret, s.cfg.ServerToken) || (s.cfg.AgentToken != "" && token.Equal(secret, s.cfg.AgentToken))
+	}
+	return false
+}
+
+func validate(req JoinRequest) ([]net.IP, error) {
+	if errs := validation.IsDNS1123Subdomain(req.NodeName); len(errs) > 0 {
+		return nil, fmt.Errorf("node name %q: %s", req.NodeName, strings.Join(errs, "; "))
+	}
+	if len(req.Password) < 16 {
+		return nil, errors.New("the node password is missing or too short")
+	}
+	var ips []net.IP
+	for _, s := range req.NodeIPs {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return nil, fmt.Errorf("node IP %q is not an IP address", s)
+		}
+		ips = append(ips, ip)
+	}
+	return ips, nil
+}
+
+var errNameTaken = errors.New("node name taken")
+
+// claimName records the node's password under its name, or checks it: a
+// name belongs to the machine that joined under it first, until its Node
+// is deleted (`kubectl delete node`).
+func (s *supervisor) claimName(ctx context.Context, req JoinRequest) error {
+	c, err := s.kube()
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256([]byte(req.Password))
+	hash := hex.EncodeToString(sum[:])
+	secrets := c.CoreV1().Secrets("kube-system")
+	name := req.NodeName + ".node-password.kelp"
+	existing, err := secrets.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = secrets.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kelp.io/node-password": req.NodeName}},
+			Data:       map[string][]byte{"hash": []byte(hash)},
+		}, metav1.CreateOptions{})
+		return err
+	case err != nil:
+		return err
+	case token.Equal(string(existing.Data["hash"]), hash):
+		return nil
+	}
+	if _, err := c.CoreV1().Nodes().Get(ctx, req.NodeName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: another machine is node %q; give this one another --node-name, or free the name with `kubectl delete node %s`", errNameTaken, req.NodeName, req.NodeName)
+	}
+	existing.Data = map[string][]byte{"hash": []byte(hash)}
+	_, err = secrets.Update(ctx, existing, metav1.UpdateOptions{})
+	return err
+}
+
+func (s *supervisor) kube() (kubernetes.Interface, error) {
+	s.clientOnce.Do(func() {
+		rc, err := clientcmd.BuildConfigFromFlags("", s.cfg.AdminKubeconfig)
+		if err != nil {
+			s.clientErr = err
+			return
+		}
+		s.client, s.clientErr = kubernetes.NewForConfig(rc)
+	})
+	return s.client, s.clientErr
+}
+
+func (s *supervisor) response(name string, ips []net.IP) (JoinResponse, error) {
+	certs, err := pki.IssueNode(s.cfg.Certs, name, ips)
+	if err != nil {
+		return JoinResponse{}, err
+	}
+	serverCA, err := os.ReadFile(s.cfg.Certs.ServerCA)
+	if err != nil {
+		return JoinResponse{}, err
+	}
+	clientCA, err := os.ReadFile(s.cfg.Certs.ClientCA)
+	if err != nil {
+		return JoinResponse{}, err
+	}
+	return JoinResponse{Config: s.cfg.Agent, ServerCA: serverCA, ClientCA: clientCA, Certs: certs}, nil
+}

@@ -1,0 +1,138 @@
+package supervisor
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kelp-dev/kelp/internal/pki"
+)
+
+func testSupervisor(t *testing.T, objects ...any) (*supervisor, *fake.Clientset) {
+	t.Helper()
+	dir := t.TempDir()
+	certs, err := pki.Ensure(pki.Config{Dir: filepath.Join(dir, "tls"), Hostname: "server", ServiceIP: []byte{10, 43, 0, 1}, ClusterDomain: "cluster.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset()
+	for _, o := range objects {
+		switch o := o.(type) {
+		case *corev1.Node:
+			_ = client.Tracker().Add(o)
+		case *corev1.Secret:
+			_ = client.Tracker().Add(o)
+		}
+	}
+	s := &supervisor{cfg: Config{Certs: certs, ServerToken: "server-secret", AgentToken: "agent-secret", Agent: AgentConfig{ClusterCIDR: "10.42.0.0/16"}}, slots: make(chan struct{}, maxJoins)}
+	s.clientOnce.Do(func() { s.client = client })
+	return s, client
+}
+
+func joinAs(s *supervisor, tokenHeader string, req JoinRequest) *httptest.ResponseRecorder {
+	body, _ := json.Marshal(req)
+	r := httptest.NewRequest(http.MethodPost, JoinPath, bytes.NewReader(body))
+	if tokenHeader != "" {
+		r.Header.Set(TokenHeader, tokenHeader)
+	}
+	w := httptest.NewRecorder()
+	s.join(w, r)
+	return w
+}
+
+func TestJoin(t *testing.T) {
+	s, client := testSupervisor(t)
+	req := JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.99.0.3"}, Password: "0123456789abcdef0123"}
+	for _, tc := range []struct {
+		name, header string
+		want         int
+	}{
+		{"no token", "", http.StatusUnauthorized},
+		{"wrong secret", "node:guess", http.StatusUnauthorized},
+		{"agent token as the server", "server:agent-secret", http.StatusUnauthorized},
+		{"unknown user", "admin:server-secret", http.StatusUnauthorized},
+		{"agent token", "node:agent-secret", http.StatusOK},
+		{"server token", "node:server-secret", http.StatusOK},
+	} {
+		if w := joinAs(s, tc.header, req); w.Code != tc.want {
+			t.Errorf("%s: %d %s, want %d", tc.name, w.Code, w.Body, tc.want)
+		}
+	}
+	w := joinAs(s, "node:agent-secret", req)
+	var resp JoinResponse
+	if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil {
+		t.Fatal(err)
+	}
+	if resp.Config.ClusterCIDR != "10.42.0.0/16" || len(resp.ServerCA) == 0 || len(resp.ClientCA) == 0 || len(resp.Certs.KubeletClient.Key) == 0 {
+		t.Errorf("join answered %+v", resp.Config)
+	}
+	if _, err := client.CoreV1().Secrets("kube-system").Get(t.Context(), "agent-1.node-password.kelp", metav1.GetOptions{}); err != nil {
+		t.Errorf("no password Secret: %v", err)
+	}
+
+	for _, bad := range []JoinRequest{
+		{NodeName: "Not_A_Name", Password: req.Password},
+		{NodeName: "agent-2", Password: "short"},
+		{NodeName: "agent-2", Password: req.Password, NodeIPs: []string{"10.99.0.300"}},
+	} {
+		if w := joinAs(s, "node:agent-secret", bad); w.Code != http.StatusBadRequest {
+			t.Errorf("%+v: %d, want 400", bad, w.Code)
+		}
+	}
+}
+
+// A node's name belongs to the machine that joined under it first, until
+// its Node is deleted.
+func TestJoinNodeName(t *testing.T) {
+	s, client := testSupervisor(t)
+	first := JoinRequest{NodeName: "agent-1", Password: "first-machine-password"}
+	second := JoinRequest{NodeName: "agent-1", Password: "second-machine-password"}
+	if w := joinAs(s, "node:agent-secret", first); w.Code != http.StatusOK {
+		t.Fatalf("first join: %d %s", w.Code, w.Body)
+	}
+	if _, err := client.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "agent-1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := joinAs(s, "node:agent-secret", second)
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "kubectl delete node agent-1") {
+		t.Errorf("another machine took the name: %d %s", w.Code, w.Body)
+	}
+	if w := joinAs(s, "node:agent-secret", first); w.Code != http.StatusOK {
+		t.Errorf("the first machine again: %d %s", w.Code, w.Body)
+	}
+	if err := client.CoreV1().Nodes().Delete(t.Context(), "agent-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if w := joinAs(s, "node:agent-secret", second); w.Code != http.StatusOK {
+		t.Errorf("after kubectl delete node: %d %s", w.Code, w.Body)
+	}
+	if w := joinAs(s, "node:agent-secret", first); w.Code != http.StatusOK {
+		// The Node is gone, so the name is free again for anyone.
+		t.Errorf("the first machine after the second: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestPublicRoutes(t *testing.T) {
+	s, _ := testSupervisor(t)
+	routes := Routes(s.cfg)
+	w := httptest.NewRecorder()
+	routes[CACertsPath].ServeHTTP(w, httptest.NewRequest(http.MethodGet, CACertsPath, nil))
+	ca, _ := os.ReadFile(s.cfg.Certs.ServerCA)
+	if w.Code != http.StatusOK || !bytes.Equal(w.Body.Bytes(), ca) {
+		t.Errorf("/cacerts: %d, %d bytes", w.Code, w.Body.Len())
+	}
+	w = httptest.NewRecorder()
+	routes[PingPath].ServeHTTP(w, httptest.NewRequest(http.MethodGet, PingPath, nil))
+	if strings.TrimSpace(w.Body.String()) != "pong" {
+		t.Errorf("/ping: %q", w.Body)
+	}
+}

@@ -1,0 +1,70 @@
+package token
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	hash := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		in      string
+		want    Token
+		wantErr string
+	}{
+		{in: "KELP1" + hash + "::server:s3cret", want: Token{CAHash: hash, User: ServerUser, Secret: "s3cret"}},
+		{in: " KELP1" + hash + "::node:s3cret\n", want: Token{CAHash: hash, User: NodeUser, Secret: "s3cret"}},
+		{in: "s3cret", want: Token{User: NodeUser, Secret: "s3cret"}},
+		{in: "", wantErr: "empty"},
+		{in: "K10" + hash + "::server:s3cret", wantErr: "does not start with KELP1"},
+		{in: "KELP1abc::server:s3cret", wantErr: "CA hash is malformed"},
+		{in: "KELP1" + strings.Repeat("zz", 32) + "::server:s3cret", wantErr: "CA hash is malformed"},
+		{in: "KELP1" + hash + "::root:s3cret", wantErr: "credentials are malformed"},
+		{in: "KELP1" + hash + "::server:", wantErr: "credentials are malformed"},
+	} {
+		got, err := Parse(tc.in, NodeUser)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Parse(%q) = %v, %v; want an error with %q", tc.in, got, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("Parse(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+		if again, err := Parse(got.String(), NodeUser); err != nil || again != got {
+			t.Errorf("round trip of %q: %+v, %v", got.String(), again, err)
+		}
+	}
+}
+
+func TestEnsure(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "server", "token")
+	hashA, hashB := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	first, err := Ensure(path, ServerUser, "", hashA)
+	if err != nil || len(first.Secret) != 32 || first.CAHash != hashA {
+		t.Fatalf("first token %+v, %v", first, err)
+	}
+	if again, err := Ensure(path, ServerUser, "", hashA); err != nil || again != first {
+		t.Errorf("a second start changed the token: %+v, %v", again, err)
+	}
+	// A new CA keeps the secret; a flag replaces it.
+	if moved, err := Ensure(path, ServerUser, "", hashB); err != nil || moved.Secret != first.Secret || moved.CAHash != hashB {
+		t.Errorf("after a CA change: %+v, %v", moved, err)
+	}
+	if chosen, err := Ensure(path, ServerUser, "mine", hashB); err != nil || chosen.Secret != "mine" {
+		t.Errorf("--token: %+v, %v", chosen, err)
+	}
+	data, _ := os.ReadFile(path)
+	if got := strings.TrimSpace(string(data)); got != "KELP1"+hashB+"::server:mine" {
+		t.Errorf("file holds %q", got)
+	}
+	if err := os.WriteFile(path, []byte("KELP1broken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Ensure(path, ServerUser, "", hashB); err == nil || !strings.Contains(err.Error(), "remove it") {
+		t.Errorf("a damaged file: %v", err)
+	}
+}

@@ -1,0 +1,102 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/supervisor"
+	"github.com/kelp-dev/kelp/internal/token"
+)
+
+// secrets are the token secrets nodes join with.
+type secrets struct {
+	server, agent string // agent: empty without --agent-token
+}
+
+// ensureTokens keeps the join tokens in <data-dir>/server: token (joins
+// anything) and, with --agent-token, agent-token (joins agents only), each
+// pinned to the server CA.
+func ensureTokens(cfg config.Server, certs pki.Files) (secrets, error) {
+	ca, err := os.ReadFile(certs.ServerCA)
+	if err != nil {
+		return secrets{}, fmt.Errorf("read server CA: %w", err)
+	}
+	hash := pki.CAHash(ca)
+	dir := filepath.Join(cfg.DataDir, "server")
+	server, err := token.Ensure(filepath.Join(dir, "token"), token.ServerUser, cfg.Token, hash)
+	if err != nil {
+		return secrets{}, err
+	}
+	s := secrets{server: server.Secret}
+	agentPath := filepath.Join(dir, "agent-token")
+	if cfg.AgentToken == "" {
+		// An agent token given once and dropped since must stop working.
+		if err := os.Remove(agentPath); err != nil && !os.IsNotExist(err) {
+			return secrets{}, fmt.Errorf("remove %s: %w", agentPath, err)
+		}
+		return s, nil
+	}
+	agent, err := token.Ensure(agentPath, token.NodeUser, cfg.AgentToken, hash)
+	if err != nil {
+		return secrets{}, err
+	}
+	s.agent = agent.Secret
+	return s, nil
+}
+
+// agentConfig is what joining nodes learn of the cluster.
+func agentConfig(cfg config.Server) supervisor.AgentConfig {
+	return supervisor.AgentConfig{
+		Servers:              []string{"https://" + net.JoinHostPort(cfg.AdvertiseAddress.String(), strconv.Itoa(cfg.HTTPSPort))},
+		ClusterCIDR:          cfg.ClusterCIDR.String(),
+		ServiceCIDR:          cfg.ServiceCIDR.String(),
+		ClusterDNS:           cfg.ClusterDNS.String(),
+		ClusterDomain:        cfg.ClusterDomain,
+		Overlay:              cfg.Overlay.Backend,
+		DisableDNS:           cfg.Disable.CoreDNS,
+		DisableNetworkPolicy: cfg.Disable.NetworkPolicy,
+	}
+}
+
+// ensureSupervisorAccess lets anyone reach the supervisor's paths: a node
+// that joins has no credentials yet; the join checks its token.
+func ensureSupervisorAccess(ctx context.Context, adminKubeconfig string) error {
+	c, err := adminClient(adminKubeconfig)
+	if err != nil {
+		return err
+	}
+	const name = "kelp:supervisor"
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules: []rbacv1.PolicyRule{{
+			NonResourceURLs: []string{supervisor.CACertsPath, supervisor.PingPath, supervisor.JoinPath},
+			Verbs:           []string{"get", "post"},
+		}},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects: []rbacv1.Subject{
+			{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:unauthenticated"},
+			{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:authenticated"},
+		},
+	}
+	return createAll(ctx, "supervisor access",
+		func() error {
+			_, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{})
+			return err
+		})
+}
