@@ -193,6 +193,13 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 			return n.dns.WatchCustom(ctx, dnsClient)
 		})
 	}
+	if err := kubeconfig.Write(p.ControllerKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.ControllerCert, KeyFile: creds.ControllerKey}); err != nil {
+		return nil, err
+	}
+	controllerClient, err := clientFor(p.ControllerKubeconfig)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.DisableNetworkPolicy {
 		// Policies enforced before the user turned enforcement off would
 		// stay in force forever.
@@ -200,13 +207,6 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 			return nil, err
 		}
 	} else {
-		if err := kubeconfig.Write(p.ControllerKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.ControllerCert, KeyFile: creds.ControllerKey}); err != nil {
-			return nil, err
-		}
-		controllerClient, err := clientFor(p.ControllerKubeconfig)
-		if err != nil {
-			return nil, err
-		}
 		n.netpol = component.Go(context.WithoutCancel(ctx), "network policy", func(ctx context.Context) error {
 			return netpol.Run(ctx, controllerClient, netpol.Config{NodeName: cfg.NodeName})
 		})
@@ -246,7 +246,7 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 		return nil, err
 	}
 	n.overlay = component.Go(context.WithoutCancel(ctx), "overlay", func(ctx context.Context) error {
-		return overlay.Run(ctx, kube, ocfg)
+		return overlay.Run(ctx, controllerClient, ocfg)
 	})
 	n.background = component.Go(context.WithoutCancel(ctx), "node network and images", func(ctx context.Context) error {
 		cidr, err := cni.WaitPodCIDR(ctx, kube, cfg.NodeName)

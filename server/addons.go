@@ -91,12 +91,13 @@ func startServiceLB(ctx context.Context, adminKubeconfig string) (*component.Run
 	return component.Go(ctx, "servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, c) }), nil
 }
 
-// controllerUser is the identity of the nodes' NetworkPolicy controllers
-// (pki's controller cert).
+// controllerUser is the identity of the nodes' own controllers, the
+// overlay and NetworkPolicy (pki's controller cert).
 const controllerUser = "system:kelp-controller"
 
-// ensureControllerAccess lets the nodes' NetworkPolicy controllers read
-// what decides who may talk to whom.
+// ensureControllerAccess lets the nodes' controllers read what decides who
+// may talk to whom, and publish their overlay addresses on their Nodes
+// (a node's own identity may no longer list the others).
 func ensureControllerAccess(ctx context.Context, adminKubeconfig string) error {
 	c, err := adminClient(adminKubeconfig)
 	if err != nil {
@@ -107,6 +108,7 @@ func ensureControllerAccess(ctx context.Context, adminKubeconfig string) error {
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}},
 		},
 	}
 	return createAll(ctx, "node controller access", func() error { return createClusterRole(ctx, c, role) })

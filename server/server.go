@@ -140,6 +140,9 @@ func run(ctx context.Context, cfg config.Server) error {
 	if err := ensureSupervisorAccess(ctx, creds.admin); err != nil {
 		return err
 	}
+	if err := ensureControllerAccess(ctx, creds.admin); err != nil {
+		return err
+	}
 	if !single {
 		hostname, _ := os.Hostname()
 		if err := releaseOwnLeases(ctx, creds.admin, hostname); err != nil {
@@ -192,11 +195,6 @@ func run(ctx context.Context, cfg config.Server) error {
 	if !cfg.DisableAgent {
 		if !cfg.Disable.CoreDNS {
 			if err := ensureDNSObjects(ctx, creds.admin, cfg.ClusterDNS); err != nil {
-				return err
-			}
-		}
-		if !cfg.Disable.NetworkPolicy {
-			if err := ensureControllerAccess(ctx, creds.admin); err != nil {
 				return err
 			}
 		}
