@@ -3,6 +3,10 @@
 // machine's interfaces, routes, nftables or mounts, and leave nothing
 // behind: the namespaces die with the processes the tests kill.
 //
+// NewNode makes a single machine. A Lab links several nodes (a server and
+// agents) by a bridge in a namespace of its own, and gives each of them its
+// own cgroup subtree as well, so their kubelets do not share kubepods.
+//
 // Cluster tests need root and a built kelp binary ($KELP_BIN, default
 // bin/kelp at the top of the repository; scripts/test.sh builds it).
 package testcluster

@@ -25,27 +25,34 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// NodeIP is the address every test node has on its own bridge.
+// NodeIP is the address a node made by NewNode has on its own bridge.
 const NodeIP = "10.99.0.2"
 
-// NodeName is the --node-name of every test server.
+// NodeName is the --node-name of a server made by NewNode.
 const NodeName = "kelp-test"
 
 // Node is one kelp machine: a network and mount namespace held open by a
-// sleeping process, a data dir, and the kelp processes started in it.
+// sleeping process, a data dir, and the kelp process started in it.
 type Node struct {
 	t          *testing.T
+	Name       string // --node-name
+	IP         string // the node's address
 	Dir        string // scratch space of the test
 	DataDir    string
 	Kubeconfig string
 	// Agent makes Start run a node beside the control plane; the node's
 	// containers and mounts are removed with `kelp killall` at cleanup.
-	Agent      bool
-	holder     *exec.Cmd
-	server     *exec.Cmd
-	serverDone chan error
-	serverLog  string
-	logs       []string
+	Agent  bool
+	holder *exec.Cmd
+	// cgroups is the node's own cgroup subtree; nil for a node made by
+	// NewNode, which uses the host's cgroups as a single machine would.
+	cgroups *cgroupTree
+	joined  bool // StartAgent ran, so there is a node to killall
+	kelp    *exec.Cmd
+	role    string // of kelp: "server" or "agent"
+	done    chan error
+	kelpLog string
+	logs    []string
 }
 
 // NeedRoot skips a test on a machine where it cannot run: cluster tests
@@ -84,8 +91,7 @@ var privateDirs = []string{"/run/kelp", "/run/netns", "/var/lib/kubelet"}
 func NewNode(t *testing.T) *Node {
 	t.Helper()
 	NeedRoot(t)
-	dir := t.TempDir()
-	n := &Node{t: t, Dir: dir, DataDir: filepath.Join(dir, "data"), Kubeconfig: filepath.Join(dir, "kelp.yaml")}
+	n := newNode(t, NodeName, NodeIP)
 	setup := []string{
 		"ip link set lo up",
 		"ip link add kelp-lab type bridge",
@@ -95,51 +101,87 @@ func NewNode(t *testing.T) *Node {
 		// drops what it cannot deliver: nothing answers at 10.99.0.1.
 		"ip route add default via 10.99.0.1 dev kelp-lab",
 	}
-	for _, d := range privateDirs {
+	setup = append(setup, privateMounts(t, privateDirs)...)
+	n.holder = exec.Command("unshare", "--net", "--mount", "--propagation", "private", "sh", "-c", holderScript(setup))
+	t.Cleanup(n.cleanup)
+	if err := startHolder(n.holder); err != nil {
+		t.Fatalf("set up node namespaces: %v", err)
+	}
+	return n
+}
+
+func newNode(t *testing.T, name, ip string) *Node {
+	dir := t.TempDir()
+	return &Node{t: t, Name: name, IP: ip, Dir: dir, DataDir: filepath.Join(dir, "data"), Kubeconfig: filepath.Join(dir, "kelp.yaml")}
+}
+
+// privateMounts are the shell commands that mount an empty tmpfs over each
+// of dirs.
+func privateMounts(t *testing.T, dirs []string) []string {
+	var script []string
+	for _, d := range dirs {
 		// The mount point must exist on the host; an empty directory there
 		// changes nothing for the host.
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		setup = append(setup, "mount -t tmpfs -o mode=0755 kelp-test "+d)
+		script = append(script, "mount -t tmpfs -o mode=0755 kelp-test "+d)
 	}
-	n.holder = exec.Command("unshare", "--net", "--mount", "--propagation", "private", "sh", "-c", strings.Join(append(setup,
-		"echo ready",
-		"exec sleep infinity",
-	), " && "))
-	n.holder.Stderr = os.Stderr
-	out, err := n.holder.StdoutPipe()
+	return script
+}
+
+// holderScript runs setup, then says "ready" and sleeps: the namespaces
+// it made live as long as it does.
+func holderScript(setup []string) string {
+	return strings.Join(append(setup, "echo ready", "exec sleep infinity"), " && ")
+}
+
+// startHolder starts a process running holderScript and waits until it is
+// ready. Whoever called it kills the process at cleanup, also on error.
+func startHolder(holder *exec.Cmd) error {
+	var stderr bytes.Buffer
+	holder.Stderr = &stderr
+	out, err := holder.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if err := start(n.holder); err != nil {
-		t.Fatalf("start namespace holder: %v", err)
+	if err := start(holder); err != nil {
+		return err
 	}
-	t.Cleanup(n.cleanup)
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil || strings.TrimSpace(line) != "ready" {
-		t.Fatalf("set up node namespaces: %q %v", line, err)
+		_ = holder.Process.Kill()
+		_ = holder.Wait()
+		return fmt.Errorf("%q %v: %s", line, err, stderr.String())
 	}
-	return n
+	return nil
 }
 
 // cleanup kills what the node started, the holder last so the namespaces
-// go away, and shows the logs if the test failed.
+// go away, removes the node's cgroups, and shows the logs if the test
+// failed.
 func (n *Node) cleanup() {
-	if n.server != nil && n.serverDone != nil {
-		_ = n.server.Process.Kill()
-		<-n.serverDone
+	if n.kelp != nil && n.done != nil {
+		_ = n.kelp.Process.Kill()
+		<-n.done
 	}
-	if n.Agent {
-		// Shims and containers outlive kelp on purpose; killall removes
-		// them, their mounts and their cgroups.
-		cmd := n.Command(Binary(n.t), "killall", "--data-dir", n.DataDir)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			n.t.Errorf("kelp killall: %v\n%s", err, out)
+	if n.holder != nil && n.holder.Process != nil && n.holder.ProcessState == nil {
+		if n.Agent || n.joined {
+			// Shims and containers outlive kelp on purpose; killall removes
+			// them, their mounts and their cgroups.
+			cmd := n.Command(Binary(n.t), "killall", "--data-dir", n.DataDir)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				n.t.Errorf("kelp killall: %v\n%s", err, out)
+			}
+		}
+		_ = n.holder.Process.Kill()
+		_ = n.holder.Wait()
+	}
+	if n.cgroups != nil {
+		if err := n.cgroups.remove(); err != nil {
+			n.t.Errorf("node %s: %v", n.Name, err)
 		}
 	}
-	_ = n.holder.Process.Kill()
-	_ = n.holder.Wait()
 	if n.t.Failed() {
 		for _, path := range n.logs {
 			data, _ := os.ReadFile(path)
@@ -147,7 +189,7 @@ func (n *Node) cleanup() {
 			if len(lines) > 150 {
 				lines = lines[len(lines)-150:]
 			}
-			n.t.Logf("---- last lines of %s ----\n%s", path, strings.Join(lines, "\n"))
+			n.t.Logf("---- node %s: last lines of %s ----\n%s", n.Name, path, strings.Join(lines, "\n"))
 		}
 	}
 }
@@ -164,18 +206,54 @@ func (n *Node) CommandAs(uid, gid int, name string, args ...string) *exec.Cmd {
 }
 
 func (n *Node) command(opts []string, name string, args ...string) *exec.Cmd {
-	nsenter := append([]string{"--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount"}, opts...)
-	return exec.Command("nsenter", append(append(nsenter, "--", name), args...)...)
+	nsenter := []string{"nsenter", "--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount"}
+	if n.cgroups == nil {
+		return exec.Command(nsenter[0], append(append(append(nsenter[1:], opts...), "--", name), args...)...)
+	}
+	// Entering a cgroup namespace moves no process: the command joins the
+	// node's cgroups first, or it would run outside the node's view.
+	nsenter = append(append(append(nsenter, "--cgroup"), opts...), "--", name)
+	return joinCgroups(n.cgroups.procs(), append(nsenter, args...)...)
+}
+
+// joinCgroups returns a command that moves itself into the cgroups whose
+// cgroup.procs files are procs, then runs args.
+func joinCgroups(procs []string, args ...string) *exec.Cmd {
+	var script []string
+	for _, p := range procs {
+		script = append(script, "echo $$ > "+p)
+	}
+	script = append(script, `exec "$@"`)
+	return exec.Command("sh", append([]string{"-c", strings.Join(script, " && "), "kelp-test-node"}, args...)...)
 }
 
 // ServerArgs are the flags every test server gets: its own data dir and
 // kubeconfig, and no node unless n.Agent.
 func (n *Node) ServerArgs(extra ...string) []string {
-	args := []string{"server", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig, "--node-name", NodeName}
+	args := []string{"server", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig, "--node-name", n.Name}
 	if !n.Agent {
 		args = append(args, "--disable-agent")
 	}
 	return append(args, extra...)
+}
+
+// AgentArgs are the flags every test agent gets: the server to join with
+// the token in tokenFile, its own data dir, n's name and address.
+func (n *Node) AgentArgs(serverURL, tokenFile string, extra ...string) []string {
+	args := []string{"agent", "--server", serverURL, "--token-file", tokenFile, "--data-dir", n.DataDir, "--node-name", n.Name, "--node-ip", n.IP}
+	return append(args, extra...)
+}
+
+// URL is where agents join a server running on n.
+func (n *Node) URL() string {
+	return "https://" + net.JoinHostPort(n.IP, "6443")
+}
+
+// TokenFile is where a server running on n writes the token agents join
+// with. The node's mount namespace shares the test's temp dirs, so an
+// agent on another node reads it there.
+func (n *Node) TokenFile() string {
+	return filepath.Join(n.DataDir, "server", "token")
 }
 
 // Kubectl runs kelp's kubectl against the node with args.
@@ -187,8 +265,24 @@ func (n *Node) Kubectl(args ...string) (string, error) {
 // Start starts `kelp server` with ServerArgs(extra...) in the background.
 func (n *Node) Start(extra ...string) {
 	n.t.Helper()
-	if n.server != nil {
-		n.t.Fatal("a server is already running on this node")
+	n.startKelp("server", n.ServerArgs(extra...))
+}
+
+// StartAgent starts `kelp agent` with AgentArgs(serverURL, tokenFile,
+// extra...) in the background: n joins the server at serverURL. Its
+// containers and mounts are removed with `kelp killall` at cleanup.
+func (n *Node) StartAgent(serverURL, tokenFile string, extra ...string) {
+	n.t.Helper()
+	n.joined = true
+	n.startKelp("agent", n.AgentArgs(serverURL, tokenFile, extra...))
+}
+
+// startKelp starts kelp with args as n's one kelp process, logging to a
+// file of its own that WaitLog and Logged read and cleanup shows.
+func (n *Node) startKelp(role string, args []string) {
+	n.t.Helper()
+	if n.kelp != nil {
+		n.t.Fatalf("kelp %s is already running on node %s", n.role, n.Name)
 	}
 	logPath := filepath.Join(n.Dir, fmt.Sprintf("kelp-%d.log", len(n.logs)+1))
 	logFile, err := os.Create(logPath)
@@ -196,15 +290,19 @@ func (n *Node) Start(extra ...string) {
 		n.t.Fatal(err)
 	}
 	n.logs = append(n.logs, logPath)
-	n.serverLog = logPath
-	n.server = n.Command(Binary(n.t), n.ServerArgs(extra...)...)
-	n.server.Stdout, n.server.Stderr = logFile, logFile
-	if err := start(n.server); err != nil {
-		n.t.Fatalf("start kelp server: %v", err)
+	n.kelpLog = logPath
+	n.role = role
+	n.kelp = n.Command(Binary(n.t), args...)
+	n.kelp.Stdout, n.kelp.Stderr = logFile, logFile
+	if err := start(n.kelp); err != nil {
+		n.kelp = nil
+		logFile.Close()
+		n.t.Fatalf("start kelp %s: %v", role, err)
 	}
-	n.serverDone = make(chan error, 1)
+	cmd, done := n.kelp, make(chan error, 1)
+	n.done = done
 	go func() {
-		n.serverDone <- n.server.Wait()
+		done <- cmd.Wait()
 		logFile.Close()
 	}()
 }
@@ -221,7 +319,7 @@ func (n *Node) WaitReady(timeout time.Duration) {
 	}
 	last := "no answer"
 	for {
-		resp, err := client.Get("https://" + NodeIP + ":6443/readyz")
+		resp, err := client.Get(n.URL() + "/readyz")
 		if err == nil {
 			body := new(bytes.Buffer)
 			_, _ = body.ReadFrom(resp.Body)
@@ -234,8 +332,8 @@ func (n *Node) WaitReady(timeout time.Duration) {
 			last = err.Error()
 		}
 		select {
-		case err := <-n.serverDone:
-			n.serverDone <- err
+		case err := <-n.done:
+			n.done <- err
 			n.t.Fatalf("kelp server exited before it was ready: %v", err)
 		case <-ctx.Done():
 			n.t.Fatalf("kelp server not ready after %s: %s", timeout, last)
@@ -244,40 +342,44 @@ func (n *Node) WaitReady(timeout time.Duration) {
 	}
 }
 
-// WaitLog waits until the running server's log contains text.
+// WaitLog waits until the log of the running kelp contains text.
 func (n *Node) WaitLog(text string, timeout time.Duration) {
 	n.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !n.Logged(text) {
 		if time.Now().After(deadline) {
-			n.t.Fatalf("kelp server did not log %q within %s", text, timeout)
+			n.t.Fatalf("kelp %s on node %s did not log %q within %s", n.role, n.Name, text, timeout)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// Logged says whether the running server's log contains text.
+// Logged says whether the log of the running kelp contains text.
 func (n *Node) Logged(text string) bool {
-	data, _ := os.ReadFile(n.serverLog)
+	data, _ := os.ReadFile(n.kelpLog)
 	return bytes.Contains(data, []byte(text))
 }
 
-// Stop sends SIGTERM and waits for a clean exit; it returns how long the
-// server took. A server that does not exit in 30 s fails the test.
+// Stop sends SIGTERM to the running kelp and waits for a clean exit; it
+// returns how long kelp took. A kelp that does not exit in 30 s fails the
+// test.
 func (n *Node) Stop() time.Duration {
 	n.t.Helper()
+	if n.kelp == nil {
+		n.t.Fatalf("no kelp is running on node %s", n.Name)
+	}
 	start := time.Now()
-	if err := n.server.Process.Signal(syscall.SIGTERM); err != nil {
-		n.t.Fatalf("signal kelp server: %v", err)
+	if err := n.kelp.Process.Signal(syscall.SIGTERM); err != nil {
+		n.t.Fatalf("signal kelp %s: %v", n.role, err)
 	}
 	select {
-	case err := <-n.serverDone:
-		n.server, n.serverDone = nil, nil
+	case err := <-n.done:
+		n.kelp, n.done = nil, nil
 		if err != nil {
-			n.t.Fatalf("kelp server did not exit cleanly: %v", err)
+			n.t.Fatalf("kelp %s did not exit cleanly: %v", n.role, err)
 		}
 	case <-time.After(30 * time.Second):
-		n.t.Fatal("kelp server did not stop within 30 s of SIGTERM")
+		n.t.Fatalf("kelp %s did not stop within 30 s of SIGTERM", n.role)
 	}
 	return time.Since(start)
 }

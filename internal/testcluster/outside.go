@@ -1,13 +1,10 @@
 package testcluster
 
 import (
-	"bufio"
 	"context"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 )
 
 // Addresses of the link between a node and its Outside.
@@ -26,21 +23,15 @@ type Outside struct {
 // NewOutside makes the Outside of n; it goes away with the test.
 func (n *Node) NewOutside() *Outside {
 	n.t.Helper()
-	o := &Outside{holder: exec.Command("unshare", "--net", "sh", "-c", "ip link set lo up && echo ready && exec sleep infinity")}
-	o.holder.Stderr = os.Stderr
-	out, err := o.holder.StdoutPipe()
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	if err := start(o.holder); err != nil {
-		n.t.Fatalf("start outside namespace: %v", err)
-	}
+	o := &Outside{holder: exec.Command("unshare", "--net", "sh", "-c", holderScript([]string{"ip link set lo up"}))}
 	n.t.Cleanup(func() {
-		_ = o.holder.Process.Kill()
-		_ = o.holder.Wait()
+		if o.holder.Process != nil && o.holder.ProcessState == nil {
+			_ = o.holder.Process.Kill()
+			_ = o.holder.Wait()
+		}
 	})
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
-		n.t.Fatalf("set up outside namespace: %q %v", line, err)
+	if err := startHolder(o.holder); err != nil {
+		n.t.Fatalf("set up outside namespace: %v", err)
 	}
 	pid := strconv.Itoa(o.holder.Process.Pid)
 	for _, cmd := range []*exec.Cmd{
