@@ -1,0 +1,217 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// spreadWorkload puts one web pod on every node, behind a NodePort
+// Service, and a client pod on each agent.
+const spreadWorkload = `
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: web
+        image: ` + testcluster.TestImage + `
+        imagePullPolicy: IfNotPresent
+        args: [serve]
+        ports: [{containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080, nodePort: 30100}]
+`
+
+func TestMultiNodeVXLAN(t *testing.T)  { testMultiNode(t, "vxlan") }
+func TestMultiNodeHostGW(t *testing.T) { testMultiNode(t, "host-gw") }
+
+// testMultiNode runs a server and two agents in a lab with the overlay
+// backend, and checks pods on different nodes reach each other, by pod IP
+// and through a Service by DNS name; NodePorts on every node; logs and
+// exec on an agent; a second machine claiming a node's name; an agent
+// restart that keeps its pods; and a deleted node's routes going away.
+func testMultiNode(t *testing.T, backend string) {
+	lab := testcluster.NewLab(t)
+	image := testcluster.BuildTestImage(t, testcluster.TestImage)
+	node := func(name, ip string) *testcluster.Node {
+		n := lab.NewNode(name, ip)
+		images := filepath.Join(n.DataDir, "agent", "images")
+		if err := os.MkdirAll(images, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		copyFile(t, image, filepath.Join(images, "testapp.tar"))
+		return n
+	}
+	srv := node("server", "10.99.0.2")
+	srv.Agent = true
+	srv.Start("--overlay", backend)
+	srv.WaitReady(startTimeout)
+	srv.WaitLog("kelp node is running", startTimeout)
+	agents := []*testcluster.Node{node("agent-1", "10.99.0.3"), node("agent-2", "10.99.0.4")}
+	for _, a := range agents {
+		a.StartAgent(srv.URL(), srv.TokenFile())
+	}
+	for _, a := range agents {
+		a.WaitLog("kelp node is running", startTimeout)
+	}
+	c := srv.Client()
+	waitNodesReady(t, c, 3)
+	apply(t, srv, spreadWorkload)
+	kubectl(t, srv, "rollout", "status", "daemonset/web", "--timeout=180s")
+	pods := podsByNode(t, c, "app=web")
+	if len(pods) != 3 {
+		t.Fatalf("web pods on %d nodes, want 3: %v", len(pods), pods)
+	}
+	exec := func(on string, args ...string) (string, error) {
+		out, err := srv.Kubectl(append([]string{"exec", pods[on].Name, "--"}, args...)...)
+		return strings.TrimSpace(out), err
+	}
+
+	t.Run("pod to pod across nodes", func(t *testing.T) {
+		for from := range pods {
+			for to, p := range pods {
+				if from == to {
+					continue
+				}
+				eventually(t, fmt.Sprintf("%s reaches the pod on %s", from, to), func() (bool, error) {
+					out, err := exec(from, "/testapp", "get", "http://"+p.Status.PodIP+":8080/", "3s")
+					return err == nil && strings.HasPrefix(out, p.Name+" "+pods[from].Status.PodIP+":"), nil
+				})
+			}
+		}
+	})
+	t.Run("service by DNS name from an agent", func(t *testing.T) {
+		seen := map[string]bool{}
+		for i := 0; i < 60 && len(seen) < 3; i++ {
+			if out, err := exec("agent-1", "/testapp", "get", "http://web.default.svc.cluster.local/", "3s"); err == nil {
+				seen[strings.Fields(out)[0]] = true
+			}
+		}
+		if len(seen) != 3 {
+			t.Errorf("answered by %v, want the pods of all 3 nodes", seen)
+		}
+	})
+	t.Run("NodePort on every node", func(t *testing.T) {
+		client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: srv.DialContext, DisableKeepAlives: true}}
+		for _, n := range append([]*testcluster.Node{srv}, agents...) {
+			eventually(t, "the NodePort of "+n.Name, func() (bool, error) {
+				resp, err := client.Get("http://" + n.IP + ":30100/")
+				if err != nil {
+					return false, nil
+				}
+				defer resp.Body.Close()
+				body, _ := io.ReadAll(resp.Body)
+				return strings.HasPrefix(string(body), "web-"), nil
+			})
+		}
+	})
+	t.Run("logs and exec on an agent", func(t *testing.T) {
+		if out := kubectl(t, srv, "logs", pods["agent-2"].Name); !strings.Contains(out, "serving on :8080") {
+			t.Errorf("logs: %q", out)
+		}
+		if out, err := exec("agent-2", "/testapp", "cat", "/etc/hostname"); err != nil || out != pods["agent-2"].Name {
+			t.Errorf("exec: %q %v", out, err)
+		}
+	})
+	t.Run("a second machine cannot take a node's name", func(t *testing.T) {
+		impostor := lab.NewNode("impostor", "10.99.0.5")
+		out, err := impostor.RunKelp(time.Minute, "agent", "--server", srv.URL(), "--token-file", srv.TokenFile(),
+			"--data-dir", impostor.DataDir, "--node-name", "agent-1", "--node-ip", impostor.IP)
+		if testcluster.ExitCode(err) != 1 || !strings.Contains(out, "kubectl delete node agent-1") {
+			t.Errorf("exit %d:\n%s", testcluster.ExitCode(err), out)
+		}
+	})
+	t.Run("agent restart keeps its pods", func(t *testing.T) {
+		before := pods["agent-1"].Status.ContainerStatuses[0].ContainerID
+		agents[0].Stop()
+		agents[0].StartAgent(srv.URL(), srv.TokenFile())
+		agents[0].WaitLog("kelp node is running", startTimeout)
+		waitNodesReady(t, c, 3)
+		after := podsByNode(t, c, "app=web")["agent-1"]
+		if after.Name != pods["agent-1"].Name || len(after.Status.ContainerStatuses) == 0 || after.Status.ContainerStatuses[0].ContainerID != before {
+			t.Errorf("the pod on agent-1 changed across the restart: %s %v", after.Name, after.Status.ContainerStatuses)
+		}
+	})
+	t.Run("a deleted node's routes go", func(t *testing.T) {
+		gone := agents[1]
+		node, err := c.CoreV1().Nodes().Get(context.Background(), gone.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cidr := node.Spec.PodCIDR
+		hasRoute := func(n *testcluster.Node) bool {
+			out, err := n.Run(time.Minute, n.Command("ip", "route", "show", cidr))
+			return err == nil && strings.TrimSpace(out) != ""
+		}
+		if !hasRoute(srv) || !hasRoute(agents[0]) {
+			t.Fatalf("no route to %s's pod CIDR %s to begin with", gone.Name, cidr)
+		}
+		gone.Stop()
+		kubectl(t, srv, "delete", "node", gone.Name)
+		eventually(t, "the routes to "+cidr+" gone", func() (bool, error) {
+			return !hasRoute(srv) && !hasRoute(agents[0]), nil
+		})
+	})
+}
+
+// waitNodesReady waits until count nodes are Ready.
+func waitNodesReady(t *testing.T, c kubernetes.Interface, count int) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
+		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil || len(nodes.Items) != count {
+			return false, nil
+		}
+		for _, n := range nodes.Items {
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status != corev1.ConditionTrue {
+					return false, nil
+				}
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("%d nodes not Ready: %v", count, err)
+	}
+}
+
+// podsByNode maps node names to the pod of selector running there.
+func podsByNode(t *testing.T, c kubernetes.Interface, selector string) map[string]corev1.Pod {
+	t.Helper()
+	list, err := c.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]corev1.Pod{}
+	for _, p := range list.Items {
+		out[p.Spec.NodeName] = p
+	}
+	return out
+}
