@@ -48,15 +48,18 @@ spec:
   ports: [{port: 80, targetPort: 8080, nodePort: 30100}]
 `
 
-func TestMultiNodeVXLAN(t *testing.T)  { testMultiNode(t, "vxlan") }
-func TestMultiNodeHostGW(t *testing.T) { testMultiNode(t, "host-gw") }
+// The server is away for a minute once, and briefly in the other run, to
+// keep the suite short.
+func TestMultiNodeVXLAN(t *testing.T)  { testMultiNode(t, "vxlan", time.Minute) }
+func TestMultiNodeHostGW(t *testing.T) { testMultiNode(t, "host-gw", 5*time.Second) }
 
 // testMultiNode runs a server and two agents in a lab with the overlay
 // backend, and checks pods on different nodes reach each other, by pod IP
 // and through a Service by DNS name; NodePorts on every node; logs and
-// exec on an agent; a second machine claiming a node's name; an agent
-// restart that keeps its pods; and a deleted node's routes going away.
-func testMultiNode(t *testing.T, backend string) {
+// exec on an agent; a second machine claiming a node's name; the server
+// away for the time away; an agent restart that keeps its pods; and a
+// deleted node's routes going away.
+func testMultiNode(t *testing.T, backend string, away time.Duration) {
 	lab := testcluster.NewLab(t)
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 	node := func(name, ip string) *testcluster.Node {
@@ -145,6 +148,30 @@ func testMultiNode(t *testing.T, backend string) {
 			"--data-dir", impostor.DataDir, "--node-name", "agent-1", "--node-ip", impostor.IP)
 		if testcluster.ExitCode(err) != 1 || !strings.Contains(out, "kubectl delete node agent-1") {
 			t.Errorf("exit %d:\n%s", testcluster.ExitCode(err), out)
+		}
+	})
+	t.Run("the server away and back", func(t *testing.T) {
+		srv.Stop()
+		// Pods on the agents go on talking without it.
+		target := pods["agent-2"]
+		client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: agents[0].DialContext, DisableKeepAlives: true}}
+		deadline := time.Now().Add(away)
+		for {
+			resp, err := client.Get("http://" + target.Status.PodIP + ":8080/")
+			if err != nil {
+				t.Fatalf("agent-1 lost the pod on agent-2 while the server was away: %v", err)
+			}
+			resp.Body.Close()
+			if time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Second)
+		}
+		srv.Start("--overlay", backend)
+		srv.WaitReady(startTimeout)
+		waitNodesReady(t, c, 3)
+		if after := podsByNode(t, c, "app=web"); after["agent-2"].Name != target.Name {
+			t.Errorf("the pod on agent-2 was replaced while the server was away: %s", after["agent-2"].Name)
 		}
 	})
 	t.Run("agent restart keeps its pods", func(t *testing.T) {
