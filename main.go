@@ -87,6 +87,7 @@ func newApp() *cli.App {
 				Flags:  config.AgentFlags(&agentInput),
 				Action: func(c *cli.Context) error { return runAgent(c, &agentInput) },
 			},
+			tokenCommand(),
 			{
 				Name:  "check-config",
 				Usage: "check that this host's kernel and system can run a kelp node, and say how to fix what is missing",

@@ -11,13 +11,16 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kelp-dev/kelp/embed"
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/loadbalancer"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/supervisor"
 	"github.com/kelp-dev/kelp/internal/token"
@@ -51,7 +54,15 @@ func Join(ctx context.Context, cfg config.Join) error {
 	if err != nil {
 		return err
 	}
-	creds, err := writeCredentials(filepath.Join(p.Dir, "tls"), cfg.Server, resp)
+	// The node reaches the apiserver through its own load balancer, which
+	// knows every server; it runs until the node has stopped.
+	lbCtx, stopLB := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLB()
+	lb, err := loadbalancer.Start(lbCtx, LoadBalancerAddress, serverAddresses(cfg.Server, resp.Config.Servers))
+	if err != nil {
+		return err
+	}
+	creds, err := writeCredentials(filepath.Join(p.Dir, "tls"), "https://"+lb.Addr(), resp)
 	if err != nil {
 		return err
 	}
@@ -90,6 +101,24 @@ func Join(ctx context.Context, cfg config.Join) error {
 	case err := <-n.Err():
 		return err
 	}
+}
+
+// LoadBalancerAddress is where an agent's load balancer listens; the
+// apiserver's certificate names 127.0.0.1.
+const LoadBalancerAddress = "127.0.0.1:6444"
+
+// serverAddresses lists the host:port of joined first, then of the other
+// servers the server named.
+func serverAddresses(joined string, servers []string) []string {
+	var out []string
+	for _, s := range append([]string{joined}, servers...) {
+		u, err := url.Parse(s)
+		if err != nil || u.Host == "" || slices.Contains(out, u.Host) {
+			continue
+		}
+		out = append(out, u.Host)
+	}
+	return out
 }
 
 // errRefused is a join the server answered with no: trying again cannot

@@ -17,40 +17,40 @@ import (
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
-// secrets are the token secrets nodes join with.
-type secrets struct {
-	server, agent string // agent: empty without --agent-token
+// tokenFiles are where the tokens nodes join with are kept.
+type tokenFiles struct {
+	server, agent string
+}
+
+func tokenPaths(dataDir string) tokenFiles {
+	dir := filepath.Join(dataDir, "server")
+	return tokenFiles{server: filepath.Join(dir, "token"), agent: filepath.Join(dir, "agent-token")}
 }
 
 // ensureTokens keeps the join tokens in <data-dir>/server: token (joins
 // anything) and, with --agent-token, agent-token (joins agents only), each
 // pinned to the server CA.
-func ensureTokens(cfg config.Server, certs pki.Files) (secrets, error) {
+func ensureTokens(cfg config.Server, certs pki.Files) (tokenFiles, error) {
 	ca, err := os.ReadFile(certs.ServerCA)
 	if err != nil {
-		return secrets{}, fmt.Errorf("read server CA: %w", err)
+		return tokenFiles{}, fmt.Errorf("read server CA: %w", err)
 	}
 	hash := pki.CAHash(ca)
-	dir := filepath.Join(cfg.DataDir, "server")
-	server, err := token.Ensure(filepath.Join(dir, "token"), token.ServerUser, cfg.Token, hash)
-	if err != nil {
-		return secrets{}, err
+	files := tokenPaths(cfg.DataDir)
+	if _, err := token.Ensure(files.server, token.ServerUser, cfg.Token, hash); err != nil {
+		return tokenFiles{}, err
 	}
-	s := secrets{server: server.Secret}
-	agentPath := filepath.Join(dir, "agent-token")
 	if cfg.AgentToken == "" {
 		// An agent token given once and dropped since must stop working.
-		if err := os.Remove(agentPath); err != nil && !os.IsNotExist(err) {
-			return secrets{}, fmt.Errorf("remove %s: %w", agentPath, err)
+		if err := os.Remove(files.agent); err != nil && !os.IsNotExist(err) {
+			return tokenFiles{}, fmt.Errorf("remove %s: %w", files.agent, err)
 		}
-		return s, nil
+		return files, nil
 	}
-	agent, err := token.Ensure(agentPath, token.NodeUser, cfg.AgentToken, hash)
-	if err != nil {
-		return secrets{}, err
+	if _, err := token.Ensure(files.agent, token.NodeUser, cfg.AgentToken, hash); err != nil {
+		return tokenFiles{}, err
 	}
-	s.agent = agent.Secret
-	return s, nil
+	return files, nil
 }
 
 // agentConfig is what joining nodes learn of the cluster.

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 // spreadWorkload puts one web pod on every node, behind a NodePort
@@ -77,14 +78,24 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 	srv.WaitReady(startTimeout)
 	srv.WaitLog("kelp node is running", startTimeout)
 	agents := []*testcluster.Node{node("agent-1", "10.99.0.3"), node("agent-2", "10.99.0.4")}
-	for _, a := range agents {
-		a.StartAgent(srv.URL(), srv.TokenFile())
+	// agent-1 joins with the server's token, agent-2 with one of
+	// `kelp token create`.
+	created, err := srv.RunKelp(time.Minute, "token", "create", "--data-dir", srv.DataDir, "--ttl", "1h", "--description", "for agent-2")
+	if err != nil || !strings.HasPrefix(created, "KELP1") {
+		t.Fatalf("kelp token create: %v\n%s", err, created)
 	}
+	createdFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(createdFile, []byte(created), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	agents[0].StartAgent(srv.URL(), srv.TokenFile())
+	agents[1].StartAgent(srv.URL(), createdFile)
 	for _, a := range agents {
 		a.WaitLog("kelp node is running", startTimeout)
 	}
 	c := srv.Client()
 	waitNodesReady(t, c, 3)
+	waitServiceAccount(t, c, "default")
 	apply(t, srv, spreadWorkload)
 	kubectl(t, srv, "rollout", "status", "daemonset/web", "--timeout=180s")
 	pods := podsByNode(t, c, "app=web")
@@ -142,12 +153,39 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 			t.Errorf("exec: %q %v", out, err)
 		}
 	})
+	impostor := lab.NewNode("impostor", "10.99.0.5")
+	join := func(tokenFile, name string) (string, error) {
+		return impostor.RunKelp(time.Minute, "agent", "--server", srv.URL(), "--token-file", tokenFile,
+			"--data-dir", impostor.DataDir, "--node-name", name, "--node-ip", impostor.IP)
+	}
 	t.Run("a second machine cannot take a node's name", func(t *testing.T) {
-		impostor := lab.NewNode("impostor", "10.99.0.5")
-		out, err := impostor.RunKelp(time.Minute, "agent", "--server", srv.URL(), "--token-file", srv.TokenFile(),
-			"--data-dir", impostor.DataDir, "--node-name", "agent-1", "--node-ip", impostor.IP)
+		out, err := join(srv.TokenFile(), "agent-1")
 		if testcluster.ExitCode(err) != 1 || !strings.Contains(out, "kubectl delete node agent-1") {
 			t.Errorf("exit %d:\n%s", testcluster.ExitCode(err), out)
+		}
+	})
+	t.Run("tokens listed, rotated and deleted", func(t *testing.T) {
+		parsed, err := token.Parse(created, token.NodeUser)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _, _ := strings.Cut(parsed.Secret, ".")
+		if out, err := srv.RunKelp(time.Minute, "token", "list", "--data-dir", srv.DataDir); err != nil || !strings.Contains(out, id) || !strings.Contains(out, "for agent-2") {
+			t.Errorf("kelp token list lacks %s: %v\n%s", id, err, out)
+		}
+		old := filepath.Join(t.TempDir(), "old-token")
+		copyFile(t, srv.TokenFile(), old)
+		if out, err := srv.RunKelp(time.Minute, "token", "rotate", "--data-dir", srv.DataDir); err != nil {
+			t.Fatalf("kelp token rotate: %v\n%s", err, out)
+		}
+		if out, err := join(old, "newcomer"); testcluster.ExitCode(err) != 1 || !strings.Contains(out, "the token is not valid") {
+			t.Errorf("the rotated-out token still joins: exit %d\n%s", testcluster.ExitCode(err), out)
+		}
+		if out, err := srv.RunKelp(time.Minute, "token", "delete", "--data-dir", srv.DataDir, id); err != nil {
+			t.Fatalf("kelp token delete: %v\n%s", err, out)
+		}
+		if out, err := join(createdFile, "newcomer"); testcluster.ExitCode(err) != 1 || !strings.Contains(out, "the token is not valid") {
+			t.Errorf("a deleted token still joins: exit %d\n%s", testcluster.ExitCode(err), out)
 		}
 	})
 	t.Run("the server away and back", func(t *testing.T) {

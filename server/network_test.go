@@ -102,6 +102,7 @@ func TestNetwork(t *testing.T) {
 	n.WaitLog("kelp node is running", startTimeout)
 	c := n.Client()
 	waitNodeReady(t, c)
+	waitServiceAccount(t, c, "default")
 	apply(t, n, echoWorkload)
 	kubectl(t, n, "wait", "--for=condition=Available", "deployment/echo", "--timeout=120s")
 	kubectl(t, n, "wait", "--for=condition=Ready", "pod/client", "--timeout=60s")
@@ -233,11 +234,8 @@ func apply(t *testing.T, n *testcluster.Node, manifest string) {
 	kubectl(t, n, "apply", "-f", f.Name())
 }
 
-// policyPods are the pods of the NetworkPolicy test, in two namespaces:
-// each serves HTTP on its "http" port 8080 and its "metrics" port 8081.
-func policyPods() string {
-	var b strings.Builder
-	b.WriteString(`
+// policyNamespaces are the namespaces of the NetworkPolicy test.
+const policyNamespaces = `
 apiVersion: v1
 kind: Namespace
 metadata: {name: np-a, labels: {team: a}}
@@ -245,16 +243,23 @@ metadata: {name: np-a, labels: {team: a}}
 apiVersion: v1
 kind: Namespace
 metadata: {name: np-b, labels: {team: b}}
-`)
-	for _, p := range []struct{ ns, name, labels string }{
+`
+
+// policyPods are the pods of the NetworkPolicy test, in two namespaces:
+// each serves HTTP on its "http" port 8080 and its "metrics" port 8081.
+func policyPods() string {
+	var b strings.Builder
+	for i, p := range []struct{ ns, name, labels string }{
 		{"np-a", "server", "{app: server}"},
 		{"np-a", "client", "{app: client, role: frontend}"},
 		{"np-a", "other", "{app: other}"},
 		{"np-b", "server", "{app: server}"},
 		{"np-b", "client", "{app: client}"},
 	} {
-		fmt.Fprintf(&b, `---
-apiVersion: v1
+		if i > 0 {
+			b.WriteString("---\n")
+		}
+		fmt.Fprintf(&b, `apiVersion: v1
 kind: Pod
 metadata: {name: %s, namespace: %s, labels: %s}
 spec:
@@ -320,11 +325,15 @@ spec:
 
 // networkPolicyTable applies policies and checks who reaches whom.
 func networkPolicyTable(t *testing.T, n *testcluster.Node) {
+	c := n.Client()
+	apply(t, n, policyNamespaces)
+	for _, ns := range []string{"np-a", "np-b"} {
+		waitServiceAccount(t, c, ns)
+	}
 	apply(t, n, policyPods())
 	for _, ns := range []string{"np-a", "np-b"} {
 		kubectl(t, n, "wait", "-n", ns, "--for=condition=Ready", "pod", "--all", "--timeout=90s")
 	}
-	c := n.Client()
 	ips := map[string]string{}
 	for _, ns := range []string{"np-a", "np-b"} {
 		pods, err := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})

@@ -152,6 +152,7 @@ func TestNode(t *testing.T) {
 	if err := os.WriteFile(manifest, []byte(workload), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	waitServiceAccount(t, c, "default")
 	kubectl(t, n, "apply", "-f", manifest)
 	kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
 	kubectl(t, n, "wait", "--for=condition=Complete", "job/once", "--timeout=60s")
@@ -538,6 +539,16 @@ func waitNodeReady(t *testing.T, c kubernetes.Interface) {
 	if err != nil {
 		t.Fatalf("node not Ready: %v", err)
 	}
+}
+
+// waitServiceAccount waits for the controller-manager to make the default
+// service account of namespace, without which no pod is admitted there.
+func waitServiceAccount(t *testing.T, c kubernetes.Interface, namespace string) {
+	t.Helper()
+	eventually(t, "the default service account of "+namespace, func() (bool, error) {
+		_, err := c.CoreV1().ServiceAccounts(namespace).Get(context.Background(), "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
 }
 
 func webPods(t *testing.T, c kubernetes.Interface) []corev1.Pod {

@@ -114,8 +114,8 @@ func run(ctx context.Context, cfg config.Server) error {
 		ExtraArgs:            cfg.ExtraArgs.APIServer,
 	}), supervisor.Routes(supervisor.Config{
 		Certs:           certs,
-		ServerToken:     tokens.server,
-		AgentToken:      tokens.agent,
+		TokenFile:       tokens.server,
+		AgentTokenFile:  tokens.agent,
 		AdminKubeconfig: credPaths(cfg).admin,
 		Agent:           agentConfig(cfg),
 	}))

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
@@ -45,10 +46,14 @@ var log = logrus.WithField("component", "supervisor")
 
 // Config is what the supervisor serves.
 type Config struct {
-	Certs           pki.Files
-	ServerToken     string // the server token's secret
-	AgentToken      string // --agent-token's secret; empty: none
-	AdminKubeconfig string // for the nodes' password Secrets
+	Certs pki.Files
+	// TokenFile and AgentTokenFile hold the tokens nodes join with, read
+	// at every join so that `kelp token rotate` applies at once; a
+	// missing agent token file means none.
+	TokenFile, AgentTokenFile string
+	// AdminKubeconfig reaches the nodes' password Secrets and the tokens
+	// of `kelp token create`.
+	AdminKubeconfig string
 	Agent           AgentConfig
 }
 
@@ -118,7 +123,13 @@ func (s *supervisor) join(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
 		return
 	}
-	if !s.authorized(r.Header.Get(TokenHeader)) {
+	ok, err := s.authorized(r.Context(), r.Header.Get(TokenHeader))
+	if err != nil {
+		http.Error(w, "could not check the token", http.StatusServiceUnavailable)
+		log.WithError(err).Error("check a join token")
+		return
+	}
+	if !ok {
 		log.WithField("from", r.RemoteAddr).Warn("a node presented a wrong token")
 		http.Error(w, "the token is not valid for this cluster: copy it from the server's <data-dir>/server/token", http.StatusUnauthorized)
 		return
@@ -159,19 +170,52 @@ func (s *supervisor) join(w http.ResponseWriter, r *http.Request) {
 	log.WithFields(logrus.Fields{"node": req.NodeName, "ips": req.NodeIPs}).Info("node joined")
 }
 
-// authorized accepts the server token, and the agent token as a node.
-func (s *supervisor) authorized(header string) bool {
+// authorized accepts the server token; as a node also the agent token and
+// the live tokens of `kelp token create`.
+func (s *supervisor) authorized(ctx context.Context, header string) (bool, error) {
 	user, secret, ok := strings.Cut(header, ":")
-	if !ok || secret == "" {
-		return false
+	if !ok || secret == "" || (user != token.ServerUser && user != token.NodeUser) {
+		return false, nil
 	}
-	switch user {
-	case token.ServerUser:
-		return token.Equal(secret, s.cfg.ServerToken)
-	case token.NodeUser:
-		return token.Equal(secret, s.cfg.ServerToken) || (s.cfg.AgentToken != "" && token.Equal(secret, s.cfg.AgentToken))
+	server, err := readSecret(s.cfg.TokenFile)
+	if err != nil || server == "" {
+		return false, fmt.Errorf("the server token: %w", err)
 	}
-	return false
+	if token.Equal(secret, server) {
+		return true, nil
+	}
+	if user != token.NodeUser {
+		return false, nil
+	}
+	if agent, err := readSecret(s.cfg.AgentTokenFile); err != nil {
+		return false, err
+	} else if agent != "" && token.Equal(secret, agent) {
+		return true, nil
+	}
+	if !token.IsBootstrap(secret) {
+		return false, nil
+	}
+	c, err := s.kube()
+	if err != nil {
+		return false, err
+	}
+	return token.VerifyBootstrap(ctx, c, secret, time.Now())
+}
+
+// readSecret reads the secret of the token in path; "" if there is none.
+func readSecret(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	t, err := token.Parse(string(data), token.NodeUser)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	return t.Secret, nil
 }
 
 func validate(req JoinRequest) ([]net.IP, error) {

@@ -9,12 +9,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 func testSupervisor(t *testing.T, objects ...any) (*supervisor, *fake.Clientset) {
@@ -33,7 +35,15 @@ func testSupervisor(t *testing.T, objects ...any) (*supervisor, *fake.Clientset)
 			_ = client.Tracker().Add(o)
 		}
 	}
-	s := &supervisor{cfg: Config{Certs: certs, ServerToken: "server-secret", AgentToken: "agent-secret", Agent: AgentConfig{ClusterCIDR: "10.42.0.0/16"}}, slots: make(chan struct{}, maxJoins)}
+	tokens := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokens, []byte("KELP1"+strings.Repeat("a", 64)+"::server:server-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	agentTokens := filepath.Join(dir, "agent-token")
+	if err := os.WriteFile(agentTokens, []byte("agent-secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &supervisor{cfg: Config{Certs: certs, TokenFile: tokens, AgentTokenFile: agentTokens, Agent: AgentConfig{ClusterCIDR: "10.42.0.0/16"}}, slots: make(chan struct{}, maxJoins)}
 	s.clientOnce.Do(func() { s.client = client })
 	return s, client
 }
@@ -52,6 +62,10 @@ func joinAs(s *supervisor, tokenHeader string, req JoinRequest) *httptest.Respon
 func TestJoin(t *testing.T) {
 	s, client := testSupervisor(t)
 	req := JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.99.0.3"}, Password: "0123456789abcdef0123"}
+	bootstrap, err := token.CreateBootstrap(t.Context(), client, time.Hour, "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, header string
 		want         int
@@ -62,6 +76,8 @@ func TestJoin(t *testing.T) {
 		{"unknown user", "admin:server-secret", http.StatusUnauthorized},
 		{"agent token", "node:agent-secret", http.StatusOK},
 		{"server token", "node:server-secret", http.StatusOK},
+		{"a bootstrap token nobody made", "node:abcdef.0123456789abcdef", http.StatusUnauthorized},
+		{"a bootstrap token", "node:" + bootstrap, http.StatusOK},
 	} {
 		if w := joinAs(s, tc.header, req); w.Code != tc.want {
 			t.Errorf("%s: %d %s, want %d", tc.name, w.Code, w.Body, tc.want)

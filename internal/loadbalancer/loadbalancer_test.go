@@ -1,0 +1,89 @@
+package loadbalancer
+
+import (
+	"bufio"
+	"net"
+	"testing"
+)
+
+// echoServer answers every line with its name.
+func echoServer(t *testing.T, name string) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					if _, err := r.ReadString('\n'); err != nil {
+						return
+					}
+					_, _ = c.Write([]byte(name + "\n"))
+				}
+			}()
+		}
+	}()
+	return l
+}
+
+func ask(t *testing.T, addr string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return ""
+	}
+	return line[:len(line)-1]
+}
+
+func TestForward(t *testing.T) {
+	a, b := echoServer(t, "a"), echoServer(t, "b")
+	// A port nothing listens on: a server that is away.
+	gone, _ := net.Listen("tcp", "127.0.0.1:0")
+	down := gone.Addr().String()
+	gone.Close()
+
+	lb, err := Start(t.Context(), "127.0.0.1:0", []string{down, a.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ask(t, lb.Addr()); got != "a" {
+		t.Errorf("answered by %q, want a (the first server that answers)", got)
+	}
+	a.Close()
+	lb.SetServers([]string{a.Addr().String(), b.Addr().String()})
+	if got := ask(t, lb.Addr()); got != "b" {
+		t.Errorf("with a gone, answered by %q, want b", got)
+	}
+	lb.SetServers([]string{down})
+	if got := ask(t, lb.Addr()); got != "" {
+		t.Errorf("with no server, answered by %q", got)
+	}
+}
+
+func TestStartErrors(t *testing.T) {
+	if _, err := Start(t.Context(), "127.0.0.1:0", nil); err == nil {
+		t.Error("no servers: no error")
+	}
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer l.Close()
+	if _, err := Start(t.Context(), l.Addr().String(), []string{"127.0.0.1:1"}); err == nil {
+		t.Error("a port in use: no error")
+	}
+}
