@@ -21,6 +21,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/killall"
 	"github.com/kelp-dev/kelp/internal/kubectl"
 	"github.com/kelp-dev/kelp/internal/logging"
+	"github.com/kelp-dev/kelp/internal/token"
 	"github.com/kelp-dev/kelp/internal/version"
 	"github.com/kelp-dev/kelp/server"
 )
@@ -87,7 +88,7 @@ func newApp() *cli.App {
 				Flags:  config.AgentFlags(&agentInput),
 				Action: func(c *cli.Context) error { return runAgent(c, &agentInput) },
 			},
-			tokenCommand(),
+			token.Command(),
 			{
 				Name:  "check-config",
 				Usage: "check that this host's kernel and system can run a kelp node, and say how to fix what is missing",

@@ -1,4 +1,4 @@
-package main
+package token
 
 import (
 	"fmt"
@@ -12,11 +12,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kelp-dev/kelp/internal/pki"
-	"github.com/kelp-dev/kelp/internal/token"
 )
 
-// tokenCommand is `kelp token`: the join tokens of a server, run on it.
-func tokenCommand() *cli.Command {
+// Command is `kelp token`: the join tokens of a server, run on it.
+func Command() *cli.Command {
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: "/var/lib/kelp", Usage: "data dir of the server"},
 		&cli.StringFlag{Name: "kubeconfig", Usage: "admin kubeconfig (default: <data-dir>/server/cred/admin.kubeconfig)"},
@@ -36,11 +35,11 @@ func tokenCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					secret, err := token.CreateBootstrap(c.Context, client, c.Duration("ttl"), c.String("description"))
+					secret, err := CreateBootstrap(c.Context, client, c.Duration("ttl"), c.String("description"))
 					if err != nil {
 						return err
 					}
-					fmt.Fprintln(c.App.Writer, token.Token{CAHash: hash, User: token.NodeUser, Secret: secret})
+					fmt.Fprintln(c.App.Writer, Token{CAHash: hash, User: NodeUser, Secret: secret})
 					return nil
 				},
 			},
@@ -53,7 +52,7 @@ func tokenCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					list, err := token.ListBootstrap(c.Context, client)
+					list, err := ListBootstrap(c.Context, client)
 					if err != nil {
 						return err
 					}
@@ -83,7 +82,7 @@ func tokenCommand() *cli.Command {
 						return err
 					}
 					for _, id := range c.Args().Slice() {
-						if err := token.DeleteBootstrap(c.Context, client, id); err != nil {
+						if err := DeleteBootstrap(c.Context, client, id); err != nil {
 							return err
 						}
 					}
@@ -102,11 +101,11 @@ func tokenCommand() *cli.Command {
 					}
 					secret := c.String("new-token")
 					if secret == "" {
-						if secret, err = token.Random(); err != nil {
+						if secret, err = Random(); err != nil {
 							return err
 						}
 					}
-					t, err := token.Ensure(filepath.Join(dataDir, "server", "token"), token.ServerUser, secret, hash)
+					t, err := Ensure(filepath.Join(dataDir, "server", "token"), ServerUser, secret, hash)
 					if err != nil {
 						return err
 					}
