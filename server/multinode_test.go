@@ -95,6 +95,10 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 	}
 	c := srv.Client()
 	waitNodesReady(t, c, 3)
+	// Agents reach the apiserver through their own load balancer.
+	if kc, err := os.ReadFile(filepath.Join(agents[0].DataDir, "agent", "kubelet.kubeconfig")); err != nil || !strings.Contains(string(kc), "https://127.0.0.1:6444") {
+		t.Errorf("the agent's kubelet does not go through its load balancer: %v\n%s", err, kc)
+	}
 	waitServiceAccount(t, c, "default")
 	apply(t, srv, spreadWorkload)
 	kubectl(t, srv, "rollout", "status", "daemonset/web", "--timeout=180s")
