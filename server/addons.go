@@ -114,12 +114,16 @@ func ensureControllerAccess(ctx context.Context, adminKubeconfig string) error {
 	return createAll(ctx, "node controller access", func() error { return createClusterRole(ctx, c, role) })
 }
 
-// createClusterRole creates role and binds it to the user of its name.
-func createClusterRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.ClusterRole) error {
+// createClusterRole creates role and binds it to subjects, or if there
+// are none to the user of its name.
+func createClusterRole(ctx context.Context, c kubernetes.Interface, role *rbacv1.ClusterRole, subjects ...rbacv1.Subject) error {
+	if len(subjects) == 0 {
+		subjects = []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: role.Name}}
+	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: role.Name}},
+		Subjects:   subjects,
 	}
 	return createAll(ctx, "cluster role "+role.Name,
 		func() error {

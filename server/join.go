@@ -82,21 +82,7 @@ func ensureSupervisorAccess(ctx context.Context, adminKubeconfig string) error {
 			Verbs:           []string{"get", "post"},
 		}},
 	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
-		Subjects: []rbacv1.Subject{
-			{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:unauthenticated"},
-			{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:authenticated"},
-		},
-	}
-	return createAll(ctx, "supervisor access",
-		func() error {
-			_, err := c.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := c.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{})
-			return err
-		})
+	return createClusterRole(ctx, c, role,
+		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:unauthenticated"},
+		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:authenticated"})
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kelp-dev/kelp/internal/nft"
+	"github.com/kelp-dev/kelp/internal/notify"
 )
 
 const (
@@ -52,18 +53,8 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, checkEver
 	policies := factory.Networking().V1().NetworkPolicies()
 	pods := factory.Core().V1().Pods()
 	namespaces := factory.Core().V1().Namespaces()
-	changed := make(chan struct{}, 1)
-	notify := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { notify() },
-		UpdateFunc: func(any, any) { notify() },
-		DeleteFunc: func(any) { notify() },
-	}
+	changed := notify.New()
+	handler := changed.Handler()
 	for _, informer := range []cache.SharedIndexInformer{policies.Informer(), pods.Informer(), namespaces.Informer()} {
 		if _, err := informer.AddEventHandler(handler); err != nil {
 			return fmt.Errorf("netpol: %w", err)
@@ -110,7 +101,7 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, checkEver
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-changed:
+			case <-changed.C():
 				select {
 				case <-ctx.Done():
 					return nil

@@ -11,12 +11,14 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
 // TestRun follows Run through a policy change and a table changed behind
 // its back, and checks it cleans up.
 func TestRun(t *testing.T) {
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			t.Fatal(err)

@@ -14,27 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-)
 
-// inNewNetns runs fn on a thread in a network namespace of its own, so the
-// test never touches the machine's nftables. The thread is discarded after.
-func inNewNetns(t *testing.T, fn func()) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread() // never unlocked: Go retires the thread
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			t.Errorf("unshare: %v", err)
-			return
-		}
-		fn()
-	}()
-	<-done
-}
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
 
 // setElements counts the elements of each set of the table.
 func setElements(t *testing.T, c *nftables.Conn) map[string]int {
@@ -55,7 +37,7 @@ func setElements(t *testing.T, c *nftables.Conn) map[string]int {
 }
 
 func TestApplyProgramsTheKernel(t *testing.T) {
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		c, err := nftables.New()
 		if err != nil {
 			t.Fatal(err)
@@ -213,7 +195,7 @@ func TestEnforcement(t *testing.T) {
 	if _, err := os.Stat("/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil {
 		t.Skip("needs br_netfilter")
 	}
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
 		if err := netlink.LinkAdd(br); err != nil {
 			t.Fatal(err)

@@ -15,27 +15,9 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-)
 
-// inNewNetns runs fn on a thread in a network namespace of its own, so the
-// test never touches the machine's network. The thread is discarded after.
-func inNewNetns(t *testing.T, fn func()) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread() // never unlocked: Go retires the thread
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			t.Errorf("unshare: %v", err)
-			return
-		}
-		fn()
-	}()
-	<-done
-}
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
 
 // netns is a network namespace with a thread in it that runs what it is
 // given; it goes with the thread when the test ends.
@@ -276,7 +258,7 @@ func peerOf(name, podCIDR, ip string, mac net.HardwareAddr) Peer {
 // was changed behind kelp's back, leaving others' routes and neighbours
 // alone.
 func TestProgram(t *testing.T) {
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		macA, macB, macC, macD := vtepMAC("node-a"), vtepMAC("node-b"), vtepMAC("node-c"), vtepMAC("node-d")
 		foreignNeigh := func() error {
 			link, err := netlink.LinkByName("uplink0")
@@ -464,7 +446,7 @@ func TestProgram(t *testing.T) {
 }
 
 func TestMTU(t *testing.T) {
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		if err := addUplink("10.99.0.2/24"); err != nil {
 			t.Fatal(err)
 		}

@@ -18,7 +18,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
+
+	"github.com/kelp-dev/kelp/internal/notify"
 )
 
 // The backends.
@@ -120,18 +121,8 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync ti
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimNode))
 	nodes := factory.Core().V1().Nodes()
 	o.nodes = nodes.Lister()
-	changed := make(chan struct{}, 1)
-	notify := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { notify() },
-		UpdateFunc: func(any, any) { notify() },
-		DeleteFunc: func(any) { notify() },
-	}); err != nil {
+	changed := notify.New()
+	if _, err := nodes.Informer().AddEventHandler(changed.Handler()); err != nil {
 		return fmt.Errorf("overlay: %w", err)
 	}
 	factory.Start(ctx.Done())
@@ -153,7 +144,7 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync ti
 			return nil
 		case <-tick.C:
 			force = true
-		case <-changed:
+		case <-changed.C():
 			select {
 			case <-ctx.Done():
 				return nil

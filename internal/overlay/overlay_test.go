@@ -17,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
 func TestValidate(t *testing.T) {
@@ -104,7 +106,7 @@ func TestPublish(t *testing.T) {
 // change and go, and entries deleted behind its back, and checks it leaves
 // everything in place.
 func TestRun(t *testing.T) {
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		if err := addUplink("10.99.0.2/24"); err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +222,7 @@ func TestRun(t *testing.T) {
 // With backend none Run publishes that, and takes away what another
 // backend programmed, since the user's CNI routes the same pod CIDRs.
 func TestRunNone(t *testing.T) {
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		if err := inOrder(
 			func() error { return addUplink("10.99.0.2/24") },
 			addLink(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: Device}, VxlanId: vni, Port: vxlanPort}),

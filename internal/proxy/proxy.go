@@ -19,10 +19,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	"github.com/kelp-dev/kelp/internal/nft"
+	"github.com/kelp-dev/kelp/internal/notify"
 )
 
 // coalesce is how long the proxy waits after a change for more before it
@@ -53,18 +53,8 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	services := factory.Core().V1().Services()
 	endpointSlices := factory.Discovery().V1().EndpointSlices()
-	changed := make(chan struct{}, 1)
-	notify := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { notify() },
-		UpdateFunc: func(any, any) { notify() },
-		DeleteFunc: func(any) { notify() },
-	}
+	changed := notify.New()
+	handler := changed.Handler()
 	if _, err := services.Informer().AddEventHandler(handler); err != nil {
 		return fmt.Errorf("proxy: %w", err)
 	}
@@ -127,7 +117,7 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-changed:
+			case <-changed.C():
 				break wait
 			case <-check.C:
 				// Someone flushed the ruleset (a firewall reload, say):

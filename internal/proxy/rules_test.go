@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"net/netip"
-	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -11,30 +9,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kelp-dev/kelp/internal/nft"
+	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
-// inNewNetns runs fn on a thread in a network namespace of its own, so the
-// test never touches the machine's nftables. The thread is discarded after.
-func inNewNetns(t *testing.T, fn func()) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread() // never unlocked: Go retires the thread
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			t.Errorf("unshare: %v", err)
-			return
-		}
-		fn()
-	}()
-	<-done
-}
-
 func TestApplyProgramsTheKernel(t *testing.T) {
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		c, err := nftables.New()
 		if err != nil {
 			t.Fatal(err)
@@ -116,7 +95,7 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 // A table of a few hundred Services is one batch far larger than a netlink
 // socket of the default size holds; kelp's connections carry it.
 func TestApplyManyServices(t *testing.T) {
-	inNewNetns(t, func() {
+	testcluster.InNewNetns(t, func() {
 		c, err := nft.New()
 		if err != nil {
 			t.Fatal(err)

@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/kelp-dev/kelp/internal/notify"
 )
 
 // EnableLabel set to "true" on some nodes limits load balancer addresses to
@@ -31,14 +33,8 @@ func Run(ctx context.Context, client kubernetes.Interface) error {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	services := factory.Core().V1().Services()
 	nodes := factory.Core().V1().Nodes()
-	changed := make(chan struct{}, 1)
-	notify := func() {
-		select {
-		case changed <- struct{}{}:
-		default:
-		}
-	}
-	handler := cache.ResourceEventHandlerFuncs{AddFunc: func(any) { notify() }, UpdateFunc: func(any, any) { notify() }, DeleteFunc: func(any) { notify() }}
+	changed := notify.New()
+	handler := changed.Handler()
 	for _, inf := range []cache.SharedIndexInformer{services.Informer(), nodes.Informer()} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return fmt.Errorf("servicelb: %w", err)
@@ -75,7 +71,7 @@ func Run(ctx context.Context, client kubernetes.Interface) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-changed:
+		case <-changed.C():
 		}
 	}
 }
