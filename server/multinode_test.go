@@ -101,7 +101,9 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 	}
 	waitServiceAccount(t, c, "default")
 	apply(t, srv, spreadWorkload)
-	kubectl(t, srv, "rollout", "status", "daemonset/web", "--timeout=180s")
+	if out, err := srv.RunKelp(3*time.Minute, "kubectl", "--kubeconfig", srv.Kubeconfig, "rollout", "status", "daemonset/web", "--timeout=170s"); err != nil {
+		t.Fatalf("the web pods did not start: %v\n%s", err, out)
+	}
 	pods := podsByNode(t, c, "app=web")
 	if len(pods) != 3 {
 		t.Fatalf("web pods on %d nodes, want 3: %v", len(pods), pods)
