@@ -50,8 +50,45 @@ func Run(dataDir string) error {
 	errs = append(errs, unmountUnder(dataDir, kubeletRoot, runDir, netnsDir))
 	errs = append(errs, removeNetwork())
 	errs = append(errs, removeCgroups())
-	if err := os.RemoveAll(runDir); err != nil {
-		errs = append(errs, err)
+	errs = append(errs, emptyDir(runDir))
+	return errors.Join(errs...)
+}
+
+// mountsBelow lists the mount points in mountinfo strictly below dirs,
+// deepest first.
+func mountsBelow(mountinfo string, dirs ...string) []string {
+	var targets []string
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescape(f[4])
+		for _, d := range dirs {
+			if strings.HasPrefix(mp, strings.TrimSuffix(d, "/")+"/") {
+				targets = append(targets, mp)
+				break
+			}
+		}
+	}
+	sort.Slice(targets, func(i, j int) bool { return len(targets[i]) > len(targets[j]) })
+	return slices.Compact(targets)
+}
+
+// emptyDir removes what is in dir but not dir itself: it may be a mount
+// point (a tmpfs of its own), and removing it would detach that mount in
+// every mount namespace of the machine.
+func emptyDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		errs = append(errs, os.RemoveAll(filepath.Join(dir, e.Name())))
 	}
 	return errors.Join(errs...)
 }
@@ -159,30 +196,16 @@ func alive(pid int) bool {
 	return len(rest) > 0 && rest[0] != "Z"
 }
 
-// unmountUnder detaches every mount at or below the given directories,
-// deepest first, and removes the CNI network namespace files.
+// unmountUnder detaches every mount below the given directories, deepest
+// first, and removes the CNI network namespace files. The directories
+// themselves stay mounted: a data dir on a disk of its own is the user's.
 func unmountUnder(dirs ...string) error {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return err
 	}
-	var targets []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescape(f[4])
-		for _, d := range dirs {
-			if mp == d || strings.HasPrefix(mp, strings.TrimSuffix(d, "/")+"/") {
-				targets = append(targets, mp)
-				break
-			}
-		}
-	}
-	sort.Slice(targets, func(i, j int) bool { return len(targets[i]) > len(targets[j]) })
 	var errs []error
-	for _, t := range slices.Compact(targets) {
+	for _, t := range mountsBelow(string(data), dirs...) {
 		if err := unix.Unmount(t, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", t, err))
 		}
