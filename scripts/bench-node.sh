@@ -95,7 +95,9 @@ YAML
 
 kelp_pid=
 start_kelp() { # LOG: launches kelp server in the node
-  in_node "$KELP" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" >"$work/$1" 2>&1 &
+  # nsenter execs kelp, so $! is kelp itself (a function run with & would
+  # be a subshell that a signal never passes).
+  nsenter --target "$holder" --net --mount -- "$KELP" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" >"$work/$1" 2>&1 &
   kelp_pid=$!
 }
 stop_kelp() {

@@ -139,7 +139,9 @@ spec:
   - {name: client, image: docker.io/kelp-test/testapp:1.0, imagePullPolicy: IfNotPresent, args: [serve]}
 YAML
 
-in_node "$KELP" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" >"$work/kelp.log" 2>&1 &
+# nsenter execs kelp, so $! is kelp itself (a function run with & would
+# be a subshell that a signal never passes).
+nsenter --target "$holder" --net --mount -- "$KELP" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" >"$work/kelp.log" 2>&1 &
 kelp_pid=$!
 wait_for() { # WHAT CMD...: polls CMD every 100 ms for up to 5 minutes
   local what=$1; shift
