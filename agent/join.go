@@ -79,6 +79,12 @@ func Join(ctx context.Context, cfg config.Join) error {
 	if err != nil {
 		return err
 	}
+	// The load balancer learns of servers added later from the cluster.
+	follower, err := clientFor(p.ProxyKubeconfig)
+	if err != nil {
+		return err
+	}
+	go lb.Follow(lbCtx, follower, serverAddresses(cfg.Server, nil))
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

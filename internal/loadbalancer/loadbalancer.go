@@ -7,10 +7,19 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/kelp-dev/kelp/internal/notify"
 )
 
 // dialTimeout bounds the try of one server; the next is tried after it.
@@ -116,4 +125,63 @@ func (lb *LB) preferred(server string) {
 		lb.servers = append([]string{server}, slices.Delete(lb.servers, i, i+1)...)
 		log.WithField("server", server).Info("apiserver connections go to another server")
 	}
+}
+
+// Follow keeps the servers in step with the apiservers the cluster
+// publishes (the kubernetes Service's endpoints) until ctx ends, so that
+// servers added after the node joined are known too; fallback (the
+// address the node joined through) stays last.
+func (lb *LB) Follow(ctx context.Context, client kubernetes.Interface, fallback []string) {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(metav1.NamespaceDefault),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = discoveryv1.LabelServiceName + "=kubernetes"
+		}))
+	endpoints := factory.Discovery().V1().EndpointSlices()
+	changed := notify.New()
+	if _, err := endpoints.Informer().AddEventHandler(changed.Handler()); err != nil {
+		log.WithError(err).Warn("cannot follow the apiservers")
+		return
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed.C():
+		}
+		list, err := endpoints.Lister().List(labels.Everything())
+		if err != nil {
+			continue
+		}
+		servers := Servers(list)
+		for _, f := range fallback {
+			if !slices.Contains(servers, f) {
+				servers = append(servers, f)
+			}
+		}
+		lb.SetServers(servers)
+	}
+}
+
+// Servers lists the host:port of the ready apiserver endpoints in slices.
+func Servers(eps []*discoveryv1.EndpointSlice) []string {
+	var out []string
+	for _, s := range eps {
+		for _, p := range s.Ports {
+			if p.Port == nil || ptr.Deref(p.Name, "") != "https" {
+				continue
+			}
+			for _, e := range s.Endpoints {
+				if !ptr.Deref(e.Conditions.Ready, true) {
+					continue
+				}
+				for _, a := range e.Addresses {
+					out = append(out, net.JoinHostPort(a, strconv.Itoa(int(*p.Port))))
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

@@ -3,7 +3,11 @@ package loadbalancer
 import (
 	"bufio"
 	"net"
+	"slices"
 	"testing"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/utils/ptr"
 )
 
 // echoServer answers every line with its name.
@@ -85,5 +89,25 @@ func TestStartErrors(t *testing.T) {
 	defer l.Close()
 	if _, err := Start(t.Context(), l.Addr().String(), []string{"127.0.0.1:1"}); err == nil {
 		t.Error("a port in use: no error")
+	}
+}
+
+func TestServers(t *testing.T) {
+	port := func(name string, n int32) discoveryv1.EndpointPort {
+		return discoveryv1.EndpointPort{Name: ptr.To(name), Port: ptr.To(n)}
+	}
+	eps := []*discoveryv1.EndpointSlice{{
+		Ports: []discoveryv1.EndpointPort{port("https", 6443)},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.99.0.3"}},
+			{Addresses: []string{"10.99.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}},
+			{Addresses: []string{"10.99.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false)}},
+		},
+	}, {
+		Ports:     []discoveryv1.EndpointPort{port("metrics", 9090)},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.99.0.4"}}},
+	}}
+	if got, want := Servers(eps), []string{"10.99.0.2:6443", "10.99.0.3:6443"}; !slices.Equal(got, want) {
+		t.Errorf("Servers = %v, want %v", got, want)
 	}
 }
