@@ -27,6 +27,8 @@ IDLE=${IDLE:-300}
 KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
 LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
 repo=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib/bench.sh
+source "$repo/scripts/lib/bench.sh"
 
 die() { echo "bench-node: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "run as root"
@@ -49,15 +51,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 in_node() { nsenter --target "$holder" --net --mount -- "$@"; }
 kubectl() { in_node "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
-secs() { awk -v ms="$1" 'BEGIN { printf "%.2f", ms / 1000 }'; }
 
-# The test image: testapp packed by the bundle's image tool.
-CGO_ENABLED=0 go build -C "$repo" -trimpath -o "$work/testapp" ./internal/testcluster/testapp
-(cd "$repo/scripts/bundle" && go run ./mkimage -binary "$work/testapp" -path /testapp \
-  -name docker.io/kelp-test/testapp:1.0 -arch "$(go env GOARCH)" -out "$work/testapp.tar")
+build_test_image "$repo" "$work"
 
 for d in /run/kelp /run/netns /var/lib/kubelet; do mkdir -p "$d"; done
 mkfifo "$work/ready"

@@ -47,6 +47,8 @@ IDLE=${IDLE:-60}
 KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
 LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
 repo=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib/bench.sh
+source "$repo/scripts/lib/bench.sh"
 
 readonly image=docker.io/kelp-test/testapp:1.0
 readonly server_ip=10.99.0.2 agent_ip=10.99.0.3 agent_name=agent-1
@@ -80,7 +82,6 @@ declare -A cg_procs  # node -> cgroup.procs files a process joins to be in the n
 cg_root_procs='' cg_mounts='' # of the node being made, see make_cgroups
 started=''           # pid of the last holder start_holder started
 
-now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 alive() { # PID: running (bash reaps its children, so a dead one is gone)
   kill -0 "$1" 2>/dev/null
 }
@@ -392,9 +393,6 @@ spec:
   - {name: client, image: $image, imagePullPolicy: IfNotPresent, args: [serve]}
 YAML
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-secs() { awk -v ms="$1" 'BEGIN { printf "%.2f", ms / 1000 }'; }
-
 # agent_processes prints "kind pid" for every process of the agent's node
 # (containers have mount namespaces of their own): the agent's kelp, its
 # containerd (the kelp binary, a child of the agent) and the rest (shims).
@@ -536,10 +534,7 @@ run_backend() { # BACKEND: a new cluster with it, measured, then removed
 
 # --- the runs -------------------------------------------------------------------
 
-# The test image: testapp packed by the bundle's image tool.
-CGO_ENABLED=0 go build -C "$repo" -trimpath -o "$work/testapp" ./internal/testcluster/testapp
-(cd "$repo/scripts/bundle" && go run ./mkimage -binary "$work/testapp" -path /testapp \
-  -name "$image" -arch "$(go env GOARCH)" -out "$work/testapp.tar")
+build_test_image "$repo" "$work"
 
 echo "kelp bench-nodes: $("$KELP" --version | head -1), $(nproc) CPUs; a server and an agent on this machine"
 for backend in "${backends[@]}"; do

@@ -39,6 +39,8 @@ QUERIES=${QUERIES:-2000}
 KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
 LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
 repo=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib/bench.sh
+source "$repo/scripts/lib/bench.sh"
 
 die() { echo "bench-services: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "run as root"
@@ -69,15 +71,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 in_node() { nsenter --target "$holder" --net --mount -- "$@"; }
 kubectl() { in_node "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-# The test image: testapp packed by the bundle's image tool.
-CGO_ENABLED=0 go build -C "$repo" -trimpath -o "$work/testapp" ./internal/testcluster/testapp
-(cd "$repo/scripts/bundle" && go run ./mkimage -binary "$work/testapp" -path /testapp \
-  -name docker.io/kelp-test/testapp:1.0 -arch "$(go env GOARCH)" -out "$work/testapp.tar")
+build_test_image "$repo" "$work"
 mkdir -p "$work/data/agent/images" && cp "$work/testapp.tar" "$work/data/agent/images/"
 
 for d in /run/kelp /run/netns /var/lib/kubelet; do mkdir -p "$d"; done
