@@ -37,6 +37,14 @@ func Join(ctx context.Context, cfg config.Join) error {
 	if err != nil {
 		return fmt.Errorf("join token: %w", err)
 	}
+	if err := CheckWritable(cfg.Node.DataDir); err != nil {
+		return err
+	}
+	lbAddr := netip.MustParseAddrPort(LoadBalancerAddress)
+	lbPort := Port{Addr: lbAddr.Addr(), Port: int(lbAddr.Port()), What: "the agent's load balancer"}
+	if err := CheckPorts(append(NodePorts(), lbPort)); err != nil {
+		return err
+	}
 	p := PathsOf(cfg.Node.DataDir)
 	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", p.Dir, err)

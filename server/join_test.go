@@ -49,6 +49,17 @@ func TestJoinBadInput(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a port in use", func(t *testing.T) {
+		l, err := n.Listen("tcp", ":10250")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		out, err := agent(time.Minute, "--server", server, "--token", tok)
+		if testcluster.ExitCode(err) != 1 || !strings.Contains(out, "port 10250 for the kubelet is not free") {
+			t.Errorf("exit %d:\n%s", testcluster.ExitCode(err), out)
+		}
+	})
 	t.Run("server not answering", func(t *testing.T) {
 		// An agent that never joined keeps trying, with backoff, and says so.
 		cmd := n.Command(testcluster.Binary(t), "agent", "--data-dir", t.TempDir(), "--node-name", "joiner", "--node-ip", testcluster.NodeIP,
