@@ -56,18 +56,7 @@ kubectl() { in_node "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-tim
 
 build_test_image "$repo" "$work"
 
-for d in /run/kelp /run/netns /var/lib/kubelet; do mkdir -p "$d"; done
-mkfifo "$work/ready"
-unshare --net --mount --propagation private sh -ec '
-  ip link set lo up
-  ip link add kelp-lab type bridge
-  ip addr add 10.99.0.2/24 dev kelp-lab
-  ip link set kelp-lab up
-  for d in /run/kelp /run/netns /var/lib/kubelet; do mount -t tmpfs -o mode=0755 kelp-bench $d; done
-  echo ready > "$0"
-  exec sleep infinity' "$work/ready" &
-holder=$!
-read -r _ <"$work/ready"
+start_node "$work"
 
 cat >"$work/app.yaml" <<'YAML'
 apiVersion: apps/v1
