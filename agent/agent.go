@@ -249,6 +249,9 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 		return overlay.Run(ctx, controllerClient, ocfg)
 	})
 	n.background = component.Go(context.WithoutCancel(ctx), "node network and images", func(ctx context.Context) error {
+		if err := publishExternalIPs(ctx, kube, cfg.NodeName, cfg.NodeExternalIPs); err != nil {
+			return err
+		}
 		cidr, err := cni.WaitPodCIDR(ctx, kube, cfg.NodeName)
 		if err != nil {
 			return err

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/nodeaddress"
 	"github.com/kelp-dev/kelp/internal/servicelb"
 )
 
@@ -79,6 +80,16 @@ func ensureDNSObjects(ctx context.Context, adminKubeconfig string, clusterDNS ne
 		return fmt.Errorf("create the kube-dns Service: %w", err)
 	}
 	return nil
+}
+
+// startNodeAddresses runs the node address controller with the admin
+// credentials.
+func startNodeAddresses(ctx context.Context, adminKubeconfig string) (*component.Running, error) {
+	c, err := adminClient(adminKubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return component.Go(ctx, "node addresses", func(ctx context.Context) error { return nodeaddress.Run(ctx, c) }), nil
 }
 
 // startServiceLB runs the built-in load balancer controller with the

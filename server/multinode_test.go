@@ -89,12 +89,23 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 		t.Fatal(err)
 	}
 	agents[0].StartAgent(srv.URL(), srv.TokenFile())
-	agents[1].StartAgent(srv.URL(), createdFile)
+	agents[1].StartAgent(srv.URL(), createdFile, "--node-external-ip", "203.0.113.4")
 	for _, a := range agents {
 		a.WaitLog("kelp node is running", startTimeout)
 	}
 	c := srv.Client()
 	waitNodesReady(t, c, 3)
+	eventually(t, "agent-2's addresses, its external IP too", func() (bool, error) {
+		node, err := c.CoreV1().Nodes().Get(context.Background(), "agent-2", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		want := map[corev1.NodeAddress]bool{{Type: corev1.NodeInternalIP, Address: "10.99.0.4"}: true, {Type: corev1.NodeExternalIP, Address: "203.0.113.4"}: true}
+		for _, a := range node.Status.Addresses {
+			delete(want, a)
+		}
+		return len(want) == 0, nil
+	})
 	// Agents reach the apiserver through their own load balancer.
 	if kc, err := os.ReadFile(filepath.Join(agents[0].DataDir, "agent", "kubelet.kubeconfig")); err != nil || !strings.Contains(string(kc), "https://127.0.0.1:6444") {
 		t.Errorf("the agent's kubelet does not go through its load balancer: %v\n%s", err, kc)

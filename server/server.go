@@ -181,6 +181,14 @@ func run(ctx context.Context, cfg config.Server) error {
 	log.WithFields(logrus.Fields{"datastore": store.Backend().Kind, "kubeconfig": cfg.WriteKubeconfig, "took": time.Since(started).Round(time.Millisecond)}).
 		Info("kelp server is ready")
 
+	// Nodes get their addresses, and lose the taint that keeps pods off a
+	// node without them, from this controller.
+	addresses, err := startNodeAddresses(run, creds.admin)
+	if err != nil {
+		return err
+	}
+	stoppers = append(stoppers, addresses.Stop)
+
 	lbErr := make(<-chan error)
 	if !cfg.Disable.ServiceLB {
 		lb, err := startServiceLB(run, creds.admin)
@@ -241,6 +249,8 @@ func run(ctx context.Context, cfg config.Server) error {
 	case err := <-nodeErr:
 		return err
 	case err := <-lbErr:
+		return err
+	case err := <-addresses.Err():
 		return err
 	}
 }

@@ -17,6 +17,7 @@ type Agent struct {
 	DataDir         string
 	NodeName        string
 	NodeIPs         []netip.Addr
+	NodeExternalIPs []netip.Addr
 	NodeLabels      []string
 	NodeTaints      []string
 	PrivateRegistry string
@@ -37,6 +38,7 @@ func (s Server) Agent() Agent {
 		DataDir:              s.DataDir,
 		NodeName:             s.NodeName,
 		NodeIPs:              s.NodeIPs,
+		NodeExternalIPs:      s.NodeExternalIPs,
 		NodeLabels:           s.NodeLabels,
 		NodeTaints:           s.NodeTaints,
 		PrivateRegistry:      s.PrivateRegistry,

@@ -34,12 +34,13 @@ func runAgent(t *testing.T, args ...string) (Join, error) {
 
 func TestAgent(t *testing.T) {
 	tokenFile := writeFile(t, filepath.Join(t.TempDir(), "token"), "s3cret\n")
-	j, err := runAgent(t, "--server", "https://10.99.0.2:6443/", "--token-file", tokenFile, "--node-name", "Agent-1", "--node-label", "zone=a", "--kubelet-arg", "v=2")
+	j, err := runAgent(t, "--server", "https://10.99.0.2:6443/", "--token-file", tokenFile, "--node-name", "Agent-1", "--node-label", "zone=a", "--kubelet-arg", "v=2", "--node-external-ip", "203.0.113.4")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if j.Server != "https://10.99.0.2:6443" || j.Token != "s3cret" || j.Node.NodeName != "agent-1" || j.Node.DataDir != "/var/lib/kelp" ||
-		len(j.Node.NodeIPs) != 1 || j.Node.NodeLabels[0] != "zone=a" || j.Node.KubeletArgs[0] != "v=2" {
+		len(j.Node.NodeIPs) != 1 || j.Node.NodeLabels[0] != "zone=a" || j.Node.KubeletArgs[0] != "v=2" ||
+		len(j.Node.NodeExternalIPs) != 1 || j.Node.NodeExternalIPs[0].String() != "203.0.113.4" {
 		t.Errorf("parsed %+v", j)
 	}
 	t.Setenv("KELP_URL", "https://server.example:6443")
@@ -61,6 +62,7 @@ func TestAgentBadInput(t *testing.T) {
 		{[]string{"--server", "https://10.99.0.2:6443", "--token", "x", "--token-file", "/nonexistent"}, "exclude each other"},
 		{[]string{"--server", "https://10.99.0.2:6443", "--token-file", "/nonexistent"}, "--token-file"},
 		{[]string{"--server", "https://10.99.0.2:6443", "--token", "x", "--node-taint", "bad"}, "--node-taint"},
+		{[]string{"--server", "https://10.99.0.2:6443", "--token", "x", "--node-external-ip", "example.com"}, "--node-external-ip"},
 	} {
 		if _, err := runAgent(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)

@@ -13,9 +13,9 @@ import (
 // nodeInput holds the raw values of the flags every node has, whether
 // `kelp server` runs it or `kelp agent`.
 type nodeInput struct {
-	configFile, dataDir, nodeName, privateRegistry, overlayIface string
-	debug                                                        bool
-	nodeIPs, nodeLabels, nodeTaints, kubeletArgs                 cli.StringSlice
+	configFile, dataDir, nodeName, privateRegistry, overlayIface  string
+	debug                                                         bool
+	nodeIPs, nodeExternalIPs, nodeLabels, nodeTaints, kubeletArgs cli.StringSlice
 }
 
 func nodeFlags(in *nodeInput) []cli.Flag {
@@ -26,6 +26,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: env("data-dir"), Value: "/var/lib/kelp", Destination: &in.dataDir, Usage: "directory for state, certificates and the unpacked bundle"},
 		&cli.StringFlag{Name: "node-name", EnvVars: env("node-name"), Destination: &in.nodeName, Usage: "node name (default: the hostname)"},
 		&cli.StringSliceFlag{Name: "node-ip", EnvVars: env("node-ip"), Destination: &in.nodeIPs, Usage: "IP address of this node (default: detected from the default route)"},
+		&cli.StringSliceFlag{Name: "node-external-ip", EnvVars: env("node-external-ip"), Destination: &in.nodeExternalIPs, Usage: "external IP address of this node (its ExternalIP); repeatable"},
 		&cli.StringSliceFlag{Name: "node-label", EnvVars: env("node-label"), Destination: &in.nodeLabels, Usage: "label to register the node with, key=value"},
 		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
 		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: "/etc/kelp/registries.yaml", Destination: &in.privateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
@@ -57,6 +58,11 @@ func (in *nodeInput) parse(host Host, check func(error)) Agent {
 		ip, err := parseIP("--node-ip", raw)
 		check(err)
 		a.NodeIPs = append(a.NodeIPs, ip)
+	}
+	for _, raw := range in.nodeExternalIPs.Value() {
+		ip, err := parseIP("--node-external-ip", raw)
+		check(err)
+		a.NodeExternalIPs = append(a.NodeExternalIPs, ip)
 	}
 	if len(a.NodeIPs) == 0 && host.IP.IsValid() {
 		a.NodeIPs = []netip.Addr{host.IP}

@@ -17,6 +17,7 @@ type Server struct {
 	DataDir              string
 	NodeName             string
 	NodeIPs              []netip.Addr
+	NodeExternalIPs      []netip.Addr
 	BindAddress          netip.Addr
 	HTTPSPort            int
 	AdvertiseAddress     netip.Addr
@@ -139,6 +140,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		DataDir:              node.DataDir,
 		NodeName:             node.NodeName,
 		NodeIPs:              node.NodeIPs,
+		NodeExternalIPs:      node.NodeExternalIPs,
 		HTTPSPort:            in.httpsPort,
 		TLSSANs:              in.tlsSANs.Value(),
 		ServiceNodePortRange: in.serviceNodePortRange,

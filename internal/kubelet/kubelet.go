@@ -90,6 +90,10 @@ func Args(cfg Config) []string {
 		"config":            cfg.ConfigFile,
 		"kubeconfig":        cfg.Kubeconfig,
 		"hostname-override": cfg.NodeName,
+		// The server's node address controller sets the node's addresses,
+		// ExternalIP too, which the kubelet alone cannot (package
+		// nodeaddress).
+		"cloud-provider": "external",
 	}
 	if len(cfg.NodeIPs) > 0 {
 		ips := make([]string, len(cfg.NodeIPs))

@@ -26,7 +26,7 @@ func baseConfig() Config {
 }
 
 func TestArgs(t *testing.T) {
-	base := []string{"--config=/k/kubelet.yaml", "--hostname-override=node1", "--kubeconfig=/k/kubelet.kubeconfig"}
+	base := []string{"--cloud-provider=external", "--config=/k/kubelet.yaml", "--hostname-override=node1", "--kubeconfig=/k/kubelet.kubeconfig"}
 	tests := []struct {
 		name   string
 		modify func(*Config)
@@ -40,7 +40,7 @@ func TestArgs(t *testing.T) {
 				c.Labels = []string{"a=1", "b=2"}
 				c.Taints = []string{"k=v:NoSchedule", "x=y:NoExecute"}
 			},
-			[]string{"--config=/k/kubelet.yaml", "--hostname-override=node1", "--kubeconfig=/k/kubelet.kubeconfig",
+			[]string{"--cloud-provider=external", "--config=/k/kubelet.yaml", "--hostname-override=node1", "--kubeconfig=/k/kubelet.kubeconfig",
 				"--node-ip=192.168.1.5,fd00::5", "--node-labels=a=1,b=2", "--register-with-taints=k=v:NoSchedule,x=y:NoExecute"},
 		},
 		{
@@ -53,7 +53,7 @@ func TestArgs(t *testing.T) {
 		{
 			"extra args add and override",
 			func(c *Config) { c.ExtraArgs = []string{"max-pods=50", "hostname-override=x"} },
-			[]string{"--config=/k/kubelet.yaml", "--hostname-override=x", "--kubeconfig=/k/kubelet.kubeconfig", "--max-pods=50"},
+			[]string{"--cloud-provider=external", "--config=/k/kubelet.yaml", "--hostname-override=x", "--kubeconfig=/k/kubelet.kubeconfig", "--max-pods=50"},
 		},
 	}
 	for _, tt := range tests {
