@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kelp-dev/kelp/embed"
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/loadbalancer"
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -57,8 +58,11 @@ func Join(ctx context.Context, cfg config.Join) error {
 	for _, ip := range cfg.Node.NodeIPs {
 		req.NodeIPs = append(req.NodeIPs, ip.String())
 	}
+	tlsDir := filepath.Join(p.Dir, "tls")
 	saved := filepath.Join(p.Dir, "join.json")
-	resp, err := bootstrap(ctx, cfg.Server, tok, req, filepath.Join(p.Dir, "server-ca.crt"), saved)
+	// The CA pinned at the first join is the one the node's credentials
+	// trust from then on.
+	resp, err := bootstrap(ctx, cfg.Server, tok, req, filepath.Join(tlsDir, serverCAFile), saved)
 	if err != nil {
 		return err
 	}
@@ -70,7 +74,7 @@ func Join(ctx context.Context, cfg config.Join) error {
 	if err != nil {
 		return err
 	}
-	creds, err := writeCredentials(filepath.Join(p.Dir, "tls"), "https://"+lb.Addr(), resp)
+	creds, err := writeCredentials(tlsDir, "https://"+lb.Addr(), resp)
 	if err != nil {
 		return err
 	}
@@ -135,6 +139,9 @@ func serverAddresses(joined string, servers []string) []string {
 	return out
 }
 
+// serverCAFile is the CA of the cluster, pinned at the first join.
+const serverCAFile = "server-ca.crt"
+
 // errRefused is a join the server answered with no: trying again cannot
 // help.
 var errRefused = errors.New("the server refused this node")
@@ -155,7 +162,7 @@ func bootstrap(ctx context.Context, server string, tok token.Token, req supervis
 		if err == nil {
 			data, err := json.Marshal(resp)
 			if err == nil {
-				err = writePrivate(savedPath, data)
+				err = atomicfile.Write(savedPath, data, 0o600)
 			}
 			return resp, err
 		}
@@ -226,8 +233,8 @@ func joinOnce(ctx context.Context, server string, tok token.Token, req superviso
 	if err := json.Unmarshal(data, &out); err != nil {
 		return supervisor.JoinResponse{}, fmt.Errorf("join %s: malformed answer: %w", server, err)
 	}
-	if err := writePrivate(caPath, ca); err != nil {
-		return supervisor.JoinResponse{}, err
+	if !bytes.Equal(out.ServerCA, ca) {
+		return supervisor.JoinResponse{}, fmt.Errorf("join %s: the server sent a CA other than the one it serves", server)
 	}
 	return out, nil
 }
@@ -263,7 +270,7 @@ func nodePassword(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return password, writePrivate(path, []byte(password+"\n"))
+	return password, atomicfile.Write(path, []byte(password+"\n"), 0o600)
 }
 
 // writeCredentials saves the node's certificates in dir.
@@ -271,7 +278,7 @@ func writeCredentials(dir, server string, resp supervisor.JoinResponse) (Credent
 	path := func(name string) string { return filepath.Join(dir, name) }
 	c := Credentials{
 		Server:   server,
-		ServerCA: path("server-ca.crt"), ClientCA: path("client-ca.crt"),
+		ServerCA: path(serverCAFile), ClientCA: path("client-ca.crt"),
 		KubeletCert: path("client-kubelet.crt"), KubeletKey: path("client-kubelet.key"),
 		ServingCert: path("serving-kubelet.crt"), ServingKey: path("serving-kubelet.key"),
 		ProxyCert: path("client-kube-proxy.crt"), ProxyKey: path("client-kube-proxy.key"),
@@ -298,7 +305,7 @@ func writeCredentials(dir, server string, resp supervisor.JoinResponse) (Credent
 		if len(data) == 0 {
 			return Credentials{}, fmt.Errorf("the server sent no %s", filepath.Base(name))
 		}
-		if err := writePrivate(name, data); err != nil {
+		if err := atomicfile.Write(name, data, 0o600); err != nil {
 			return Credentials{}, err
 		}
 	}
@@ -319,15 +326,4 @@ func nodeConfig(node config.Agent, cluster supervisor.AgentConfig) (config.Agent
 	node.DisableDNS = cluster.DisableDNS
 	node.DisableNetworkPolicy = cluster.DisableNetworkPolicy
 	return node, nil
-}
-
-func writePrivate(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

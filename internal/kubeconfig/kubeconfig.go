@@ -7,6 +7,8 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // Client names a client certificate and the server it talks to.
@@ -42,33 +44,8 @@ func Write(path string, mode os.FileMode, c Client) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	return writeAtomic(path, data, mode)
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	// Chmod, not the mode of create: the umask must not widen or narrow it.
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(path, data, mode)
 }

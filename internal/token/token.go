@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // prefix marks the full form and its version.
@@ -103,12 +105,8 @@ func Ensure(path, user, want, caHash string) (Token, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return Token{}, fmt.Errorf("write token: %w", err)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(t.String()+"\n"), 0o600); err != nil {
-		return Token{}, fmt.Errorf("write token %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return Token{}, fmt.Errorf("write token %s: %w", path, err)
+	if err := atomicfile.Write(path, []byte(t.String()+"\n"), 0o600); err != nil {
+		return Token{}, err
 	}
 	return t, nil
 }
