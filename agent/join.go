@@ -23,7 +23,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/loadbalancer"
 	"github.com/kelp-dev/kelp/internal/pki"
-	"github.com/kelp-dev/kelp/internal/supervisor"
+	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -54,7 +54,7 @@ func Join(ctx context.Context, cfg config.Join) error {
 	if err != nil {
 		return err
 	}
-	req := supervisor.JoinRequest{NodeName: cfg.Node.NodeName, Password: password}
+	req := joinapi.JoinRequest{NodeName: cfg.Node.NodeName, Password: password}
 	for _, ip := range cfg.Node.NodeIPs {
 		req.NodeIPs = append(req.NodeIPs, ip.String())
 	}
@@ -149,10 +149,10 @@ var errRefused = errors.New("the server refused this node")
 // bootstrap gets the node's credentials from the server, trying again
 // with backoff while it does not answer. Without the server, a node that
 // joined before goes on with what it saved then.
-func bootstrap(ctx context.Context, server string, tok token.Token, req supervisor.JoinRequest, caPath, savedPath string) (supervisor.JoinResponse, error) {
-	var saved *supervisor.JoinResponse
+func bootstrap(ctx context.Context, server string, tok token.Token, req joinapi.JoinRequest, caPath, savedPath string) (joinapi.JoinResponse, error) {
+	var saved *joinapi.JoinResponse
 	if data, err := os.ReadFile(savedPath); err == nil {
-		var r supervisor.JoinResponse
+		var r joinapi.JoinResponse
 		if json.Unmarshal(data, &r) == nil {
 			saved = &r
 		}
@@ -167,7 +167,7 @@ func bootstrap(ctx context.Context, server string, tok token.Token, req supervis
 			return resp, err
 		}
 		if errors.Is(err, errRefused) {
-			return supervisor.JoinResponse{}, err
+			return joinapi.JoinResponse{}, err
 		}
 		if saved != nil {
 			log.WithError(err).Warn("the server does not answer; the node starts with the credentials of its last join")
@@ -176,7 +176,7 @@ func bootstrap(ctx context.Context, server string, tok token.Token, req supervis
 		log.WithError(err).Warnf("cannot join yet; trying again in %s", wait)
 		select {
 		case <-ctx.Done():
-			return supervisor.JoinResponse{}, fmt.Errorf("join %s: %w", server, ctx.Err())
+			return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", server, ctx.Err())
 		case <-time.After(wait):
 		}
 	}
@@ -185,56 +185,56 @@ func bootstrap(ctx context.Context, server string, tok token.Token, req supervis
 // joinOnce asks the server once. The CA is the one pinned at a previous
 // join, or the server's if it matches the token's hash, or with a short
 // token, trusted on first use.
-func joinOnce(ctx context.Context, server string, tok token.Token, req supervisor.JoinRequest, caPath string) (supervisor.JoinResponse, error) {
+func joinOnce(ctx context.Context, server string, tok token.Token, req joinapi.JoinRequest, caPath string) (joinapi.JoinResponse, error) {
 	ca, err := os.ReadFile(caPath)
 	if err != nil {
 		if ca, err = fetchCA(ctx, server); err != nil {
-			return supervisor.JoinResponse{}, err
+			return joinapi.JoinResponse{}, err
 		}
 		if tok.CAHash == "" {
 			log.Warn("the token has no CA hash: trusting the server's CA on first use; use the full token from <data-dir>/server/token to pin it")
 		}
 	}
 	if tok.CAHash != "" && pki.CAHash(ca) != tok.CAHash {
-		return supervisor.JoinResponse{}, fmt.Errorf("%w: its CA does not match the token's hash; the token is from another cluster, or something between this machine and %s is not the server", errRefused, server)
+		return joinapi.JoinResponse{}, fmt.Errorf("%w: its CA does not match the token's hash; the token is from another cluster, or something between this machine and %s is not the server", errRefused, server)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(ca) {
-		return supervisor.JoinResponse{}, fmt.Errorf("%w: the server's CA is not a PEM certificate", errRefused)
+		return joinapi.JoinResponse{}, fmt.Errorf("%w: the server's CA is not a PEM certificate", errRefused)
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
-		return supervisor.JoinResponse{}, err
+		return joinapi.JoinResponse{}, err
 	}
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, server+supervisor.JoinPath, bytes.NewReader(body))
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, server+joinapi.JoinPath, bytes.NewReader(body))
 	if err != nil {
-		return supervisor.JoinResponse{}, err
+		return joinapi.JoinResponse{}, err
 	}
-	r.Header.Set(supervisor.TokenHeader, tok.User+":"+tok.Secret)
+	r.Header.Set(joinapi.TokenHeader, tok.User+":"+tok.Secret)
 	r.Header.Set("Content-Type", "application/json")
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	resp, err := client.Do(r)
 	if err != nil {
-		return supervisor.JoinResponse{}, fmt.Errorf("join %s: %w", server, err)
+		return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", server, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return supervisor.JoinResponse{}, fmt.Errorf("join %s: %w", server, err)
+		return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", server, err)
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
 	case http.StatusUnauthorized, http.StatusConflict, http.StatusBadRequest:
-		return supervisor.JoinResponse{}, fmt.Errorf("%w: %s", errRefused, strings.TrimSpace(string(data)))
+		return joinapi.JoinResponse{}, fmt.Errorf("%w: %s", errRefused, strings.TrimSpace(string(data)))
 	default:
-		return supervisor.JoinResponse{}, fmt.Errorf("join %s: %s: %s", server, resp.Status, strings.TrimSpace(string(data)))
+		return joinapi.JoinResponse{}, fmt.Errorf("join %s: %s: %s", server, resp.Status, strings.TrimSpace(string(data)))
 	}
-	var out supervisor.JoinResponse
+	var out joinapi.JoinResponse
 	if err := json.Unmarshal(data, &out); err != nil {
-		return supervisor.JoinResponse{}, fmt.Errorf("join %s: malformed answer: %w", server, err)
+		return joinapi.JoinResponse{}, fmt.Errorf("join %s: malformed answer: %w", server, err)
 	}
 	if !bytes.Equal(out.ServerCA, ca) {
-		return supervisor.JoinResponse{}, fmt.Errorf("join %s: the server sent a CA other than the one it serves", server)
+		return joinapi.JoinResponse{}, fmt.Errorf("join %s: the server sent a CA other than the one it serves", server)
 	}
 	return out, nil
 }
@@ -242,7 +242,7 @@ func joinOnce(ctx context.Context, server string, tok token.Token, req superviso
 // fetchCA reads the server's CA without verifying the server: the caller
 // checks it against the token's hash.
 func fetchCA(ctx context.Context, server string) ([]byte, error) {
-	r, err := http.NewRequestWithContext(ctx, http.MethodGet, server+supervisor.CACertsPath, nil)
+	r, err := http.NewRequestWithContext(ctx, http.MethodGet, server+joinapi.CACertsPath, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +274,7 @@ func nodePassword(path string) (string, error) {
 }
 
 // writeCredentials saves the node's certificates in dir.
-func writeCredentials(dir, server string, resp supervisor.JoinResponse) (Credentials, error) {
+func writeCredentials(dir, server string, resp joinapi.JoinResponse) (Credentials, error) {
 	path := func(name string) string { return filepath.Join(dir, name) }
 	c := Credentials{
 		Server:   server,
@@ -313,7 +313,7 @@ func writeCredentials(dir, server string, resp supervisor.JoinResponse) (Credent
 }
 
 // nodeConfig completes the node's own settings with the cluster's.
-func nodeConfig(node config.Agent, cluster supervisor.AgentConfig) (config.Agent, error) {
+func nodeConfig(node config.Agent, cluster joinapi.AgentConfig) (config.Agent, error) {
 	var err error
 	if node.ClusterCIDR, err = netip.ParsePrefix(cluster.ClusterCIDR); err != nil {
 		return config.Agent{}, fmt.Errorf("the server's cluster CIDR %q: %w", cluster.ClusterCIDR, err)

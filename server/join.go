@@ -13,7 +13,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/pki"
-	"github.com/kelp-dev/kelp/internal/supervisor"
+	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -54,8 +54,8 @@ func ensureTokens(cfg config.Server, certs pki.Files) (tokenFiles, error) {
 }
 
 // agentConfig is what joining nodes learn of the cluster.
-func agentConfig(cfg config.Server) supervisor.AgentConfig {
-	return supervisor.AgentConfig{
+func agentConfig(cfg config.Server) joinapi.AgentConfig {
+	return joinapi.AgentConfig{
 		Servers:              []string{"https://" + net.JoinHostPort(cfg.AdvertiseAddress.String(), strconv.Itoa(cfg.HTTPSPort))},
 		ClusterCIDR:          cfg.ClusterCIDR.String(),
 		ServiceCIDR:          cfg.ServiceCIDR.String(),
@@ -67,9 +67,9 @@ func agentConfig(cfg config.Server) supervisor.AgentConfig {
 	}
 }
 
-// ensureSupervisorAccess lets anyone reach the supervisor's paths: a node
+// ensureJoinAPIAccess lets anyone reach the join API's paths: a node
 // that joins has no credentials yet; the join checks its token.
-func ensureSupervisorAccess(ctx context.Context, adminKubeconfig string) error {
+func ensureJoinAPIAccess(ctx context.Context, adminKubeconfig string) error {
 	c, err := adminClient(adminKubeconfig)
 	if err != nil {
 		return err
@@ -78,7 +78,7 @@ func ensureSupervisorAccess(ctx context.Context, adminKubeconfig string) error {
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Rules: []rbacv1.PolicyRule{{
-			NonResourceURLs: []string{supervisor.CACertsPath, supervisor.PingPath, supervisor.JoinPath},
+			NonResourceURLs: []string{joinapi.CACertsPath, joinapi.PingPath, joinapi.JoinPath},
 			Verbs:           []string{"get", "post"},
 		}},
 	}

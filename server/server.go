@@ -22,7 +22,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/scheduler"
-	"github.com/kelp-dev/kelp/internal/supervisor"
+	"github.com/kelp-dev/kelp/internal/joinapi"
 )
 
 const (
@@ -112,7 +112,7 @@ func run(ctx context.Context, cfg config.Server) error {
 		Storage:              store.Backend(),
 		SingleServer:         single,
 		ExtraArgs:            cfg.ExtraArgs.APIServer,
-	}), supervisor.Routes(supervisor.Config{
+	}), joinapi.Routes(joinapi.Config{
 		Certs:           certs,
 		TokenFile:       tokens.server,
 		AgentTokenFile:  tokens.agent,
@@ -137,7 +137,7 @@ func run(ctx context.Context, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
-	if err := ensureSupervisorAccess(ctx, creds.admin); err != nil {
+	if err := ensureJoinAPIAccess(ctx, creds.admin); err != nil {
 		return err
 	}
 	if err := ensureControllerAccess(ctx, creds.admin); err != nil {

@@ -107,7 +107,7 @@ func Args(cfg Config) []string {
 }
 
 // Start parses args the way the kube-apiserver command does and runs the
-// server until ctx ends, with routes (kelp's supervisor) served beside the
+// server until ctx ends, with routes (kelp's join API) served beside the
 // API. Bad flags fail here, before anything listens.
 //
 // The upstream cobra command cannot be used as is: it installs a

@@ -1,4 +1,4 @@
-package supervisor
+package joinapi
 
 import (
 	"context"
@@ -26,7 +26,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
-// Paths the supervisor serves; anyone may reach them (RBAC), the join
+// Paths the join API serves; anyone may reach them (RBAC), the join
 // checks the token itself.
 const (
 	CACertsPath = "/cacerts"
@@ -42,9 +42,9 @@ const TokenHeader = "Kelp-Token"
 // booting together do not starve the apiserver they share a process with.
 const maxJoins = 8
 
-var log = logrus.WithField("component", "supervisor")
+var log = logrus.WithField("component", "joinapi")
 
-// Config is what the supervisor serves.
+// Config is what the join API serves.
 type Config struct {
 	Certs pki.Files
 	// TokenFile and AgentTokenFile hold the tokens nodes join with, read
@@ -86,9 +86,9 @@ type JoinResponse struct {
 	Certs    pki.NodeCerts `json:"certs"`
 }
 
-// Routes are the supervisor's handlers by path.
+// Routes are the join API's handlers by path.
 func Routes(cfg Config) map[string]http.Handler {
-	s := &supervisor{cfg: cfg, slots: make(chan struct{}, maxJoins)}
+	s := &joinAPI{cfg: cfg, slots: make(chan struct{}, maxJoins)}
 	return map[string]http.Handler{
 		CACertsPath: http.HandlerFunc(s.caCerts),
 		PingPath: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -98,7 +98,7 @@ func Routes(cfg Config) map[string]http.Handler {
 	}
 }
 
-type supervisor struct {
+type joinAPI struct {
 	cfg   Config
 	slots chan struct{}
 
@@ -107,7 +107,7 @@ type supervisor struct {
 	clientErr  error
 }
 
-func (s *supervisor) caCerts(w http.ResponseWriter, r *http.Request) {
+func (s *joinAPI) caCerts(w http.ResponseWriter, r *http.Request) {
 	ca, err := os.ReadFile(s.cfg.Certs.ServerCA)
 	if err != nil {
 		http.Error(w, "server CA unavailable", http.StatusInternalServerError)
@@ -118,7 +118,7 @@ func (s *supervisor) caCerts(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(ca)
 }
 
-func (s *supervisor) join(w http.ResponseWriter, r *http.Request) {
+func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
 		return
@@ -172,7 +172,7 @@ func (s *supervisor) join(w http.ResponseWriter, r *http.Request) {
 
 // authorized accepts the server token; as a node also the agent token and
 // the live tokens of `kelp token create`.
-func (s *supervisor) authorized(ctx context.Context, header string) (bool, error) {
+func (s *joinAPI) authorized(ctx context.Context, header string) (bool, error) {
 	user, secret, ok := strings.Cut(header, ":")
 	if !ok || secret == "" || (user != token.ServerUser && user != token.NodeUser) {
 		return false, nil
@@ -241,7 +241,7 @@ var errNameTaken = errors.New("node name taken")
 // claimName records the node's password under its name, or checks it: a
 // name belongs to the machine that joined under it first, until its Node
 // is deleted (`kubectl delete node`).
-func (s *supervisor) claimName(ctx context.Context, req JoinRequest) error {
+func (s *joinAPI) claimName(ctx context.Context, req JoinRequest) error {
 	c, err := s.kube()
 	if err != nil {
 		return err
@@ -274,7 +274,7 @@ func (s *supervisor) claimName(ctx context.Context, req JoinRequest) error {
 	return err
 }
 
-func (s *supervisor) kube() (kubernetes.Interface, error) {
+func (s *joinAPI) kube() (kubernetes.Interface, error) {
 	s.clientOnce.Do(func() {
 		rc, err := clientcmd.BuildConfigFromFlags("", s.cfg.AdminKubeconfig)
 		if err != nil {
@@ -286,7 +286,7 @@ func (s *supervisor) kube() (kubernetes.Interface, error) {
 	return s.client, s.clientErr
 }
 
-func (s *supervisor) response(name string, ips []net.IP) (JoinResponse, error) {
+func (s *joinAPI) response(name string, ips []net.IP) (JoinResponse, error) {
 	certs, err := pki.IssueNode(s.cfg.Certs, name, ips)
 	if err != nil {
 		return JoinResponse{}, err

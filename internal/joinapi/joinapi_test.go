@@ -1,4 +1,4 @@
-package supervisor
+package joinapi
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
-func testSupervisor(t *testing.T, objects ...any) (*supervisor, *fake.Clientset) {
+func testJoinAPI(t *testing.T, objects ...any) (*joinAPI, *fake.Clientset) {
 	t.Helper()
 	dir := t.TempDir()
 	certs, err := pki.Ensure(pki.Config{Dir: filepath.Join(dir, "tls"), Hostname: "server", ServiceIP: []byte{10, 43, 0, 1}, ClusterDomain: "cluster.local"})
@@ -43,12 +43,12 @@ func testSupervisor(t *testing.T, objects ...any) (*supervisor, *fake.Clientset)
 	if err := os.WriteFile(agentTokens, []byte("agent-secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &supervisor{cfg: Config{Certs: certs, TokenFile: tokens, AgentTokenFile: agentTokens, Agent: AgentConfig{ClusterCIDR: "10.42.0.0/16"}}, slots: make(chan struct{}, maxJoins)}
+	s := &joinAPI{cfg: Config{Certs: certs, TokenFile: tokens, AgentTokenFile: agentTokens, Agent: AgentConfig{ClusterCIDR: "10.42.0.0/16"}}, slots: make(chan struct{}, maxJoins)}
 	s.clientOnce.Do(func() { s.client = client })
 	return s, client
 }
 
-func joinAs(s *supervisor, tokenHeader string, req JoinRequest) *httptest.ResponseRecorder {
+func joinAs(s *joinAPI, tokenHeader string, req JoinRequest) *httptest.ResponseRecorder {
 	body, _ := json.Marshal(req)
 	r := httptest.NewRequest(http.MethodPost, JoinPath, bytes.NewReader(body))
 	if tokenHeader != "" {
@@ -60,7 +60,7 @@ func joinAs(s *supervisor, tokenHeader string, req JoinRequest) *httptest.Respon
 }
 
 func TestJoin(t *testing.T) {
-	s, client := testSupervisor(t)
+	s, client := testJoinAPI(t)
 	req := JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.99.0.3"}, Password: "0123456789abcdef0123"}
 	bootstrap, err := token.CreateBootstrap(t.Context(), client, time.Hour, "")
 	if err != nil {
@@ -109,7 +109,7 @@ func TestJoin(t *testing.T) {
 // A node's name belongs to the machine that joined under it first, until
 // its Node is deleted.
 func TestJoinNodeName(t *testing.T) {
-	s, client := testSupervisor(t)
+	s, client := testJoinAPI(t)
 	first := JoinRequest{NodeName: "agent-1", Password: "first-machine-password"}
 	second := JoinRequest{NodeName: "agent-1", Password: "second-machine-password"}
 	if w := joinAs(s, "node:agent-secret", first); w.Code != http.StatusOK {
@@ -138,7 +138,7 @@ func TestJoinNodeName(t *testing.T) {
 }
 
 func TestPublicRoutes(t *testing.T) {
-	s, _ := testSupervisor(t)
+	s, _ := testJoinAPI(t)
 	routes := Routes(s.cfg)
 	w := httptest.NewRecorder()
 	routes[CACertsPath].ServeHTTP(w, httptest.NewRequest(http.MethodGet, CACertsPath, nil))

@@ -1,0 +1,122 @@
+// Package layout is the one answer to "where is X on disk". Every path kelp
+// reads or writes under the data dir, /run/kelp and the kubelet root is
+// spelled here and nowhere else.
+//
+//	/etc/kelp/config.yaml            ConfigFile (+ config.yaml.d/*.yaml)
+//	/etc/kelp/kelp.yaml              Kubeconfig, the admin kubeconfig
+//	<data-dir>                       DefaultDataDir: /var/lib/kelp
+//	├── data/<bundle hash>/          the staged bundle (embed.Stage)
+//	├── server/                      Server(dataDir)
+//	│   ├── tls/                     CAs and leaf certificates (pki)
+//	│   ├── cred/                    kubeconfigs of the in-process clients
+//	│   ├── db/                      state.db (SQLite) or etcd/
+//	│   ├── token, agent-token       join tokens
+//	└── agent/                       Agent(dataDir)
+//	    ├── bin/                     kubectl, crictl, ctr links
+//	    ├── tls/                     a joined node's certificates
+//	    ├── images/                  airgap image tarballs
+//	    ├── containerd/              containerd's root and its log
+//	    ├── etc/                     containerd, CNI, kubelet and CoreDNS config
+//	    ├── pod-manifests/           static pods
+//	    ├── node-password, join.json a joined node's secret and last join
+//	    └── *.kubeconfig             the node's clients
+//	/run/kelp                        RunDir: sockets, containerd state, CNI leases
+//	/var/lib/kubelet                 KubeletRoot
+//	/var/log/pods                    PodLogsDir (and /var/log/containers, kubelet's links)
+package layout
+
+import "path/filepath"
+
+// Fixed places on the host.
+const (
+	DefaultDataDir = "/var/lib/kelp"
+	ConfigFile     = "/etc/kelp/config.yaml"
+	Kubeconfig     = "/etc/kelp/kelp.yaml"
+	RunDir         = "/run/kelp"
+	KubeletRoot    = "/var/lib/kubelet"
+	// PodLogsDir is where the kubelet keeps container logs; log shippers
+	// expect it here.
+	PodLogsDir = "/var/log/pods"
+	// ContainerLogsDir holds the kubelet's links to the files in
+	// PodLogsDir; the kubelet does not let it be moved.
+	ContainerLogsDir = "/var/log/containers"
+	NetnsDir         = "/run/netns"
+)
+
+// Under /run/kelp.
+var (
+	ContainerdState   = filepath.Join(RunDir, "containerd")
+	ContainerdAddress = filepath.Join(RunDir, "containerd", "containerd.sock")
+	CNINetworks       = filepath.Join(RunDir, "cni", "networks")
+)
+
+// BundleDir holds the staged bundles: one directory per content hash.
+func BundleDir(dataDir string) string { return filepath.Join(dataDir, "data") }
+
+// ServerPaths are a server's files under <data-dir>/server.
+type ServerPaths struct {
+	Dir        string
+	TLS        string // pki's directory
+	DB         string // the datastore's directory
+	Token      string // joins servers and agents
+	AgentToken string // joins agents only
+	// Kubeconfigs of the in-process clients.
+	AdminKubeconfig, ControllerManagerKubeconfig, SchedulerKubeconfig string
+}
+
+// Server lays out <data-dir>/server.
+func Server(dataDir string) ServerPaths {
+	dir := filepath.Join(dataDir, "server")
+	tls := filepath.Join(dir, "tls")
+	cred := filepath.Join(dir, "cred")
+	return ServerPaths{
+		Dir:                         dir,
+		TLS:                         tls,
+		DB:                          filepath.Join(dir, "db"),
+		Token:                       filepath.Join(dir, "token"),
+		AgentToken:                  filepath.Join(dir, "agent-token"),
+		AdminKubeconfig:             filepath.Join(cred, "admin.kubeconfig"),
+		ControllerManagerKubeconfig: filepath.Join(cred, "controller.kubeconfig"),
+		SchedulerKubeconfig:         filepath.Join(cred, "scheduler.kubeconfig"),
+	}
+}
+
+// AgentPaths are a node's files under <data-dir>/agent.
+type AgentPaths struct {
+	Dir, BinDir, ImagesDir, StaticPods  string
+	ContainerdRoot, ContainerdConfig    string
+	ContainerdLog, AirgapImagesState    string
+	RegistryDir, CNIConfDir             string
+	KubeletConfig, Corefile             string
+	TLS, NodePassword, SavedJoin        string
+	Kubeconfig, ProxyKubeconfig         string
+	DNSKubeconfig, ControllerKubeconfig string
+}
+
+// Agent lays out <data-dir>/agent.
+func Agent(dataDir string) AgentPaths {
+	dir := filepath.Join(dataDir, "agent")
+	etc := filepath.Join(dir, "etc")
+	containerdRoot := filepath.Join(dir, "containerd")
+	return AgentPaths{
+		Dir:                  dir,
+		BinDir:               filepath.Join(dir, "bin"),
+		ImagesDir:            filepath.Join(dir, "images"),
+		StaticPods:           filepath.Join(dir, "pod-manifests"),
+		ContainerdRoot:       containerdRoot,
+		ContainerdConfig:     filepath.Join(etc, "containerd", "config.toml"),
+		ContainerdLog:        filepath.Join(containerdRoot, "containerd.log"),
+		AirgapImagesState:    filepath.Join(containerdRoot, "kelp-airgap-images.json"),
+		RegistryDir:          filepath.Join(etc, "containerd", "certs.d"),
+		CNIConfDir:           filepath.Join(etc, "cni", "net.d"),
+		KubeletConfig:        filepath.Join(etc, "kubelet.yaml"),
+		Corefile:             filepath.Join(etc, "Corefile"),
+		TLS:                  filepath.Join(dir, "tls"),
+		NodePassword:         filepath.Join(dir, "node-password"),
+		SavedJoin:            filepath.Join(dir, "join.json"),
+		Kubeconfig:           filepath.Join(dir, "kubelet.kubeconfig"),
+		ProxyKubeconfig:      filepath.Join(dir, "kubeproxy.kubeconfig"),
+		DNSKubeconfig:        filepath.Join(dir, "dns.kubeconfig"),
+		ControllerKubeconfig: filepath.Join(dir, "controller.kubeconfig"),
+	}
+}
