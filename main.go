@@ -20,6 +20,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/killall"
 	"github.com/kelp-dev/kelp/internal/kubectl"
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/logging"
 	"github.com/kelp-dev/kelp/internal/token"
 	"github.com/kelp-dev/kelp/internal/version"
@@ -105,7 +106,7 @@ func newApp() *cli.App {
 				Name:  "killall",
 				Usage: "stop kelp and every container it started, unmount its filesystems, remove its interfaces and nftables tables",
 				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: "/var/lib/kelp", Usage: "data dir of the kelp to stop"},
+					&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the kelp to stop"},
 				},
 				Action: func(c *cli.Context) error {
 					logging.Setup(false)

@@ -2,11 +2,9 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/sirupsen/logrus"
@@ -23,6 +21,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/images"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/kubelet"
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/netpol"
 	"github.com/kelp-dev/kelp/internal/nft"
 	"github.com/kelp-dev/kelp/internal/overlay"
@@ -46,170 +45,109 @@ type Credentials struct {
 	ControllerCert, ControllerKey string
 }
 
-// Paths are where a node keeps its files, all derived from the data dir.
-type Paths struct {
-	Dir, BinDir, ImagesDir, ContainerdRoot, ContainerdConfig, ContainerdLog string
-	RegistryDir, CNIConfDir, KubeletConfig, Kubeconfig, StaticPods          string
-	ProxyKubeconfig, DNSKubeconfig, ControllerKubeconfig, Corefile          string
-}
-
-// PathsOf lays out <data-dir>/agent.
-func PathsOf(dataDir string) Paths {
-	dir := filepath.Join(dataDir, "agent")
-	return Paths{
-		Dir:                  dir,
-		BinDir:               filepath.Join(dir, "bin"),
-		ImagesDir:            filepath.Join(dir, "images"),
-		ContainerdRoot:       filepath.Join(dir, "containerd"),
-		ContainerdConfig:     filepath.Join(dir, "etc", "containerd", "config.toml"),
-		ContainerdLog:        filepath.Join(dir, "containerd", "containerd.log"),
-		RegistryDir:          filepath.Join(dir, "etc", "containerd", "certs.d"),
-		CNIConfDir:           filepath.Join(dir, "etc", "cni", "net.d"),
-		KubeletConfig:        filepath.Join(dir, "etc", "kubelet.yaml"),
-		Kubeconfig:           filepath.Join(dir, "kubelet.kubeconfig"),
-		ProxyKubeconfig:      filepath.Join(dir, "kubeproxy.kubeconfig"),
-		DNSKubeconfig:        filepath.Join(dir, "dns.kubeconfig"),
-		ControllerKubeconfig: filepath.Join(dir, "controller.kubeconfig"),
-		Corefile:             filepath.Join(dir, "etc", "Corefile"),
-		StaticPods:           filepath.Join(dir, "pod-manifests"),
-	}
-}
-
-// RunDir holds kelp's runtime state: sockets, host-local leases.
-const RunDir = "/run/kelp"
-
-// Node is a running node.
-type Node struct {
-	containerd *containerd.Supervisor
-	kubelet    *component.Running
-	proxy      *component.Running
-	dns        *dns.Server
-	dnsCustom  *component.Running // nil with DNS disabled
-	netpol     *component.Running // nil with network policy disabled
-	overlay    *component.Running
-	background *component.Running // image watch and pod network set-up
-	client     *client.Client
-}
-
-// Start brings the node up: it returns once containerd answers and the
-// kubelet has been launched; WaitReady waits for the kubelet.
-func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Credentials) (_ *Node, err error) {
+// Start adds the node's pieces to g, in order, and returns once the
+// kubelet is ready; ctx bounds the steps between the pieces.
+func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged embed.Staged, creds Credentials) error {
 	host := hostcheck.Host{Root: "/"}
-	p := PathsOf(cfg.DataDir)
-	for _, d := range []string{p.Dir, p.BinDir, p.ImagesDir, p.ContainerdRoot, p.StaticPods, RunDir} {
+	p := layout.Agent(cfg.DataDir)
+	for _, d := range []string{p.Dir, p.BinDir, p.ImagesDir, p.ContainerdRoot, p.StaticPods, layout.RunDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("create %s: %w", d, err)
+			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return nil, fmt.Errorf("find the kelp binary: %w", err)
+		return fmt.Errorf("find the kelp binary: %w", err)
 	}
 	if err := linkTools(p.BinDir, self); err != nil {
-		return nil, err
+		return err
 	}
 	systemd := systemdCgroups(host)
 	ccfg, err := containerdConfig(cfg, p, staged, systemd)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := containerd.WriteConfig(p.ContainerdConfig, ccfg); err != nil {
-		return nil, err
+		return err
 	}
 	env := append(os.Environ(), "PATH="+p.BinDir+":"+staged.BinDir+":"+os.Getenv("PATH"))
-	n := &Node{}
-	n.containerd, err = containerd.Supervise(self, p.ContainerdConfig, p.ContainerdLog, env)
-	if err != nil {
-		return nil, err
+	if err := g.Start(containerd.Supervise(self, p.ContainerdConfig, p.ContainerdLog, env)); err != nil {
+		return err
 	}
-	defer func() {
-		if err != nil {
-			stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = n.Stop(stopCtx)
-		}
-	}()
-	readyCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := containerd.WaitReady(readyCtx, containerd.Address); err != nil {
-		return nil, fmt.Errorf("%w; see %s", err, p.ContainerdLog)
-	}
-	n.client, err = client.New(containerd.Address)
-	if err != nil {
-		return nil, fmt.Errorf("connect to containerd: %w", err)
-	}
-	importer := images.Importer{Client: n.client, Snapshotter: ccfg.Snapshotter, StatePath: filepath.Join(p.ContainerdRoot, "kelp-airgap-images.json")}
-	if err := importer.EnsurePinned(ctx, staged.PauseImage, staged.PauseImageTar); err != nil {
-		return nil, fmt.Errorf("import the pause image: %w", err)
-	}
-	if err := importer.SyncDir(ctx, p.ImagesDir); err != nil {
-		log.WithError(err).Error("some airgap images were not imported")
+	images, err := startImages(ctx, ccfg, staged, p)
+	if err := g.Start(images, err); err != nil {
+		return err
 	}
 
 	if err := cni.EnableForwarding(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := cni.EnsureMasquerade(cfg.ClusterCIDR); err != nil {
-		return nil, err
+		return err
 	}
-
-	if err := kubeconfig.Write(p.Kubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.KubeletCert, KeyFile: creds.KubeletKey}); err != nil {
-		return nil, err
-	}
-	if err := kubeconfig.Write(p.ProxyKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.ProxyCert, KeyFile: creds.ProxyKey}); err != nil {
-		return nil, err
-	}
-	proxyClient, err := clientFor(p.ProxyKubeconfig)
+	clients, err := writeClients(p, creds)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	// Services work before the kubelet starts pods that use them.
-	kube, err := clientFor(p.Kubeconfig)
-	if err != nil {
-		return nil, err
+	if err := g.Go("service proxy", func(ctx context.Context) error {
+		return proxy.Run(ctx, clients.proxy, proxy.Config{ClusterCIDR: cfg.ClusterCIDR, ClusterDNS: cfg.ClusterDNS, NodeName: cfg.NodeName, Pods: clients.kubelet})
+	}); err != nil {
+		return err
 	}
-	n.proxy = component.Go(context.WithoutCancel(ctx), "service proxy", func(ctx context.Context) error {
-		return proxy.Run(ctx, proxyClient, proxy.Config{ClusterCIDR: cfg.ClusterCIDR, ClusterDNS: cfg.ClusterDNS, NodeName: cfg.NodeName, Pods: kube})
-	})
 	if !cfg.DisableDNS {
-		if err := kubeconfig.Write(p.DNSKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.DNSCert, KeyFile: creds.DNSKey}); err != nil {
-			return nil, err
-		}
-		n.dns, err = dns.Start(dns.Config{
+		if err := g.Start(dns.Start(dns.Config{
 			Address:    cfg.ClusterDNS,
 			Domain:     cfg.ClusterDomain,
 			Kubeconfig: p.DNSKubeconfig,
 			ResolvConf: hostResolvConf(),
 			Corefile:   p.Corefile,
-		})
-		if err != nil {
-			return nil, err
+		}, clients.dns)); err != nil {
+			return err
 		}
-		dnsClient, err := clientFor(p.DNSKubeconfig)
-		if err != nil {
-			return nil, err
-		}
-		n.dnsCustom = component.Go(context.WithoutCancel(ctx), "dns customisation", func(ctx context.Context) error {
-			return n.dns.WatchCustom(ctx, dnsClient)
-		})
-	}
-	if err := kubeconfig.Write(p.ControllerKubeconfig, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: creds.ControllerCert, KeyFile: creds.ControllerKey}); err != nil {
-		return nil, err
-	}
-	controllerClient, err := clientFor(p.ControllerKubeconfig)
-	if err != nil {
-		return nil, err
 	}
 	if cfg.DisableNetworkPolicy {
 		// Policies enforced before the user turned enforcement off would
 		// stay in force forever.
 		if err := removeNetworkPolicies(); err != nil {
-			return nil, err
+			return err
 		}
-	} else {
-		n.netpol = component.Go(context.WithoutCancel(ctx), "network policy", func(ctx context.Context) error {
-			return netpol.Run(ctx, controllerClient, netpol.Config{NodeName: cfg.NodeName})
-		})
+	} else if err := g.Go("network policy", func(ctx context.Context) error {
+		return netpol.Run(ctx, clients.controller, netpol.Config{NodeName: cfg.NodeName})
+	}); err != nil {
+		return err
+	}
+	ocfg := overlay.Config{Backend: cfg.Overlay.Backend, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.Overlay.Iface, ClusterCIDR: cfg.ClusterCIDR}
+	if err := ocfg.Validate(); err != nil {
+		return err
+	}
+	mtu, err := overlay.MTU(ocfg)
+	if err != nil {
+		return err
+	}
+	if err := g.Go("overlay", func(ctx context.Context) error {
+		return overlay.Run(ctx, clients.controller, ocfg)
+	}); err != nil {
+		return err
+	}
+	// The pod network follows the node's pod CIDR, which the node gets
+	// once its kubelet has registered it.
+	if err := g.Go("pod network", func(ctx context.Context) error {
+		if err := publishExternalIPs(ctx, clients.kubelet, cfg.NodeName, cfg.NodeExternalIPs); err != nil {
+			return err
+		}
+		cidr, err := cni.WaitPodCIDR(ctx, clients.kubelet, cfg.NodeName)
+		if err != nil {
+			return err
+		}
+		if err := cni.WriteConflist(p.CNIConfDir, cidr, layout.CNINetworks, mtu); err != nil {
+			return err
+		}
+		log.WithField("podCIDR", cidr).Info("pod network configured")
+		<-ctx.Done()
+		return nil
+	}); err != nil {
+		return err
 	}
 	kcfg := kubelet.Config{
 		NodeName:        cfg.NodeName,
@@ -231,43 +169,64 @@ func Start(ctx context.Context, cfg config.Agent, staged embed.Staged, creds Cre
 		ExtraArgs:       cfg.KubeletArgs,
 	}
 	if err := kubelet.WriteConfigFile(kcfg); err != nil {
-		return nil, err
+		return err
 	}
-	n.kubelet, err = kubelet.Start(context.WithoutCancel(ctx), kubelet.Args(kcfg))
-	if err != nil {
-		return nil, err
-	}
-	ocfg := overlay.Config{Backend: cfg.Overlay.Backend, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.Overlay.Iface, ClusterCIDR: cfg.ClusterCIDR}
-	if err := ocfg.Validate(); err != nil {
-		return nil, err
-	}
-	mtu, err := overlay.MTU(ocfg)
-	if err != nil {
-		return nil, err
-	}
-	n.overlay = component.Go(context.WithoutCancel(ctx), "overlay", func(ctx context.Context) error {
-		return overlay.Run(ctx, controllerClient, ocfg)
-	})
-	n.background = component.Go(context.WithoutCancel(ctx), "node network and images", func(ctx context.Context) error {
-		if err := publishExternalIPs(ctx, kube, cfg.NodeName, cfg.NodeExternalIPs); err != nil {
-			return err
+	return g.Start(kubelet.Start(kcfg))
+}
+
+// clients are the node's API clients, one per identity.
+type clients struct {
+	kubelet, proxy, dns, controller kubernetes.Interface
+}
+
+// writeClients writes the node's kubeconfigs and makes a client of each.
+func writeClients(p layout.AgentPaths, creds Credentials) (clients, error) {
+	var c clients
+	for _, k := range []struct {
+		path, cert, key string
+		client          *kubernetes.Interface
+	}{
+		{p.Kubeconfig, creds.KubeletCert, creds.KubeletKey, &c.kubelet},
+		{p.ProxyKubeconfig, creds.ProxyCert, creds.ProxyKey, &c.proxy},
+		{p.DNSKubeconfig, creds.DNSCert, creds.DNSKey, &c.dns},
+		{p.ControllerKubeconfig, creds.ControllerCert, creds.ControllerKey, &c.controller},
+	} {
+		if err := kubeconfig.Write(k.path, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: k.cert, KeyFile: k.key}); err != nil {
+			return clients{}, err
 		}
-		cidr, err := cni.WaitPodCIDR(ctx, kube, cfg.NodeName)
+		client, err := clientFor(k.path)
 		if err != nil {
-			return err
+			return clients{}, err
 		}
-		if err := cni.WriteConflist(p.CNIConfDir, cidr, filepath.Join(RunDir, "cni", "networks"), mtu); err != nil {
-			return err
-		}
-		log.WithField("podCIDR", cidr).Info("pod network configured")
+		*k.client = client
+	}
+	return c, nil
+}
+
+// startImages imports the pause image and the airgap images, then watches
+// the images directory for more. It holds the node's containerd client.
+func startImages(ctx context.Context, ccfg containerd.Config, staged embed.Staged, p layout.AgentPaths) (*component.Running, error) {
+	c, err := client.New(containerd.Address)
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd: %w", err)
+	}
+	importer := images.Importer{Client: c, Snapshotter: ccfg.Snapshotter, StatePath: p.AirgapImagesState}
+	if err := importer.EnsurePinned(ctx, staged.PauseImage, staged.PauseImageTar); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("import the pause image: %w", err)
+	}
+	if err := importer.SyncDir(ctx, p.ImagesDir); err != nil {
+		log.WithError(err).Error("some airgap images were not imported")
+	}
+	return component.Go("airgap images", func(ctx context.Context) error {
+		defer c.Close()
 		return importer.WatchDir(ctx, p.ImagesDir)
-	})
-	return n, nil
+	}), nil
 }
 
 // containerdConfig decides containerd's settings for this host and writes
 // the registry hosts files they point at.
-func containerdConfig(cfg config.Agent, p Paths, staged embed.Staged, systemd bool) (containerd.Config, error) {
+func containerdConfig(cfg config.Agent, p layout.AgentPaths, staged embed.Staged, systemd bool) (containerd.Config, error) {
 	reg, err := registries.Load(cfg.PrivateRegistry)
 	if err != nil {
 		return containerd.Config{}, err
@@ -286,7 +245,7 @@ func containerdConfig(cfg config.Agent, p Paths, staged embed.Staged, systemd bo
 	}
 	return containerd.Config{
 		Root:                p.ContainerdRoot,
-		State:               filepath.Join(RunDir, "containerd"),
+		State:               layout.ContainerdState,
 		Address:             containerd.Address,
 		RuncBinary:          filepath.Join(staged.BinDir, "runc"),
 		CNIBinDir:           staged.BinDir,
@@ -315,67 +274,10 @@ func CheckHost() error {
 	return nil
 }
 
-// WaitReady blocks until the kubelet serves its health check.
-func (n *Node) WaitReady(ctx context.Context) error {
-	return kubelet.WaitReady(ctx, n.kubelet)
-}
-
-// Err reports a failure of the kubelet, the Service proxy or the node's
-// background work; containerd is restarted rather than reported.
-func (n *Node) Err() <-chan error {
-	errc := make(chan error, 1)
-	// A nil channel is never ready: a disabled part never fails.
-	var dnsErr, netpolErr <-chan error
-	if n.dnsCustom != nil {
-		dnsErr = n.dnsCustom.Err()
-	}
-	if n.netpol != nil {
-		netpolErr = n.netpol.Err()
-	}
-	go func() {
-		select {
-		case err := <-dnsErr:
-			errc <- err
-		case err := <-netpolErr:
-			errc <- err
-		case err := <-n.kubelet.Err():
-			errc <- err
-		case err := <-n.background.Err():
-			errc <- err
-		case err := <-n.proxy.Err():
-			errc <- err
-		case err := <-n.overlay.Err():
-			errc <- err
-		}
-	}()
-	return errc
-}
-
-// Stop stops the node's processes and leaves its pods running: their
-// shims outlive kelp, and the next start adopts them.
-func (n *Node) Stop(ctx context.Context) error {
-	var errs []error
-	for _, r := range []*component.Running{n.background, n.kubelet, n.proxy, n.dnsCustom, n.netpol, n.overlay} {
-		if r != nil {
-			errs = append(errs, r.Stop(ctx))
-		}
-	}
-	if n.dns != nil {
-		errs = append(errs, n.dns.Stop())
-	}
-	if n.client != nil {
-		n.client.Close()
-	}
-	if n.containerd != nil {
-		errs = append(errs, n.containerd.Stop(ctx))
-	}
-	return errors.Join(errs...)
-}
-
 func removeNetworkPolicies() error {
 	c, err := nft.New()
 	if err != nil {
-		return fmt.Errorf("netpol: %w", err)
+		return fmt.Errorf("remove network policies: %w", err)
 	}
 	return netpol.Remove(c)
 }

@@ -20,10 +20,12 @@ import (
 
 	"github.com/kelp-dev/kelp/embed"
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/joinapi"
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/loadbalancer"
 	"github.com/kelp-dev/kelp/internal/pki"
-	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -34,6 +36,34 @@ import (
 // server does not answer, so a restart keeps its pods while the server is
 // away.
 func Join(ctx context.Context, cfg config.Join) error {
+	g := component.NewGroup(ctx, readyTimeout)
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+		defer cancel()
+		if err := g.Stop(stopCtx); err != nil {
+			log.WithError(err).Error("stop")
+		}
+		log.Info("kelp agent stopped")
+	}()
+	if err := join(ctx, g, cfg); err != nil {
+		if errors.Is(err, component.ErrStopped) || ctx.Err() != nil {
+			log.Info("stop requested during start-up")
+			return nil
+		}
+		return err
+	}
+	return g.Wait()
+}
+
+const (
+	// readyTimeout bounds each readiness wait; a Raspberry Pi on an SD
+	// card is the slow end.
+	readyTimeout = 2 * time.Minute
+	// stopTimeout bounds the whole shutdown after SIGTERM.
+	stopTimeout = 10 * time.Second
+)
+
+func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 	tok, err := token.Parse(cfg.Token, token.NodeUser)
 	if err != nil {
 		return fmt.Errorf("join token: %w", err)
@@ -46,11 +76,11 @@ func Join(ctx context.Context, cfg config.Join) error {
 	if err := CheckPorts(append(NodePorts(), lbPort)); err != nil {
 		return err
 	}
-	p := PathsOf(cfg.Node.DataDir)
+	p := layout.Agent(cfg.Node.DataDir)
 	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", p.Dir, err)
 	}
-	password, err := nodePassword(filepath.Join(p.Dir, "node-password"))
+	password, err := nodePassword(p.NodePassword)
 	if err != nil {
 		return err
 	}
@@ -58,23 +88,19 @@ func Join(ctx context.Context, cfg config.Join) error {
 	for _, ip := range cfg.Node.NodeIPs {
 		req.NodeIPs = append(req.NodeIPs, ip.String())
 	}
-	tlsDir := filepath.Join(p.Dir, "tls")
-	saved := filepath.Join(p.Dir, "join.json")
 	// The CA pinned at the first join is the one the node's credentials
 	// trust from then on.
-	resp, err := bootstrap(ctx, cfg.Server, tok, req, filepath.Join(tlsDir, serverCAFile), saved)
+	resp, err := bootstrap(ctx, cfg.Server, tok, req, filepath.Join(p.TLS, serverCAFile), p.SavedJoin)
 	if err != nil {
 		return err
 	}
 	// The node reaches the apiserver through its own load balancer, which
-	// knows every server; it runs until the node has stopped.
-	lbCtx, stopLB := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLB()
-	lb, err := loadbalancer.Start(lbCtx, LoadBalancerAddress, serverAddresses(cfg.Server, resp.Config.Servers))
-	if err != nil {
+	// knows every server.
+	lb, err := loadbalancer.Start(LoadBalancerAddress, serverAddresses(cfg.Server, resp.Config.Servers))
+	if err := g.Start(lb, err); err != nil {
 		return err
 	}
-	creds, err := writeCredentials(tlsDir, "https://"+lb.Addr(), resp)
+	creds, err := writeCredentials(p.TLS, "https://"+lb.Addr(), resp)
 	if err != nil {
 		return err
 	}
@@ -86,9 +112,8 @@ func Join(ctx context.Context, cfg config.Join) error {
 	if err != nil {
 		return err
 	}
-	started := time.Now()
-	n, err := Start(ctx, node, staged, creds)
-	if err != nil {
+	began := time.Now()
+	if err := Start(ctx, g, node, staged, creds); err != nil {
 		return err
 	}
 	// The load balancer learns of servers added later from the cluster.
@@ -96,29 +121,13 @@ func Join(ctx context.Context, cfg config.Join) error {
 	if err != nil {
 		return err
 	}
-	go lb.Follow(lbCtx, follower, serverAddresses(cfg.Server, nil))
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := n.Stop(stopCtx); err != nil {
-			log.WithError(err).Error("stop")
-		}
-		log.Info("kelp agent stopped")
-	}()
-	if err := n.WaitReady(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
+	if err := g.Go("apiserver list", func(ctx context.Context) error {
+		return lb.Follow(ctx, follower, serverAddresses(cfg.Server, nil))
+	}); err != nil {
 		return err
 	}
-	log.WithFields(map[string]any{"node": node.NodeName, "server": cfg.Server, "took": time.Since(started).Round(time.Millisecond)}).Info("kelp node is running")
-	select {
-	case <-ctx.Done():
-		log.Info("stopping kelp agent")
-		return nil
-	case err := <-n.Err():
-		return err
-	}
+	log.WithFields(map[string]any{"node": node.NodeName, "server": cfg.Server, "took": time.Since(began).Round(time.Millisecond)}).Info("kelp node is running")
+	return nil
 }
 
 // LoadBalancerAddress is where an agent's load balancer listens; the
@@ -253,16 +262,24 @@ func fetchCA(ctx context.Context, server string) ([]byte, error) {
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("get the CA of %s: %s %v", server, resp.Status, err)
+	if err != nil {
+		return nil, fmt.Errorf("get the CA of %s: %w", server, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("get the CA of %s: %s: %s", server, resp.Status, strings.TrimSpace(string(data)))
 	}
 	return data, nil
 }
 
-// nodePassword is the node's own secret, made at its first join.
+// nodePassword is the node's own secret, made at its first join. A file
+// too short for the server to take, as a power cut during an unsynced
+// write leaves it, holds no secret to keep: a new one is made.
 func nodePassword(path string) (string, error) {
 	if data, err := os.ReadFile(path); err == nil {
-		return strings.TrimSpace(string(data)), nil
+		if password := strings.TrimSpace(string(data)); len(password) >= joinapi.MinPasswordLength {
+			return password, nil
+		}
+		log.WithField("file", path).Warn("the node password file is empty or too short; making a new password. A server that knew the old one refuses this node until its password Secret is deleted, as the refusal says")
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("read node password: %w", err)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // ErrCorrupt is wrapped by every error about a bundle that does not match its
@@ -32,7 +34,6 @@ const (
 	currentLink     = "current"  // the bundle the last Stage call returned
 	previousLink    = "previous" // the one before; kept for shims still running it
 	partialInfix    = ".partial-"
-	linkTmpPrefix   = ".link-"
 )
 
 // stage puts the bundle whose compressed archive has sha256 hash under
@@ -113,17 +114,22 @@ func lock(path string) (unlock func(), err error) {
 	return func() { f.Close() }, nil
 }
 
+// removeLeftovers removes half-extracted bundle dirs and the temporary
+// links of an interrupted symlink swap.
 func removeLeftovers(root string) error {
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return fmt.Errorf("read bundle dir: %w", err)
 	}
 	for _, e := range entries {
-		if strings.Contains(e.Name(), partialInfix) || strings.HasPrefix(e.Name(), linkTmpPrefix) {
+		if strings.Contains(e.Name(), partialInfix) {
 			if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
 				return fmt.Errorf("remove leftover of an interrupted staging: %w", err)
 			}
 		}
+	}
+	if err := atomicfile.RemoveTemps(root); err != nil {
+		return fmt.Errorf("remove leftover of an interrupted staging: %w", err)
 	}
 	return nil
 }
@@ -149,19 +155,18 @@ func extract(root, hash string, archive io.Reader) (err error) {
 	if got := hex.EncodeToString(sum.Sum(nil)); got != hash {
 		return fmt.Errorf("%w: archive sha256 is %s, want %s; reinstall kelp", ErrCorrupt, got, hash)
 	}
-	if err := writeFileSync(filepath.Join(tmp, markerName), []byte(hash+"\n"), 0o644); err != nil {
-		return err
-	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return err
 	}
-	if err := syncDir(tmp); err != nil {
+	// The marker goes last, and its write syncs tmp: every entry and the
+	// mode are durable before the rename publishes the dir.
+	if err := atomicfile.Write(filepath.Join(tmp, markerName), []byte(hash+"\n"), 0o644); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, filepath.Join(root, hash)); err != nil {
 		return fmt.Errorf("move staged bundle into place: %w", err)
 	}
-	return syncDir(root)
+	return atomicfile.SyncDir(root)
 }
 
 type manifestEntry struct {
@@ -219,7 +224,10 @@ func unpack(dir string, r io.Reader) error {
 			if err := os.MkdirAll(parent, 0o755); err != nil {
 				return err
 			}
-			dirs[parent] = true
+			// Every dir MkdirAll made holds a new entry to sync.
+			for d := parent; !dirs[d]; d = filepath.Dir(d) {
+				dirs[d] = true
+			}
 		}
 		got, err := writeVerified(target, hdr.Name, tr, fs.FileMode(hdr.Mode)&0o755)
 		if err != nil {
@@ -243,7 +251,7 @@ func unpack(dir string, r io.Reader) error {
 		return fmt.Errorf("read bundle: %w", err)
 	}
 	for d := range dirs {
-		if err := syncDir(d); err != nil {
+		if err := atomicfile.SyncDir(d); err != nil {
 			return err
 		}
 	}
@@ -289,7 +297,9 @@ func safePath(name string) bool {
 }
 
 // writeVerified writes r, the bundle file name, to a new file at path, syncs
-// it and returns the sha256 of what it wrote.
+// it and returns the sha256 of what it wrote. It streams rather than goes
+// through atomicfile: the file is new in a private dir that one rename
+// publishes whole, and binaries are too large to hold in memory.
 func writeVerified(path, name string, r io.Reader, mode fs.FileMode) (string, error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
@@ -333,34 +343,6 @@ func (t *readTracker) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func writeFileSync(path string, data []byte, mode fs.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
-}
-
 // setCurrent points current at hash and previous at what current pointed to
 // before, and returns the hash previous now names ("" if none).
 func setCurrent(root, hash string) (string, error) {
@@ -370,32 +352,15 @@ func setCurrent(root, hash string) (string, error) {
 		return previous, nil
 	}
 	if isHash(old) && isStaged(filepath.Join(root, old)) {
-		if err := replaceSymlink(root, previousLink, old); err != nil {
+		if err := atomicfile.Symlink(old, filepath.Join(root, previousLink)); err != nil {
 			return "", err
 		}
 		previous = old
 	}
-	if err := replaceSymlink(root, currentLink, hash); err != nil {
-		return "", err
-	}
-	if err := syncDir(root); err != nil {
+	if err := atomicfile.Symlink(hash, filepath.Join(root, currentLink)); err != nil {
 		return "", err
 	}
 	return previous, nil
-}
-
-func replaceSymlink(root, name, target string) error {
-	tmp := filepath.Join(root, linkTmpPrefix+name)
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	if err := os.Symlink(target, tmp); err != nil {
-		return fmt.Errorf("link %s: %w", name, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(root, name)); err != nil {
-		return fmt.Errorf("link %s: %w", name, err)
-	}
-	return nil
 }
 
 // prune removes bundle dirs other than current and previous. previous is

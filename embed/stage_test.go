@@ -262,7 +262,8 @@ func TestStageRecoversFromCrash(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(partial, "bin", "runc"), []byte("half"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink("gone", filepath.Join(root, linkTmpPrefix+currentLink)); err != nil {
+	// The temporary link is named as atomicfile names it.
+	if err := os.Symlink("gone", filepath.Join(root, "."+currentLink+".tmp-123")); err != nil {
 		t.Fatal(err)
 	}
 	unfinished := filepath.Join(root, b.hash)
@@ -399,6 +400,20 @@ func TestStageRejectsTruncatedArchive(t *testing.T) {
 	}
 	if names := dirEntries(t, dataDir); len(names) != 0 {
 		t.Errorf("after a failed stage the data dir holds %v", names)
+	}
+}
+
+// Files in nested dirs are staged; each dir made on the way is synced.
+func TestStageNestedDirs(t *testing.T) {
+	dataDir := t.TempDir()
+	fs := append(files("v1"), entry{name: "share/doc/runc/LICENSE", mode: 0o644, data: "license"})
+	b := pack(t, append([]entry{manifestOf(fs...)}, fs...)...)
+	got, err := stage(dataDir, b.hash, b.reader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(filepath.Join(got.Dir, "share", "doc", "runc", "LICENSE")); err != nil || string(data) != "license" {
+		t.Errorf("share/doc/runc/LICENSE = %q, %v", data, err)
 	}
 }
 

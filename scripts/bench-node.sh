@@ -8,7 +8,8 @@
 #   LOGDIR=    if set, kelp's and containerd's logs are copied there
 #
 # kelp runs in a network and mount namespace of its own, with private
-# /run/kelp, /run/netns and /var/lib/kubelet, like the cluster tests. Figures:
+# /run/kelp, /run/netns, /var/lib/kubelet and pod logs, like the cluster
+# tests. Figures:
 #   node Ready       launch of `kelp server` (fresh data dir, bundle staged by a
 #                    first run) until the Node's Ready condition is True
 #   first pod        launch until a pod of the test image (from the airgap
@@ -36,14 +37,13 @@ die() { echo "bench-node: $*" >&2; exit 1; }
 [[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-node.XXXXXX")
-holder=
 cleanup() {
   local rc=$?
   trap - EXIT
   set +e
-  if [[ -n $holder ]]; then
-    in_node "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
-    kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+  if [[ -n ${holder[server]:-} ]]; then
+    in_node server "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
+    kill "${holder[server]}" 2>/dev/null; wait "${holder[server]}" 2>/dev/null
   fi
   [[ -n $LOGDIR ]] && mkdir -p "$LOGDIR" && cp "$work"/*.log "$work"/data/agent/containerd/containerd.log "$LOGDIR"/ 2>/dev/null
   rm -rf "$work"
@@ -51,12 +51,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-in_node() { nsenter --target "$holder" --net --mount -- "$@"; }
-kubectl() { in_node "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
+kubectl() { in_node server "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
 
 build_test_image "$repo" "$work"
 
-start_node "$work"
+start_node server "$work"
 
 cat >"$work/app.yaml" <<'YAML'
 apiVersion: apps/v1
@@ -79,24 +78,8 @@ spec:
   ports: [{port: 80, targetPort: 8080}]
 YAML
 
-kelp_pid=
 start_kelp() { # LOG: launches kelp server in the node
-  # nsenter execs kelp, so $! is kelp itself (a function run with & would
-  # be a subshell that a signal never passes).
-  nsenter --target "$holder" --net --mount -- "$KELP" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" >"$work/$1" 2>&1 &
-  kelp_pid=$!
-}
-stop_kelp() {
-  kill -TERM "$kelp_pid"; wait "$kelp_pid" || true
-}
-wait_for() { # WHAT CMD...: polls CMD every 100 ms for up to 5 minutes
-  local what=$1; shift
-  local deadline=$(( $(now_ms) + 300000 ))
-  until "$@" >/dev/null 2>&1; do
-    (( $(now_ms) < deadline )) || die "$what did not happen within 5 minutes"
-    kill -0 "$kelp_pid" 2>/dev/null || die "kelp exited while waiting for $what"
-    sleep 0.1
-  done
+  launch server "$work/$1" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml"
 }
 node_ready() { [[ $(kubectl get nodes -o 'jsonpath={.items[0].status.conditions[?(@.type=="Ready")].status}') == True ]]; }
 pods_running() { [[ $(kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.phase}{" "}{end}') == "Running Running " ]]; }
@@ -104,8 +87,8 @@ pods_running() { [[ $(kubectl get pods -l app=web -o 'jsonpath={range .items[*]}
 # A first run stages the bundle, as an install does; then a fresh start.
 start_kelp stage.log
 wait_for "the first start" grep -q "kelp node is running" "$work/stage.log"
-stop_kelp
-in_node "$KELP" killall --data-dir "$work/data" >/dev/null
+stop_kelp server
+in_node server "$KELP" killall --data-dir "$work/data" >/dev/null
 find "$work/data" -mindepth 1 -maxdepth 1 ! -name data -exec rm -rf {} +
 mkdir -p "$work/data/agent/images" && cp "$work/testapp.tar" "$work/data/agent/images/"
 
@@ -132,11 +115,11 @@ printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss, app answ
 # Every process of the node (containers have mount namespaces of their own):
 # the kelp binary (server, containerd) and the runc shims.
 node_pids() {
-  local ns self pid
-  ns=$(readlink "/proc/$holder/ns/mnt")
+  local ns pid
+  ns=$(readlink "/proc/${holder[server]}/ns/mnt")
   for pid in /proc/[0-9]*; do
     pid=${pid#/proc/}
-    [[ $pid != "$holder" && $(readlink "/proc/$pid/ns/mnt" 2>/dev/null) == "$ns" ]] || continue
+    [[ $pid != "${holder[server]}" && $(readlink "/proc/$pid/ns/mnt" 2>/dev/null) == "$ns" ]] || continue
     if [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$KELP" ]]; then echo "kelp $pid"; else echo "shim $pid"; fi
   done
 }
@@ -181,7 +164,7 @@ done
 
 ids() { kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.containerStatuses[0].containerID}{" "}{end}'; }
 before_ids=$(ids)
-stop_kelp
+stop_kelp server
 t0=$(now_ms)
 start_kelp restart.log
 wait_for "node Ready after restart" node_ready

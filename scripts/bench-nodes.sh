@@ -15,11 +15,11 @@
 # The nodes are wired as in the cluster tests (internal/testcluster/lab.go): a
 # lab network namespace with a bridge lab0, and per node network, mount and
 # cgroup namespaces, eth0 10.99.0.x/24 on the bridge, private /run/kelp,
-# /run/netns and /var/lib/kubelet, and a cgroup subtree of its own that the
-# node sees as its cgroup root, so the two kubelets do not fight over the
-# host's kubepods. The server is 10.99.0.2 and the agent, agent-1, 10.99.0.3.
-# Both have the test image in their airgap images directory. Figures, per
-# backend:
+# /run/netns, /var/lib/kubelet and pod logs, and a cgroup subtree of its own
+# that the node sees as its cgroup root, so the two kubelets do not fight
+# over the host's kubepods. The server is 10.99.0.2 and the agent, agent-1,
+# 10.99.0.3. Both have the test image in their airgap images directory.
+# Figures, per backend:
 #   agent join -> Ready  with the server running and its node Ready: launch of
 #                  `kelp agent` (fresh data dir but for the runtime bundle,
 #                  staged as a first run leaves it: a copy of the server's)
@@ -52,7 +52,6 @@ source "$repo/scripts/lib/bench.sh"
 
 readonly image=docker.io/kelp-test/testapp:1.0
 readonly server_ip=10.99.0.2 agent_ip=10.99.0.3 agent_name=agent-1
-readonly private_dirs=(/run/kelp /run/netns /var/lib/kubelet)
 
 die() { echo "bench-nodes: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "run as root"
@@ -73,31 +72,13 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-nodes.XXXXXX")
 
 # --- state of the cluster being measured, for teardown ------------------------
 
+# holder, kelp_pid and cg_procs are lib/bench.sh's, by node.
 dir=                 # $work/<backend>
 lab=                 # pid of the lab's holder
-declare -A holder    # node -> pid of the process holding its namespaces
-declare -A kelp_pid  # node -> pid of its kelp server or agent
 declare -A cg_dirs   # node -> host paths of its cgroup subtrees, one per hierarchy
-declare -A cg_procs  # node -> cgroup.procs files a process joins to be in the node
 cg_root_procs='' cg_mounts='' # of the node being made, see make_cgroups
 started=''           # pid of the last holder start_holder started
 
-alive() { # PID: running (bash reaps its children, so a dead one is gone)
-  kill -0 "$1" 2>/dev/null
-}
-
-# Runs "$@" after moving itself into the cgroups listed in $1; the sh
-# execs, so the pid is the command's.
-# shellcheck disable=SC2016 # expanded by sh
-readonly join_cgroups='for f in $1; do echo $$ >"$f"; done; shift; exec "$@"'
-
-in_node() { # NODE CMD...: runs CMD in the node's namespaces and cgroups
-  local node=$1; shift
-  # Entering a cgroup namespace moves no process: the command joins the
-  # node's cgroups first, or it would run outside the node's view.
-  sh -c "$join_cgroups" kelp-bench-node "${cg_procs[$node]}" \
-    nsenter --target "${holder[$node]}" --net --mount --cgroup -- "$@"
-}
 in_lab() { nsenter --target "$lab" --net -- "$@"; }
 kubectl() { in_node server "$KELP" kubectl --kubeconfig "$dir/server/kelp.yaml" --request-timeout=5s "$@"; }
 
@@ -327,31 +308,6 @@ make_node() { # NODE IP VETH: a node of the lab, eth0 with IP on lab0 through VE
 
 # --- kelp on the nodes ------------------------------------------------------------
 
-launch() { # NODE LOG ARGS...: starts kelp ARGS in the node in the background
-  local node=$1 log=$2; shift 2
-  sh -c "$join_cgroups" kelp-bench-node "${cg_procs[$node]}" \
-    nsenter --target "${holder[$node]}" --net --mount --cgroup -- "$KELP" "$@" >"$log" 2>&1 &
-  kelp_pid[$node]=$!
-}
-stop_kelp() { # NODE: SIGTERM to its kelp, which has 30 s to exit
-  local node=$1 deadline=$(( $(now_ms) + 30000 ))
-  kill -TERM "${kelp_pid[$node]}" 2>/dev/null
-  while alive "${kelp_pid[$node]}" && (( $(now_ms) < deadline )); do sleep 0.1; done
-  # killall, then the removal of the node's cgroups, end it if it did not.
-  alive "${kelp_pid[$node]}" || wait "${kelp_pid[$node]}" 2>/dev/null || true
-  unset "kelp_pid[$node]"
-}
-wait_for() { # WHAT CMD...: polls CMD every 100 ms for up to 5 minutes
-  local what=$1 node; shift
-  local deadline=$(( $(now_ms) + 300000 ))
-  until "$@" >/dev/null 2>&1; do
-    (( $(now_ms) < deadline )) || die "$what did not happen within 5 minutes"
-    for node in "${!kelp_pid[@]}"; do
-      alive "${kelp_pid[$node]}" || die "kelp on the $node exited while waiting for $what: see $dir/$node"
-    done
-    sleep 0.1
-  done
-}
 node_ready() { # NAME
   [[ $(kubectl get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}') == True ]]
 }

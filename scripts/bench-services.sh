@@ -11,8 +11,9 @@
 #   LOGDIR=       if set, kelp's and containerd's logs are copied there
 #
 # kelp runs in a network and mount namespace of its own, with private
-# /run/kelp, /run/netns and /var/lib/kubelet, like the cluster tests; it starts
-# once, on a fresh data dir with the test image in its airgap images directory.
+# /run/kelp, /run/netns, /var/lib/kubelet and pod logs, like the cluster tests;
+# it starts once, on a fresh data dir with the test image in its airgap images
+# directory.
 # Figures, all from pods of the test image on the node:
 #   Service create -> answer  a client pod starts a GET of a ClusterIP every
 #                  5 ms, each on a new connection; then a Service with that
@@ -54,16 +55,15 @@ for tool in unshare nsenter ip curl awk; do
 done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-services.XXXXXX")
-holder=
 poller=
 cleanup() {
   local rc=$?
   trap - EXIT
   set +e
   [[ -n $poller ]] && kill "$poller" 2>/dev/null
-  if [[ -n $holder ]]; then
-    in_node "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
-    kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+  if [[ -n ${holder[server]:-} ]]; then
+    in_node server "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
+    kill "${holder[server]}" 2>/dev/null; wait "${holder[server]}" 2>/dev/null
   fi
   [[ -n $LOGDIR ]] && mkdir -p "$LOGDIR" && cp "$work"/*.log "$work"/data/agent/containerd/containerd.log "$LOGDIR"/ 2>/dev/null
   rm -rf "$work"
@@ -71,13 +71,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-in_node() { nsenter --target "$holder" --net --mount -- "$@"; }
-kubectl() { in_node "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
+kubectl() { in_node server "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
 
 build_test_image "$repo" "$work"
 mkdir -p "$work/data/agent/images" && cp "$work/testapp.tar" "$work/data/agent/images/"
 
-start_node "$work"
+start_node server "$work"
 
 # web: the pods behind every Service of the first figure and the name asked
 # by the DNS figure. sink: the throughput server, with a fixed ClusterIP.
@@ -125,19 +124,7 @@ spec:
   - {name: client, image: docker.io/kelp-test/testapp:1.0, imagePullPolicy: IfNotPresent, args: [serve]}
 YAML
 
-# nsenter execs kelp, so $! is kelp itself (a function run with & would
-# be a subshell that a signal never passes).
-nsenter --target "$holder" --net --mount -- "$KELP" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" >"$work/kelp.log" 2>&1 &
-kelp_pid=$!
-wait_for() { # WHAT CMD...: polls CMD every 100 ms for up to 5 minutes
-  local what=$1; shift
-  local deadline=$(( $(now_ms) + 300000 ))
-  until "$@" >/dev/null 2>&1; do
-    (( $(now_ms) < deadline )) || die "$what did not happen within 5 minutes"
-    kill -0 "$kelp_pid" 2>/dev/null || die "kelp exited while waiting for $what"
-    sleep 0.1
-  done
-}
+launch server "$work/kelp.log" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml"
 all_ready() {
   local ready
   ready=$(kubectl get pods -o 'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{" "}{end}')
@@ -153,7 +140,7 @@ echo "kelp bench-services: $("$KELP" --version | head -1), $(nproc) CPUs"
 
 tls=$work/data/server/tls
 apiserver() { # METHOD PATH [JSON]: a request as admin, as fast as curl starts
-  in_node curl -sf --max-time 10 --cacert "$tls/server-ca.crt" --cert "$tls/client-admin.crt" \
+  in_node server curl -sf --max-time 10 --cacert "$tls/server-ca.crt" --cert "$tls/client-admin.crt" \
     --key "$tls/client-admin.key" -X "$1" -H 'Content-Type: application/json' \
     ${3:+--data-binary "$3"} "https://127.0.0.1:6443$2" >/dev/null
 }

@@ -30,8 +30,10 @@ SETTLE=${SETTLE:-10}
 KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
 POLL=${POLL:-curl}
 LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
+# shellcheck source=lib/bench.sh
+source "$(dirname "$0")/lib/bench.sh"
 
-readonly port=6443 poll_interval=0.05 ready_timeout_s=300 stop_kill_after_s=30
+readonly port=6443 poll_interval=0.05 ready_timeout_s=300
 readonly datastores=(sqlite etcd)
 
 die() { echo "bench: $*" >&2; exit 1; }
@@ -49,7 +51,6 @@ while read -r var; do unset "$var"; done < <(compgen -e | grep '^KELP_' || true)
 
 clk_tck=$(getconf CLK_TCK)
 work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench.XXXXXX")
-kelp_pid=
 
 # --- cleanup: no kelp, namespace or temp dir survives us --------------------
 
@@ -58,12 +59,12 @@ cleanup() {
   trap - EXIT ERR
   trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
   set +eu          # nor may a half-set variable
-  if [[ -n $kelp_pid ]]; then
-    echo "bench: stopping kelp (pid $kelp_pid)" >&2
-    stop_kelp || true
+  if [[ -n ${kelp_pid[server]:-} ]]; then
+    echo "bench: stopping kelp (pid ${kelp_pid[server]})" >&2
+    stop_kelp server
   fi
   if [[ -n $LOGDIR && -d $work/logs ]]; then
-    mkdir -p "$LOGDIR" && cp "$work"/logs/*.log "$LOGDIR"/ 2>/dev/null || true
+    mkdir -p "$LOGDIR" && cp "$work"/logs/*.log "$LOGDIR"/ 2>/dev/null
   fi
   rm -rf "$work"
   exit "$rc"
@@ -76,15 +77,6 @@ trap 'exit 143' TERM
 # --- helpers ----------------------------------------------------------------
 
 now_us() { echo "${EPOCHREALTIME/./}"; }
-
-# proc_state PID: the state letter from /proc/PID/stat, empty if it is gone.
-proc_state() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-  stat=${stat##*) }
-  echo "${stat%% *}"
-}
-alive() { local s; s=$(proc_state "$1"); [[ -n $s && $s != Z && $s != X ]]; }
 
 # cpu_ticks PID: utime+stime of the whole process, in clock ticks.
 cpu_ticks() {
@@ -108,28 +100,23 @@ readyz_ok() {
   local dir=$1 out
   if [[ $POLL == curl ]]; then
     local tls=$dir/data/server/tls
-    out=$(nsenter -t "$kelp_pid" -n curl -sf --max-time 2 --cacert "$tls/server-ca.crt" \
+    out=$(nsenter -t "${kelp_pid[server]}" -n curl -sf --max-time 2 --cacert "$tls/server-ca.crt" \
       --cert "$tls/client-admin.crt" --key "$tls/client-admin.key" \
       "https://127.0.0.1:$port/readyz" 2>/dev/null) || return 1
   else
-    out=$(nsenter -t "$kelp_pid" -n "$KELP" kubectl --kubeconfig "$dir/kubeconfig" \
+    out=$(nsenter -t "${kelp_pid[server]}" -n "$KELP" kubectl --kubeconfig "$dir/kubeconfig" \
       --request-timeout=2s get --raw /readyz 2>/dev/null) || return 1
   fi
   [[ $out == ok ]]
 }
 
 ms() { echo $(( ($1 + 500) / 1000 )); }
-secs() { awk -v ms="$1" 'BEGIN { if (ms == "") print "-"; else printf "%.2f", ms / 1000 }'; }
 
 # stats_s MS...: "min/median/max" of millisecond figures, in seconds.
 stats_s() {
   printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 }
     END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
           printf "%.2f/%.2f/%.2f", v[1] / 1000, m / 1000, v[NR] / 1000 }'
-}
-median() {
-  printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 }
-    END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
 }
 mib() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
 kib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1024 }'; }
@@ -147,22 +134,24 @@ start_kelp() {
     --write-kubeconfig "$dir/kubeconfig")
   [[ $ds == etcd ]] && args+=(--cluster-init)
 
-  t_api= t_log= t_stage= took= lines_at_ready=
-  local t0 now
+  t_api='' t_log='' t_stage='' took='' lines_at_ready=''
+  local t0 now pid
   t0=$(now_us)
   # sh -e: a namespace that cannot be set up must not become a kelp in the
   # root namespace.
+  # shellcheck disable=SC2016 # expanded by sh
   unshare --net --mount --propagation private sh -ec '
     ip link set lo up
     ip link add br0 type bridge
     ip addr add 10.99.0.2/24 dev br0
     ip link set br0 up
     exec "$0" "$@"' "$KELP" "${args[@]}" >"$log" 2>&1 &
-  kelp_pid=$!
+  kelp_pid[server]=$!
+  pid=${kelp_pid[server]}
 
   while :; do
     now=$(now_us)
-    if ! alive "$kelp_pid"; then
+    if ! alive "$pid"; then
       tail -n 30 "$log" >&2
       die "$ds $label: kelp exited before it was ready (log above)"
     fi
@@ -173,7 +162,7 @@ start_kelp() {
     if [[ -z $t_stage ]] && grep -q 'Staged runtime bundle' "$log"; then
       t_stage=$(ms $((now - t0)))
     fi
-    if [[ -z $t_api ]] && in_own_netns "$kelp_pid" && readyz_ok "$dir"; then
+    if [[ -z $t_api ]] && in_own_netns "$pid" && readyz_ok "$dir"; then
       t_api=$(ms $(($(now_us) - t0)))
     fi
     if [[ -z $t_log ]] && grep -q 'kelp server is ready' "$log"; then
@@ -186,26 +175,16 @@ start_kelp() {
   lines_at_ready=$(wc -l <"$log")
 }
 
-# stop_kelp: SIGTERM, wait until the process is gone, SIGKILL if it lingers.
-# Sets t_stop (ms), stop_rc and stop_note.
-stop_kelp() {
-  local pid=$kelp_pid t0
+# stop_timed: stops kelp (stop_kelp) and sets t_stop (ms from SIGTERM until it
+# is gone), stop_rc and stop_note.
+stop_timed() {
+  local t0
   lines_at_term=$(wc -l <"$log")
   t0=$(now_us)
-  kill -TERM "$pid" 2>/dev/null || true
-  stop_note=
-  while alive "$pid"; do
-    if (( $(now_us) - t0 > stop_kill_after_s * 1000000 )); then
-      kill -KILL "$pid" 2>/dev/null || true
-      stop_note="SIGKILLed after ${stop_kill_after_s}s"
-      break
-    fi
-    sleep "$poll_interval"
-  done
+  stop_kelp server
   t_stop=$(ms $(($(now_us) - t0)))
-  stop_rc=0
-  wait "$pid" || stop_rc=$?
-  kelp_pid=
+  stop_note=
+  (( stop_rc != 137 )) || stop_note="SIGKILLed after 30 s"
   grep -q 'kelp server stopped' "$log" || stop_note+="${stop_note:+, }no \"kelp server stopped\" line"
   (( t_stop <= 10000 )) || stop_note+="${stop_note:+, }slower than 10 s"
   (( stop_rc == 0 )) || stop_note+="${stop_note:+, }exit status $stop_rc"
@@ -215,7 +194,7 @@ stop_kelp() {
 
 # idle_window: lets the running kelp settle, then samples it over IDLE seconds.
 idle_window() {
-  local pid=$kelp_pid cpu0 cpu1 wb0 wb1 t0 t1
+  local pid=${kelp_pid[server]} cpu0 cpu1 wb0 wb1 t0 t1
   sleep "$SETTLE"
   cpu0=$(cpu_ticks "$pid") wb0=$(io_field "$pid" write_bytes) t0=$(now_us)
   sleep "$IDLE"
@@ -235,7 +214,7 @@ report_start() {
   local ds=$1 label=$2
   printf '%-6s %-11s /readyz %6ss  log %6ss (took=%s)%s  RSS %s MiB\n' "$ds" "$label" \
     "$(secs "$t_api")" "$(secs "$t_log")" "${took:--}" \
-    "${t_stage:+  bundle staged at $(secs "$t_stage")s}" "$(( $(status_kb "$kelp_pid" VmRSS) / 1024 ))"
+    "${t_stage:+  bundle staged at $(secs "$t_stage")s}" "$(( $(status_kb "${kelp_pid[server]}" VmRSS) / 1024 ))"
 }
 report_stop() {
   printf '%-6s %-11s stop %ss%s\n' "$1" "$2" "$(secs "$t_stop")" "${stop_note:+  ($stop_note)}"
@@ -260,7 +239,7 @@ for ds in "${datastores[@]}"; do
   start_kelp "$ds" "$dir" cold
   report_start "$ds" cold
   r[$ds,cold_api]=$t_api r[$ds,cold_log]=$t_log r[$ds,stage]=$t_stage
-  stop_kelp
+  stop_timed
   report_stop "$ds" cold
   stops=("$t_stop")
 
@@ -269,7 +248,7 @@ for ds in "${datastores[@]}"; do
   start_kelp "$ds" "$dir" first-boot
   report_start "$ds" first-boot
   r[$ds,first_api]=$t_api r[$ds,first_log]=$t_log
-  stop_kelp
+  stop_timed
   report_stop "$ds" first-boot
   stops+=("$t_stop")
   r[$ds,stops]="${stops[*]}"
@@ -288,7 +267,7 @@ for run in $(seq 1 "$RUNS"); do
         "$ds" "warm-$run" "$IDLE" $((idle_rss / 1024)) $((idle_anon / 1024)) $((idle_hwm / 1024)) \
         "$idle_cpu" "$(kib "$idle_wbps")"
     fi
-    stop_kelp
+    stop_timed
     report_stop "$ds" "warm-$run"
     r[$ds,stops]+=" $t_stop"
   done
@@ -317,11 +296,11 @@ for kind in api log; do
   name=$([[ $kind == api ]] && echo "/readyz" || echo "log")
   # shellcheck disable=SC2086 # word lists of numbers
   row "warm start x$RUNS $name" "$(stats_s ${r[sqlite,warm_$kind]})" "$(stats_s ${r[etcd,warm_$kind]})" \
-    "$(ratio "$(median ${r[etcd,warm_$kind]})" "$(median ${r[sqlite,warm_$kind]})")"
+    "$(ratio "$(printf '%s\n' ${r[etcd,warm_$kind]} | median)" "$(printf '%s\n' ${r[sqlite,warm_$kind]} | median)")"
 done
 # shellcheck disable=SC2086
 row "stop (SIGTERM to gone) x$((RUNS + 2))" "$(stats_s ${r[sqlite,stops]})" "$(stats_s ${r[etcd,stops]})" \
-  "$(ratio "$(median ${r[etcd,stops]})" "$(median ${r[sqlite,stops]})")"
+  "$(ratio "$(printf '%s\n' ${r[etcd,stops]} | median)" "$(printf '%s\n' ${r[sqlite,stops]} | median)")"
 row "idle VmRSS (MiB)" "$(mib "${r[sqlite,rss]}")" "$(mib "${r[etcd,rss]}")" "$(ratio "${r[etcd,rss]}" "${r[sqlite,rss]}")"
 row "idle RssAnon (MiB)" "$(mib "${r[sqlite,anon]}")" "$(mib "${r[etcd,anon]}")" "$(ratio "${r[etcd,anon]}" "${r[sqlite,anon]}")"
 row "idle VmHWM (MiB)" "$(mib "${r[sqlite,hwm]}")" "$(mib "${r[etcd,hwm]}")" "$(ratio "${r[etcd,hwm]}" "${r[sqlite,hwm]}")"
@@ -356,5 +335,4 @@ for entry in "${phases[@]}"; do
     }' "$file"
 done | sort | uniq -c | sort -k2,2 -k1,1nr | awk -F'\t' '
   { split($1, a, " "); printf "%-7s %5d  %-6s %-5s %s\n", substr(a[2], 2), a[1], $2, $3, $4 }'
-[[ -n $LOGDIR ]] && echo "(full logs are copied to $LOGDIR)"
-exit 0
+if [[ -n $LOGDIR ]]; then echo "(full logs are copied to $LOGDIR)"; fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: unit tests and cluster tests, which start real
-# kelp servers in network namespaces of their own. Run as root on a fresh
+# Runs the whole test suite: linters, unit tests and cluster tests, which start
+# real kelp servers in network namespaces of their own. Run as root on a fresh
 # machine: it installs what it needs (Debian packages) and builds kelp.
 # Extra arguments go to `go test` (e.g. -run TestServerSQLite -v).
 set -euo pipefail
@@ -8,27 +8,45 @@ cd "$(dirname "$0")/.."
 
 [[ $(id -u) == 0 ]] || { echo "scripts/test.sh: run as root (cluster tests use namespaces and mounts)" >&2; exit 1; }
 
-# Packages the cluster tests use: ip/nsenter/unshare/mount for node
-# namespaces, pkill, PostgreSQL for the external-datastore test.
+# Pinned: a new release brings new checks, which must not fail a run on code
+# that did not change. 2026.2.2 knows Go 1.26.
+staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+# Packages the tests use: ip/nsenter/unshare/mount for node namespaces, pkill,
+# PostgreSQL for the external-datastore test, shellcheck for the scripts.
 need=()
-for p in iproute2 util-linux mount procps postgresql; do
+for p in iproute2 util-linux mount procps postgresql shellcheck; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if ((${#need[@]})); then
   echo "installing ${need[*]}"
   # Keep the package from starting a system-wide PostgreSQL: the tests run
-  # their own, inside a node's namespace.
-  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  # their own, inside a node's namespace. The machine's own policy-rc.d, if
+  # it has one, is moved aside meanwhile and back after, also on failure.
+  policy=/usr/sbin/policy-rc.d
+  saved=
+  if [[ -e $policy || -L $policy ]]; then
+    saved=$(mktemp "$policy.kelp-test.XXXXXX")
+    mv -f "$policy" "$saved"
+  fi
+  restore_policy() {
+    if [[ -n $saved ]]; then mv -f "$saved" "$policy"; else rm -f "$policy"; fi
+  }
+  trap restore_policy EXIT
+  printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
   apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null
-  rm -f /usr/sbin/policy-rc.d
+  restore_policy
+  trap - EXIT
 fi
+
+unformatted=$(gofmt -l main.go agent embed internal server)
+[[ -z $unformatted ]] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
+shellcheck --external-sources --source-path=SCRIPTDIR scripts/*.sh scripts/lib/*.sh .ci/run
 
 scripts/build.sh
 # The same build as bin/kelp (pure-Go SQLite), sharing its build cache.
 export CGO_ENABLED=0
-unformatted=$(gofmt -l main.go agent embed internal server)
-[[ -z $unformatted ]] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
 go vet ./...
+go run "$staticcheck" ./...
 KELP_BIN=$PWD/bin/kelp go test -count=1 -timeout 25m "$@" ./...

@@ -1,19 +1,15 @@
 package server
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/kelp-dev/kelp/internal/config"
-	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/joinapi"
+	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -23,8 +19,8 @@ type tokenFiles struct {
 }
 
 func tokenPaths(dataDir string) tokenFiles {
-	dir := filepath.Join(dataDir, "server")
-	return tokenFiles{server: filepath.Join(dir, "token"), agent: filepath.Join(dir, "agent-token")}
+	paths := layout.Server(dataDir)
+	return tokenFiles{server: paths.Token, agent: paths.AgentToken}
 }
 
 // ensureTokens keeps the join tokens in <data-dir>/server: token (joins
@@ -65,24 +61,4 @@ func agentConfig(cfg config.Server) joinapi.AgentConfig {
 		DisableDNS:           cfg.Disable.CoreDNS,
 		DisableNetworkPolicy: cfg.Disable.NetworkPolicy,
 	}
-}
-
-// ensureJoinAPIAccess lets anyone reach the join API's paths: a node
-// that joins has no credentials yet; the join checks its token.
-func ensureJoinAPIAccess(ctx context.Context, adminKubeconfig string) error {
-	c, err := adminClient(adminKubeconfig)
-	if err != nil {
-		return err
-	}
-	const name = "kelp:supervisor"
-	role := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Rules: []rbacv1.PolicyRule{{
-			NonResourceURLs: []string{joinapi.CACertsPath, joinapi.PingPath, joinapi.JoinPath},
-			Verbs:           []string{"get", "post"},
-		}},
-	}
-	return createClusterRole(ctx, c, role,
-		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:unauthenticated"},
-		rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:authenticated"})
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
@@ -103,18 +104,19 @@ func Args(cfg Config) []string {
 		flags["etcd-certfile"] = cfg.Storage.CertFile
 		flags["etcd-keyfile"] = cfg.Storage.KeyFile
 	}
-	return component.Args(flags, cfg.ExtraArgs)
+	return kubeargs.Render(flags, cfg.ExtraArgs)
 }
 
-// Start parses args the way the kube-apiserver command does and runs the
-// server until ctx ends, with routes (kelp's join API) served beside the
-// API. Bad flags fail here, before anything listens.
+// Start parses the flags Args(cfg) the way the kube-apiserver command does
+// and runs the server, with routes (kelp's join API) served beside the API.
+// Bad flags fail here, before anything listens. It is ready once /readyz
+// answers ok at LocalURL.
 //
 // The upstream cobra command cannot be used as is: it installs a
 // process-wide signal handler when it is built, which the other in-process
 // components would install a second time (a panic). So kelp parses the same
 // flag sets and calls the same Complete, Validate and Run.
-func Start(ctx context.Context, args []string, routes map[string]http.Handler) (*component.Running, error) {
+func Start(cfg Config, routes map[string]http.Handler) (*component.Running, error) {
 	// The apiserver's identity lease lasts an hour and is renewed every
 	// 10 s, a datastore write each time; once a minute is plenty. Upstream
 	// exposes the period only as this variable.
@@ -128,7 +130,7 @@ func Start(ctx context.Context, args []string, routes map[string]http.Handler) (
 	for _, f := range named.FlagSets {
 		fs.AddFlagSet(f)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(Args(cfg)); err != nil {
 		return nil, fmt.Errorf("kube-apiserver flags: %w (check --kube-apiserver-arg)", err)
 	}
 	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {
@@ -136,16 +138,29 @@ func Start(ctx context.Context, args []string, routes map[string]http.Handler) (
 	}
 	// The apiserver's own loopback clients should not log self-issued warnings.
 	rest.SetDefaultWarningHandler(rest.NoWarnings{})
-	completed, err := s.Complete(ctx)
+	// What Complete builds lives as long as the server, so it gets no
+	// deadline.
+	completed, err := s.Complete(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("kube-apiserver options: %w", err)
 	}
 	if errs := completed.Validate(); len(errs) != 0 {
 		return nil, fmt.Errorf("kube-apiserver options: %w", errors.NewAggregate(errs))
 	}
-	return component.Go(ctx, "kube-apiserver", func(ctx context.Context) error {
+	ca, err := os.ReadFile(cfg.Certs.ServerCA)
+	if err != nil {
+		return nil, fmt.Errorf("read server CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	readyz := LocalURL(cfg.BindAddress, cfg.Port) + "/readyz"
+	return component.Go("kube-apiserver", func(ctx context.Context) error {
 		return run(ctx, completed, routes)
-	}), nil
+	},
+		component.ReadyWhen(component.GetOK(readyz, &tls.Config{RootCAs: pool})),
+		// It exits the whole process (klog.Fatal) when cancelled before its
+		// post-start hooks are done.
+		component.StopAfterReady()), nil
 }
 
 // run is upstream's app.Run with kelp's own routes added to the server,
@@ -187,15 +202,4 @@ func LocalURL(bind netip.Addr, port int) string {
 		host = bind.String()
 	}
 	return "https://" + net.JoinHostPort(host, strconv.Itoa(port))
-}
-
-// WaitReady blocks until /readyz answers ok at url (see LocalURL).
-func WaitReady(ctx context.Context, r *component.Running, url, serverCA string) error {
-	pem, err := os.ReadFile(serverCA)
-	if err != nil {
-		return fmt.Errorf("read server CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	return component.WaitHTTPS(ctx, r, url+"/readyz", &tls.Config{RootCAs: pool})
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // Bridge is the node's pod bridge.
@@ -74,11 +76,7 @@ func WriteConflist(dir string, podCIDR netip.Prefix, ipamDir string, mtu int) er
 	if old, err := os.ReadFile(path); err == nil && string(old) == string(data) {
 		return nil
 	}
-	tmp := filepath.Join(dir, "."+ConflistName+".tmp")
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("write CNI config: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := atomicfile.Write(path, data, 0o644); err != nil {
 		return fmt.Errorf("write CNI config: %w", err)
 	}
 	return nil

@@ -7,27 +7,88 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Running is a goroutine started by Go.
-type Running struct {
-	name    string
-	cancel  context.CancelFunc
-	done    chan struct{}
-	errc    chan error
-	stopped sync.Once
-	err     error
+// Component is a long-running piece of kelp.
+type Component interface {
+	// Name names the piece in logs and errors: "kube-apiserver".
+	Name() string
+	// Ready is closed once the piece serves. It is never closed if the
+	// piece fails or is stopped first.
+	Ready() <-chan struct{}
+	// Err delivers at most one error: the piece failed after it started.
+	// It says what failed, not which piece: the Group adds the name.
+	Err() <-chan error
+	// Stop stops the piece and returns once it has, or once ctx ends. It
+	// is safe to call more than once, and from several goroutines.
+	Stop(ctx context.Context) error
 }
 
-// Go runs fn in a goroutine with a context of its own, derived from ctx.
-// If fn returns before Stop is called, that is a failure reported on Err.
-func Go(ctx context.Context, name string, fn func(context.Context) error) *Running {
-	ctx, cancel := context.WithCancel(ctx)
-	r := &Running{name: name, cancel: cancel, done: make(chan struct{}), errc: make(chan error, 1)}
+// notReady is a Component that can say why it is not ready yet, for the
+// error when it never becomes ready.
+type notReady interface {
+	NotReady() error
+}
+
+var _ Component = (*Running)(nil)
+
+// Running is a blocking function run by Go.
+type Running struct {
+	name   string
+	opts   options
+	cancel context.CancelFunc
+	ready  chan struct{}
+	done   chan struct{} // closed when the function returned, after err is set
+	errc   chan error
+	err    error
+
+	stopOnce sync.Once
+
+	mu        sync.Mutex
+	lastProbe error
+}
+
+// Option changes how Go runs its function.
+type Option func(*options)
+
+type options struct {
+	probe          func(context.Context) error
+	stopAfterReady bool
+	leaveRunning   bool
+}
+
+// ReadyWhen makes the piece ready once probe succeeds; it is polled every
+// 100 ms until then. Without it, a piece is ready as soon as it runs.
+func ReadyWhen(probe func(context.Context) error) Option {
+	return func(o *options) { o.probe = probe }
+}
+
+// StopAfterReady makes Stop wait, within its deadline, for the piece to be
+// ready before cancelling it: for a function that takes the process down
+// when it is cancelled half-way through its start (the apiserver exits
+// with klog.Fatal before its post-start hooks are done).
+func StopAfterReady() Option {
+	return func(o *options) { o.stopAfterReady = true }
+}
+
+// LeaveRunning makes Stop leave the function running until the process
+// exits: for a function that exits the process when its context ends (the
+// scheduler, while it leads, calls os.Exit when cancelled).
+func LeaveRunning() Option {
+	return func(o *options) { o.leaveRunning = true }
+}
+
+// Go runs fn in a goroutine with a context of its own, which Stop cancels.
+// If fn returns before Stop, that is a failure reported on Err.
+func Go(name string, fn func(context.Context) error, opts ...Option) *Running {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Running{name: name, cancel: cancel, ready: make(chan struct{}), done: make(chan struct{}), errc: make(chan error, 1)}
+	for _, o := range opts {
+		o(&r.opts)
+	}
 	go func() {
 		defer close(r.done)
 		err := fn(ctx)
@@ -38,61 +99,101 @@ func Go(ctx context.Context, name string, fn func(context.Context) error) *Runni
 		if err == nil {
 			err = errors.New("exited unexpectedly")
 		}
-		r.errc <- fmt.Errorf("%s: %w", name, err)
+		r.errc <- err
 	}()
+	if r.opts.probe == nil {
+		close(r.ready)
+	} else {
+		go r.poll(ctx)
+	}
 	return r
+}
+
+func (r *Running) poll(ctx context.Context) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := r.opts.probe(ctx)
+		if err == nil {
+			close(r.ready)
+			return
+		}
+		r.mu.Lock()
+		r.lastProbe = err
+		r.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.done:
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // Name is the name given to Go.
 func (r *Running) Name() string { return r.name }
 
-// Err delivers the failure of a goroutine that ended on its own.
+// Ready is closed once the probe given with ReadyWhen succeeded.
+func (r *Running) Ready() <-chan struct{} { return r.ready }
+
+// Err delivers the failure of a function that returned on its own.
 func (r *Running) Err() <-chan error { return r.errc }
 
-// Stop cancels the goroutine and waits for it until ctx ends. It is safe to
-// call more than once.
+// NotReady is the probe's last answer.
+func (r *Running) NotReady() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastProbe
+}
+
+// Stop cancels the function and waits for it until ctx ends.
 func (r *Running) Stop(ctx context.Context) error {
-	r.stopped.Do(r.cancel)
+	if r.opts.leaveRunning {
+		return nil
+	}
+	if r.opts.stopAfterReady {
+		select {
+		case <-r.ready:
+		case <-r.done:
+		case <-ctx.Done():
+		}
+	}
+	r.stopOnce.Do(r.cancel)
 	select {
 	case <-r.done:
 		if r.err != nil && !errors.Is(r.err, context.Canceled) {
-			return fmt.Errorf("%s: %w", r.name, r.err)
+			return r.err
 		}
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("%s did not stop in time: %w", r.name, ctx.Err())
+		return fmt.Errorf("did not stop in time: %w", ctx.Err())
 	}
 }
 
-// WaitHTTPS polls url until it answers 200 OK, the goroutine fails, or ctx
-// ends. The last answer is part of the error so a user sees why.
-func WaitHTTPS(ctx context.Context, r *Running, url string, tlsConfig *tls.Config) error {
+// GetOK is a probe for ReadyWhen: one GET of url (https with tlsConfig, or
+// http) must answer 200 OK. The
+// answer otherwise is part of the error, so a user sees why.
+func GetOK(url string, tlsConfig *tls.Config) func(context.Context) error {
 	client := &http.Client{
 		Timeout:   2 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: tlsConfig, DisableKeepAlives: true},
 	}
-	last := "no answer yet"
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if resp, err := client.Get(url); err != nil {
-			last = err.Error()
-		} else {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Sprintf("%s: %s", resp.Status, lastLines(string(body), 3))
-		}
-		select {
-		case err := <-r.errc:
-			r.errc <- err // leave it for whoever watches Err
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
 			return err
-		case <-ctx.Done():
-			return fmt.Errorf("%s not ready (%s): %w", r.name, last, ctx.Err())
-		case <-tick.C:
 		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		if resp.StatusCode == http.StatusOK {
+			return nil
+		}
+		return fmt.Errorf("%s: %s", resp.Status, lastLines(string(body), 3))
 	}
 }
 
@@ -102,46 +203,4 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "; ")
-}
-
-// WithLeaderElection adds kelp's leader election settings to the flags of
-// the controller-manager or the scheduler. Without enabled (a datastore no
-// second server can share, like SQLite) there is nobody to elect, and no
-// lease to renew. Otherwise: upstream renews every 2 s, which costs most of
-// an idle server's disk writes; kelp renews every 10 s and lets a standby
-// take over after 60 s of silence. A restarted server does not wait that
-// long: it releases the leases its previous run held.
-func WithLeaderElection(flags map[string]string, enabled bool) map[string]string {
-	if !enabled {
-		flags["leader-elect"] = "false"
-		return flags
-	}
-	flags["leader-elect"] = "true"
-	flags["leader-elect-lease-duration"] = "60s"
-	flags["leader-elect-renew-deadline"] = "40s"
-	flags["leader-elect-retry-period"] = "10s"
-	return flags
-}
-
-// Args renders flags for an upstream component: defaults, overridden by the
-// user's "name=value" extras (a later extra wins), sorted by name.
-func Args(defaults map[string]string, extra []string) []string {
-	merged := make(map[string]string, len(defaults)+len(extra))
-	for k, v := range defaults {
-		merged[k] = v
-	}
-	for _, e := range extra {
-		name, value, _ := strings.Cut(strings.TrimLeft(e, "-"), "=")
-		merged[name] = value
-	}
-	names := make([]string, 0, len(merged))
-	for k := range merged {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	out := make([]string, 0, len(names))
-	for _, k := range names {
-		out = append(out, "--"+k+"="+merged[k])
-	}
-	return out
 }

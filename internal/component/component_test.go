@@ -5,39 +5,29 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 )
 
-func TestArgs(t *testing.T) {
-	got := Args(map[string]string{"b": "1", "a": "x=y", "leader-elect": "true"},
-		[]string{"leader-elect=false", "--v=2", "c=", "v=4"})
-	want := []string{"--a=x=y", "--b=1", "--c=", "--leader-elect=false", "--v=4"}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("got %v\nwant %v", got, want)
-	}
-}
-
 func TestGoReportsEarlyExit(t *testing.T) {
-	r := Go(context.Background(), "thing", func(context.Context) error { return errors.New("boom") })
+	r := Go("thing", func(context.Context) error { return errors.New("boom") })
 	select {
 	case err := <-r.Err():
-		if !strings.Contains(err.Error(), "thing: boom") {
+		if err.Error() != "boom" {
 			t.Errorf("error %v", err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no error reported")
 	}
-	r2 := Go(context.Background(), "quiet", func(context.Context) error { return nil })
+	r2 := Go("quiet", func(context.Context) error { return nil })
 	if err := <-r2.Err(); !strings.Contains(err.Error(), "exited unexpectedly") {
 		t.Errorf("a nil return before Stop must be reported: %v", err)
 	}
 }
 
 func TestStopIsIdempotentAndBounded(t *testing.T) {
-	r := Go(context.Background(), "svc", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	r := Go("svc", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
 	for range 2 {
 		if err := r.Stop(context.Background()); err != nil {
 			t.Fatal(err)
@@ -48,7 +38,7 @@ func TestStopIsIdempotentAndBounded(t *testing.T) {
 		t.Fatalf("a stopped goroutine must not report failure: %v", err)
 	default:
 	}
-	stuck := Go(context.Background(), "stuck", func(context.Context) error { select {} })
+	stuck := Go("stuck", func(context.Context) error { select {} })
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := stuck.Stop(ctx); err == nil || !strings.Contains(err.Error(), "did not stop in time") {
@@ -56,7 +46,20 @@ func TestStopIsIdempotentAndBounded(t *testing.T) {
 	}
 }
 
-func TestWaitHTTPS(t *testing.T) {
+func TestStopFromSeveralGoroutines(t *testing.T) {
+	r := Go("svc", func(ctx context.Context) error { <-ctx.Done(); return nil })
+	errc := make(chan error, 3)
+	for range 3 {
+		go func() { errc <- r.Stop(context.Background()) }()
+	}
+	for range 3 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestReadyWhenGetOK(t *testing.T) {
 	calls := 0
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		calls++
@@ -67,17 +70,61 @@ func TestWaitHTTPS(t *testing.T) {
 		w.Write([]byte("ok"))
 	}))
 	defer srv.Close()
-	r := Go(context.Background(), "api", func(ctx context.Context) error { <-ctx.Done(); return nil })
-	defer r.Stop(context.Background())
 	tlsConfig := srv.Client().Transport.(*http.Transport).TLSClientConfig
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := WaitHTTPS(ctx, r, srv.URL, tlsConfig); err != nil {
-		t.Fatal(err)
+	r := Go("api", func(ctx context.Context) error { <-ctx.Done(); return nil }, ReadyWhen(GetOK(srv.URL, tlsConfig)))
+	defer r.Stop(context.Background())
+	select {
+	case <-r.Ready():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("not ready: %v", r.NotReady())
+	}
+	if calls != 3 {
+		t.Errorf("ready after %d probes, want 3", calls)
 	}
 
-	failing := Go(context.Background(), "api", func(context.Context) error { return errors.New("bind: address in use") })
-	if err := WaitHTTPS(ctx, failing, "https://127.0.0.1:1/readyz", tlsConfig); err == nil || !strings.Contains(err.Error(), "address in use") {
-		t.Errorf("a failed start must end the wait with its error: %v", err)
+	never := Go("api", func(ctx context.Context) error { <-ctx.Done(); return nil }, ReadyWhen(GetOK(srv.URL+"/nothing", nil)))
+	defer never.Stop(context.Background())
+	time.Sleep(300 * time.Millisecond)
+	if err := never.NotReady(); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("the probe's last answer must say why: %v", err)
+	}
+}
+
+func TestStopAfterReadyWaitsForReadiness(t *testing.T) {
+	release := make(chan struct{})
+	var cancelledBeforeReady bool
+	ready := false
+	r := Go("api", func(ctx context.Context) error {
+		<-ctx.Done()
+		cancelledBeforeReady = !ready
+		return nil
+	}, ReadyWhen(func(context.Context) error {
+		select {
+		case <-release:
+			ready = true
+			return nil
+		default:
+			return errors.New("starting")
+		}
+	}), StopAfterReady())
+	go func() { time.Sleep(200 * time.Millisecond); close(release) }()
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if cancelledBeforeReady {
+		t.Error("cancelled before it was ready")
+	}
+}
+
+func TestLeaveRunning(t *testing.T) {
+	cancelled := make(chan struct{})
+	r := Go("scheduler", func(ctx context.Context) error { <-ctx.Done(); close(cancelled); return nil }, LeaveRunning())
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cancelled:
+		t.Error("Stop cancelled a piece that must be left running")
+	case <-time.After(100 * time.Millisecond):
 	}
 }

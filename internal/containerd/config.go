@@ -7,6 +7,8 @@ import (
 
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay/overlayutils"
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // Address is the socket of kelp's containerd.
@@ -100,7 +102,7 @@ func WriteConfig(path string, cfg Config) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("write containerd config: %w", err)
 	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
+	if err := atomicfile.Write(path, data, 0o600); err != nil {
 		return fmt.Errorf("write containerd config: %w", err)
 	}
 	return nil

@@ -13,6 +13,8 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/sirupsen/logrus"
+
+	"github.com/kelp-dev/kelp/internal/component"
 )
 
 const (
@@ -25,17 +27,23 @@ const (
 
 var log = logrus.WithField("component", "containerd")
 
-// Supervisor keeps one containerd child process running, restarting it
-// with backoff when it dies, until Stop.
-type Supervisor struct {
-	args    []string
-	env     []string
-	logPath string
-	stop    chan struct{}
-	done    chan struct{}
+var _ component.Component = (*Supervisor)(nil)
 
-	mu   sync.Mutex
-	proc *os.Process // the current containerd
+// Supervisor keeps one containerd child process running, restarting it
+// with backoff when it dies, until Stop. It is ready once containerd
+// answers; a crash is not a failure of the node, so Err never delivers.
+type Supervisor struct {
+	args     []string
+	env      []string
+	logPath  string
+	ready    chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+
+	mu        sync.Mutex
+	proc      *os.Process // the current containerd
+	lastProbe error
 }
 
 // Supervise starts `<self> containerd --config <configPath>` and keeps it
@@ -45,6 +53,7 @@ func Supervise(self, configPath, logPath string, env []string) (*Supervisor, err
 		args:    []string{self, "containerd", "--config", configPath},
 		env:     env,
 		logPath: logPath,
+		ready:   make(chan struct{}),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -58,7 +67,52 @@ func Supervise(self, configPath, logPath string, env []string) (*Supervisor, err
 	}
 	s.proc = proc
 	go s.run()
+	go s.probe(Address)
 	return s, nil
+}
+
+// Name names containerd in the node's lifecycle.
+func (s *Supervisor) Name() string { return "containerd" }
+
+// Ready is closed once containerd first answers on its socket.
+func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
+
+// Err never delivers: containerd is restarted rather than reported.
+func (s *Supervisor) Err() <-chan error { return nil }
+
+// NotReady says why containerd does not answer yet.
+func (s *Supervisor) NotReady() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lastProbe == nil {
+		return nil
+	}
+	return fmt.Errorf("%w; see %s", s.lastProbe, s.logPath)
+}
+
+// probe polls address until containerd answers or Stop.
+func (s *Supervisor) probe(address string) {
+	for {
+		c, err := client.New(address, client.WithTimeout(time.Second))
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err = c.Version(ctx)
+			cancel()
+			c.Close()
+			if err == nil {
+				close(s.ready)
+				return
+			}
+		}
+		s.mu.Lock()
+		s.lastProbe = err
+		s.mu.Unlock()
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func (s *Supervisor) openLog() (*os.File, error) {
@@ -160,11 +214,7 @@ func (s *Supervisor) run() {
 // it. Running containers and their shims are left alone. It is safe to
 // call more than once.
 func (s *Supervisor) Stop(ctx context.Context) error {
-	select {
-	case <-s.stop:
-	default:
-		close(s.stop)
-	}
+	s.stopOnce.Do(func() { close(s.stop) })
 	select {
 	case <-s.done:
 		return nil
@@ -175,25 +225,4 @@ func (s *Supervisor) Stop(ctx context.Context) error {
 	s.mu.Unlock()
 	<-s.done
 	return errors.New("containerd did not stop in time and was killed")
-}
-
-// WaitReady blocks until containerd answers on address.
-func WaitReady(ctx context.Context, address string) error {
-	var last error
-	for {
-		c, err := client.New(address, client.WithTimeout(time.Second))
-		if err == nil {
-			_, err = c.Version(ctx)
-			c.Close()
-			if err == nil {
-				return nil
-			}
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("containerd not ready (%v): %w", last, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }

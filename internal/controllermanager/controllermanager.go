@@ -15,6 +15,7 @@ import (
 	"k8s.io/kubernetes/cmd/kube-controller-manager/app/options"
 
 	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
@@ -35,7 +36,7 @@ type Config struct {
 
 // Args returns the kube-controller-manager command line for cfg.
 func Args(cfg Config) []string {
-	flags := component.WithLeaderElection(map[string]string{
+	flags := kubeargs.WithLeaderElection(map[string]string{
 		"kubeconfig":                       cfg.Kubeconfig,
 		"authentication-kubeconfig":        cfg.Kubeconfig,
 		"authorization-kubeconfig":         cfg.Kubeconfig,
@@ -66,12 +67,15 @@ func Args(cfg Config) []string {
 		// so a restarted server takes the lease over at once.
 		"feature-gates": "ControllerManagerReleaseLeaderElectionLockOnExit=true",
 	}, cfg.LeaderElection)
-	return component.Args(flags, cfg.ExtraArgs)
+	return kubeargs.Render(flags, cfg.ExtraArgs)
 }
 
-// Start parses args the way the kube-controller-manager command does and
-// runs it until ctx ends (see apiserver.Start for why not the cobra command).
-func Start(ctx context.Context, args []string) (*component.Running, error) {
+// Start parses the flags Args(cfg) the way the kube-controller-manager
+// command does and runs it (see apiserver.Start for why not the cobra
+// command). It is ready once its /healthz answers ok; the serving
+// certificate is self-signed in memory and only loopback is probed, so it
+// is not verified.
+func Start(cfg Config) (*component.Running, error) {
 	s, err := options.NewKubeControllerManagerOptions()
 	if err != nil {
 		return nil, fmt.Errorf("kube-controller-manager options: %w", err)
@@ -84,24 +88,21 @@ func Start(ctx context.Context, args []string) (*component.Running, error) {
 	for _, f := range named.FlagSets {
 		fs.AddFlagSet(f)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(Args(cfg)); err != nil {
 		return nil, fmt.Errorf("kube-controller-manager flags: %w (check --kube-controller-manager-arg)", err)
 	}
 	if err := s.ComponentGlobalsRegistry.Set(); err != nil {
 		return nil, fmt.Errorf("kube-controller-manager feature gates: %w", err)
 	}
 	restclient.SetDefaultWarningHandler(restclient.NoWarnings{})
-	c, err := s.Config(ctx, app.KnownControllers(), app.ControllersDisabledByDefault(), app.ControllerAliases())
+	// What Config builds lives as long as the controller-manager, so it
+	// gets no deadline.
+	c, err := s.Config(context.Background(), app.KnownControllers(), app.ControllersDisabledByDefault(), app.ControllerAliases())
 	if err != nil {
 		return nil, fmt.Errorf("kube-controller-manager config: %w", err)
 	}
-	return component.Go(ctx, "kube-controller-manager", func(ctx context.Context) error {
+	healthz := "https://127.0.0.1:" + securePort + "/healthz"
+	return component.Go("kube-controller-manager", func(ctx context.Context) error {
 		return app.Run(ctx, c.Complete())
-	}), nil
-}
-
-// WaitReady blocks until /healthz answers ok. The serving certificate is
-// self-signed in memory and only loopback is probed, so it is not verified.
-func WaitReady(ctx context.Context, r *component.Running) error {
-	return component.WaitHTTPS(ctx, r, "https://127.0.0.1:"+securePort+"/healthz", &tls.Config{InsecureSkipVerify: true})
+	}, component.ReadyWhen(component.GetOK(healthz, &tls.Config{InsecureSkipVerify: true}))), nil
 }

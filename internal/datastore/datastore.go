@@ -16,6 +16,9 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 const (
@@ -31,7 +34,6 @@ const (
 
 	defaultEtcdClientPort = 2379
 	defaultEtcdPeerPort   = 2380
-	defaultRunDir         = "/run/kelp"
 )
 
 // Config says which datastore to run. Start validates it and never changes it.
@@ -136,7 +138,7 @@ func (c Config) dbDir() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("datastore: resolve --data-dir %s: %w", c.DataDir, err)
 	}
-	return filepath.Join(abs, "server", "db"), nil
+	return layout.Server(abs).DB, nil
 }
 
 func orDefault[T comparable](v, def T) T {
@@ -158,9 +160,10 @@ type engine interface {
 }
 
 var (
-	_ engine = (*kineEngine)(nil)
-	_ engine = (*etcdEngine)(nil)
-	_ engine = externalEtcd{}
+	_ component.Component = (*Datastore)(nil)
+	_ engine              = (*kineEngine)(nil)
+	_ engine              = (*etcdEngine)(nil)
+	_ engine              = externalEtcd{}
 )
 
 // Datastore is a running datastore. Its methods are safe for concurrent use.
@@ -190,7 +193,7 @@ type Datastore struct {
 // Start launches the datastore described by cfg and returns once it has
 // launched; Ready and WaitReady tell when it answers. ctx bounds the checks
 // and the connection to a remote database, not embedded etcd's own start,
-// which cannot be interrupted; once started, the datastore runs until Close.
+// which cannot be interrupted; once started, the datastore runs until Stop.
 // On error everything Start began is stopped again and nothing on disk has
 // been removed or rewritten.
 func Start(ctx context.Context, cfg Config) (*Datastore, error) {
@@ -267,7 +270,7 @@ func (d *Datastore) WaitReady(ctx context.Context) error {
 	case <-d.failc:
 		return d.failErr
 	case <-d.stopping:
-		return fmt.Errorf("%s was closed before it became ready", d.desc)
+		return fmt.Errorf("%s was stopped before it became ready", d.desc)
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for %s: %w", d.desc, ctx.Err())
 	}
@@ -277,11 +280,14 @@ func (d *Datastore) WaitReady(ctx context.Context) error {
 // including when it never becomes ready. It is never closed.
 func (d *Datastore) Err() <-chan error { return d.errc }
 
-// Close stops the datastore: kine's gRPC server and database connections, or
+// Name names the datastore in the server's lifecycle.
+func (d *Datastore) Name() string { return "datastore" }
+
+// Stop stops the datastore: kine's gRPC server and database connections, or
 // embedded etcd. It is idempotent and safe to call concurrently; every call
 // waits for the same shutdown and returns its result, or an error once ctx
 // ends while the shutdown carries on in the background.
-func (d *Datastore) Close(ctx context.Context) error {
+func (d *Datastore) Stop(ctx context.Context) error {
 	d.closeOnce.Do(func() {
 		close(d.stopping)
 		go func() {
@@ -313,7 +319,7 @@ func (d *Datastore) fail(err error) {
 }
 
 // watch turns a backend's own failure into a datastore failure, unless the
-// backend is stopping because Close asked it to.
+// backend is stopping because Stop asked it to.
 func (d *Datastore) watch() {
 	select {
 	case err, ok := <-d.eng.failed():

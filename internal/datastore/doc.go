@@ -11,7 +11,7 @@
 //     peer TLS.
 //
 // Start launches the backend, Ready and WaitReady report when it really answers
-// etcd requests, Err reports a later failure and Close stops it. Nothing in this
+// etcd requests, Err reports a later failure and Stop stops it. Nothing in this
 // package deletes or rewrites existing data to recover from an error: a datastore
 // that cannot be opened fails with an error that says what to do.
 package datastore

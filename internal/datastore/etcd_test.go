@@ -38,7 +38,7 @@ func TestEmbeddedEtcdRestartKeepsData(t *testing.T) {
 		t.Errorf("Backend TLS files = %+v, want the server CA and the client pair", be)
 	}
 	put(t, be, "/registry/test/a", "one")
-	closeWithin(t, d, 30*time.Second)
+	stopWithin(t, d, 30*time.Second)
 
 	if _, err := os.Stat(filepath.Join(dataDir, "server", "db", "etcd", "member", "wal")); err != nil {
 		t.Fatalf("no WAL under the etcd data dir: %v", err)
@@ -61,7 +61,7 @@ func TestEmbeddedEtcdCorruptDatabaseIsLeftAlone(t *testing.T) {
 	cfg := etcdTestConfig(t, dataDir, tls)
 	d := startReady(t, cfg)
 	put(t, d.Backend(), "/registry/test/a", "one")
-	closeWithin(t, d, 30*time.Second)
+	stopWithin(t, d, 30*time.Second)
 
 	db := filepath.Join(dataDir, "server", "db", "etcd", "member", "snap", "db")
 	garbage := bytes.Repeat([]byte("not a bbolt page "), 4096)
@@ -163,7 +163,7 @@ func TestExternalEtcdUnreachableFailsInBoundedTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { closeWithin(t, d, 10*time.Second) })
+	t.Cleanup(func() { stopWithin(t, d, 10*time.Second) })
 	start := time.Now()
 	err = d.WaitReady(context.Background())
 	if err == nil {
@@ -193,7 +193,7 @@ func TestDatastoreKindSwitchIsRefused(t *testing.T) {
 
 	etcdDir := t.TempDir()
 	d := startReady(t, etcdTestConfig(t, etcdDir, tls))
-	closeWithin(t, d, 30*time.Second)
+	stopWithin(t, d, 30*time.Second)
 	_, err := Start(context.Background(), Config{DataDir: etcdDir})
 	if err == nil || !strings.Contains(err.Error(), "start with --cluster-init") {
 		t.Errorf("SQLite start over an etcd datastore: %v", err)
@@ -202,7 +202,7 @@ func TestDatastoreKindSwitchIsRefused(t *testing.T) {
 	sqliteDir := t.TempDir()
 	d = startReady(t, Config{DataDir: sqliteDir})
 	put(t, d.Backend(), "/registry/test/a", "one")
-	closeWithin(t, d, 30*time.Second)
+	stopWithin(t, d, 30*time.Second)
 	_, err = Start(context.Background(), etcdTestConfig(t, sqliteDir, tls))
 	if err == nil || !strings.Contains(err.Error(), "does not migrate") {
 		t.Errorf("etcd start over a SQLite datastore: %v", err)

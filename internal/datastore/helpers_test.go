@@ -26,18 +26,18 @@ func startReady(t *testing.T, cfg Config) *Datastore {
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	t.Cleanup(func() { closeWithin(t, d, 30*time.Second) })
+	t.Cleanup(func() { stopWithin(t, d, 30*time.Second) })
 	if err := d.WaitReady(ctx); err != nil {
 		t.Fatalf("WaitReady: %v", err)
 	}
 	return d
 }
 
-func closeWithin(t *testing.T, d *Datastore, timeout time.Duration) {
+func stopWithin(t *testing.T, d *Datastore, timeout time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := d.Close(ctx); err != nil {
+	if err := d.Stop(ctx); err != nil {
 		t.Errorf("Close: %v", err)
 	}
 }

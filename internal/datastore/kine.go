@@ -19,6 +19,8 @@ import (
 	kinetls "github.com/k3s-io/kine/pkg/tls"
 	"github.com/sirupsen/logrus"
 	"go.etcd.io/etcd/server/v3/storage/wal"
+
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 const (
@@ -77,7 +79,7 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 		}
 	}()
 
-	sock, err := kineSocket(dbDir, orDefault(cfg.runDir, defaultRunDir), log)
+	sock, err := kineSocket(dbDir, orDefault(cfg.runDir, layout.RunDir), log)
 	if err != nil {
 		return nil, "", Backend{}, fmt.Errorf("%s: %w", desc, err)
 	}

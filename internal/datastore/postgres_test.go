@@ -139,13 +139,13 @@ func TestPostgres(t *testing.T) {
 			t.Errorf("Backend = %+v", be)
 		}
 		put(t, be, "/registry/test/pg", "stored")
-		closeWithin(t, d, 30*time.Second)
+		stopWithin(t, d, 30*time.Second)
 
 		d = startReady(t, cfg)
 		if got := get(t, d.Backend(), "/registry/test/pg"); got != "stored" {
 			t.Errorf("after restart got %q", got)
 		}
-		closeWithin(t, d, 30*time.Second)
+		stopWithin(t, d, 30*time.Second)
 	})
 
 	t.Run("wrong password fails at once", func(t *testing.T) {
@@ -155,7 +155,7 @@ func TestPostgres(t *testing.T) {
 		start := time.Now()
 		d, err := Start(context.Background(), wrong)
 		if err == nil {
-			closeWithin(t, d, 30*time.Second)
+			stopWithin(t, d, 30*time.Second)
 			t.Fatal("Start succeeded with a wrong password")
 		}
 		t.Logf("after %s: %v", time.Since(start).Round(time.Millisecond), err)

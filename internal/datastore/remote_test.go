@@ -50,7 +50,7 @@ func TestUnreachableRemoteDatabase(t *testing.T) {
 			d, err := Start(context.Background(), Config{DataDir: t.TempDir(), Endpoint: tc.endpoint, connectTimeout: bound})
 			took := time.Since(start)
 			if err == nil {
-				closeWithin(t, d, 10*time.Second)
+				stopWithin(t, d, 10*time.Second)
 				t.Fatal("Start succeeded")
 			}
 			t.Logf("after %s: %v", took.Round(time.Millisecond), err)

@@ -34,7 +34,7 @@ func TestSQLiteRestartKeepsData(t *testing.T) {
 		t.Errorf("TLS files for a unix socket: %+v", be)
 	}
 	put(t, be, "/registry/test/a", "one")
-	closeWithin(t, d, 30*time.Second)
+	stopWithin(t, d, 30*time.Second)
 
 	dbDir := filepath.Join(dataDir, "server", "db")
 	fi, err := os.Stat(dbDir)
@@ -73,7 +73,7 @@ func TestSQLiteCorruptDatabaseIsLeftAlone(t *testing.T) {
 		for i := range 200 {
 			put(t, d.Backend(), "/registry/test/"+strings.Repeat("k", 50)+string(rune('a'+i%26))+string(rune('a'+i/26)), strings.Repeat("v", 500))
 		}
-		closeWithin(t, d, 30*time.Second)
+		stopWithin(t, d, 30*time.Second)
 		b, err := os.ReadFile(filepath.Join(dataDir, "server", "db", "state.db"))
 		if err != nil {
 			t.Fatal(err)
@@ -118,7 +118,7 @@ func TestSQLiteCorruptDatabaseIsLeftAlone(t *testing.T) {
 			defer cancel()
 			d, err := Start(ctx, Config{DataDir: dataDir})
 			if err == nil {
-				closeWithin(t, d, 30*time.Second)
+				stopWithin(t, d, 30*time.Second)
 				t.Fatal("Start succeeded on a corrupt state.db")
 			}
 			t.Logf("error: %v", err)
@@ -147,7 +147,7 @@ func TestSQLiteCorruptDatabaseIsLeftAlone(t *testing.T) {
 			}
 			// The failed Start released its lock.
 			d = startReadyAfterMove(t, dataDir, dbPath)
-			closeWithin(t, d, 30*time.Second)
+			stopWithin(t, d, 30*time.Second)
 		})
 	}
 }
@@ -291,7 +291,7 @@ func TestUnwritableDataDir(t *testing.T) {
 	}
 }
 
-func TestCloseIsIdempotentAndBounded(t *testing.T) {
+func TestStopIsIdempotentAndBounded(t *testing.T) {
 	d := startReady(t, Config{DataDir: t.TempDir()})
 
 	// Keep a watch open, as the apiserver does, so that kine has to drain it.
@@ -317,7 +317,7 @@ func TestCloseIsIdempotentAndBounded(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
 			defer cancel()
-			errs <- d.Close(ctx)
+			errs <- d.Stop(ctx)
 		}()
 	}
 	for range 3 {
@@ -328,7 +328,7 @@ func TestCloseIsIdempotentAndBounded(t *testing.T) {
 	if took := time.Since(start); took > deadline {
 		t.Errorf("Close took %s, more than its %s deadline", took, deadline)
 	}
-	if err := d.Close(context.Background()); err != nil {
+	if err := d.Stop(context.Background()); err != nil {
 		t.Errorf("Close after Close: %v", err)
 	}
 	if err := d.WaitReady(context.Background()); err != nil {
@@ -341,7 +341,7 @@ func TestCloseIsIdempotentAndBounded(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	start = time.Now()
-	if err := d2.Close(ctx); err == nil {
+	if err := d2.Stop(ctx); err == nil {
 		t.Log("Close with a cancelled context finished the shutdown first")
 	} else if !errors.Is(err, context.Canceled) {
 		t.Errorf("Close with a cancelled context: %v", err)
@@ -349,17 +349,17 @@ func TestCloseIsIdempotentAndBounded(t *testing.T) {
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("Close with a cancelled context took %s", took)
 	}
-	if err := d2.Close(context.Background()); err != nil {
+	if err := d2.Stop(context.Background()); err != nil {
 		t.Errorf("second Close after an abandoned one: %v", err)
 	}
 }
 
-func TestWaitReadyAfterCloseBeforeReady(t *testing.T) {
+func TestWaitReadyAfterStopBeforeReady(t *testing.T) {
 	d, err := Start(context.Background(), Config{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	closeWithin(t, d, 30*time.Second)
+	stopWithin(t, d, 30*time.Second)
 	if err := d.WaitReady(context.Background()); err == nil {
 		// Only right if the probe got its answer before Close.
 		select {
@@ -367,7 +367,7 @@ func TestWaitReadyAfterCloseBeforeReady(t *testing.T) {
 		default:
 			t.Error("WaitReady after Close returned nil without Ready")
 		}
-	} else if !strings.Contains(err.Error(), "closed before it became ready") {
+	} else if !strings.Contains(err.Error(), "stopped before it became ready") {
 		t.Errorf("WaitReady after Close: %v", err)
 	}
 	select {
@@ -383,7 +383,7 @@ func TestSQLiteStartDoesNotRewriteDatabase(t *testing.T) {
 	hook := logrustest.NewGlobal()
 	defer hook.Reset()
 	d := startReady(t, Config{DataDir: t.TempDir()})
-	closeWithin(t, d, 30*time.Second)
+	stopWithin(t, d, 30*time.Second)
 	var disabled bool
 	for _, e := range hook.AllEntries() {
 		if strings.Contains(e.Message, "Running startup VACUUM") {

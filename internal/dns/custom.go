@@ -38,8 +38,8 @@ func CustomOf(data map[string]string) Custom {
 	return c
 }
 
-// WatchCustom applies CustomConfigMap whenever it changes, until ctx ends.
-func (s *Server) WatchCustom(ctx context.Context, client kubernetes.Interface) error {
+// watchCustom applies CustomConfigMap whenever it changes, until ctx ends.
+func (s *Server) watchCustom(ctx context.Context, client kubernetes.Interface) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace("kube-system"),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -56,7 +56,7 @@ func (s *Server) WatchCustom(ctx context.Context, client kubernetes.Interface) e
 		DeleteFunc: func(any) { apply(nil) },
 	})
 	if err != nil {
-		return fmt.Errorf("dns: %w", err)
+		return fmt.Errorf("watch %s: %w", CustomConfigMap, err)
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()

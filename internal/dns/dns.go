@@ -1,6 +1,7 @@
 package dns
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -15,7 +16,9 @@ import (
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/vishvananda/netlink"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/logging"
 )
 
@@ -67,8 +70,9 @@ func Corefile(cfg Config, custom Custom) string {
 }
 
 // Start puts the cluster DNS address on the loopback interface and serves
-// DNS on it until Stop.
-func Start(cfg Config) (*Server, error) {
+// DNS on it until Stop, following the user's CustomConfigMap through
+// client.
+func Start(cfg Config, client kubernetes.Interface) (*Server, error) {
 	if err := addAddress(cfg.Address); err != nil {
 		return nil, err
 	}
@@ -82,7 +86,11 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dns: start CoreDNS: %w", err)
 	}
-	return &Server{cfg: cfg, instance: instance}, nil
+	s := &Server{cfg: cfg, instance: instance}
+	s.watch = component.Go("dns customisation", func(ctx context.Context) error {
+		return s.watchCustom(ctx, client)
+	})
+	return s, nil
 }
 
 func writeCorefile(cfg Config, custom Custom) (caddy.CaddyfileInput, error) {
@@ -96,9 +104,15 @@ func writeCorefile(cfg Config, custom Custom) (caddy.CaddyfileInput, error) {
 	return caddy.CaddyfileInput{Contents: []byte(corefile), Filepath: cfg.Corefile, ServerTypeName: "dns"}, nil
 }
 
+var _ component.Component = (*Server)(nil)
+
 // Server is a running DNS server.
 type Server struct {
-	cfg Config
+	cfg   Config
+	watch *component.Running // of CustomConfigMap
+
+	stopOnce sync.Once
+	stopErr  error
 
 	mu       sync.Mutex
 	instance *caddy.Instance
@@ -128,12 +142,25 @@ func (s *Server) Customize(custom Custom) error {
 	return nil
 }
 
+// Name names the DNS server in the node's lifecycle.
+func (s *Server) Name() string { return "dns" }
+
+// Ready is closed once it serves, which it does from Start on.
+func (s *Server) Ready() <-chan struct{} { return s.watch.Ready() }
+
+// Err reports a failure to follow CustomConfigMap.
+func (s *Server) Err() <-chan error { return s.watch.Err() }
+
 // Stop stops serving; the address stays, so pods keep a resolver that
 // answers again as soon as the node is back.
-func (s *Server) Stop() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.instance.Stop()
+func (s *Server) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		watchErr := s.watch.Stop(ctx)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.stopErr = errors.Join(watchErr, s.instance.Stop())
+	})
+	return s.stopErr
 }
 
 func addAddress(ip netip.Addr) error {

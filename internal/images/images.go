@@ -19,6 +19,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/klauspost/compress/zstd"
 	"github.com/sirupsen/logrus"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // Namespace is the containerd namespace of the CRI plugin, where the
@@ -170,11 +172,10 @@ func (im Importer) saveState(state map[string]imported) error {
 	if err != nil {
 		return err
 	}
-	tmp := im.StatePath + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+	if err := atomicfile.Write(im.StatePath, data, 0o600); err != nil {
 		return fmt.Errorf("airgap images state: %w", err)
 	}
-	return os.Rename(tmp, im.StatePath)
+	return nil
 }
 
 // WatchDir imports tarballs that appear in dir until ctx ends. A burst of

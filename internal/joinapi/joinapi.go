@@ -38,6 +38,9 @@ const (
 // removes that header from the requests it lets through.
 const TokenHeader = "Kelp-Token"
 
+// MinPasswordLength is the shortest node password the join API takes.
+const MinPasswordLength = 16
+
 // maxJoins bounds the joins signed at once, so that a hundred nodes
 // booting together do not starve the apiserver they share a process with.
 const maxJoins = 8
@@ -125,7 +128,12 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	}
 	ok, err := s.authorized(r.Context(), r.Header.Get(TokenHeader))
 	if err != nil {
-		http.Error(w, "could not check the token", http.StatusServiceUnavailable)
+		msg := "could not check the token"
+		if errors.Is(err, errNoServerToken) {
+			// The node goes on trying; the server's operator can fix this.
+			msg = "the server's token file is missing or empty, so it cannot check this token; restart the server to write it again, or run `kelp token rotate` on it"
+		}
+		http.Error(w, msg, http.StatusServiceUnavailable)
 		log.WithError(err).Error("check a join token")
 		return
 	}
@@ -170,26 +178,46 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	log.WithFields(logrus.Fields{"node": req.NodeName, "ips": req.NodeIPs}).Info("node joined")
 }
 
+// errNoServerToken is a join whose token matched nothing while the server
+// token, which it may have been, is unknown.
+var errNoServerToken = errors.New("the server token file is missing or empty")
+
 // authorized accepts the server token; as a node also the agent token and
-// the live tokens of `kelp token create`.
+// the live tokens of `kelp token create`, even while the server token
+// file is missing.
 func (s *joinAPI) authorized(ctx context.Context, header string) (bool, error) {
 	user, secret, ok := strings.Cut(header, ":")
 	if !ok || secret == "" || (user != token.ServerUser && user != token.NodeUser) {
 		return false, nil
 	}
 	server, err := readSecret(s.cfg.TokenFile)
-	if err != nil || server == "" {
+	if err != nil {
 		return false, fmt.Errorf("the server token: %w", err)
 	}
-	if token.Equal(secret, server) {
+	if server != "" && token.Equal(secret, server) {
 		return true, nil
 	}
-	if user != token.NodeUser {
-		return false, nil
+	if user == token.NodeUser {
+		if ok, err := s.nodeToken(ctx, secret); ok || err != nil {
+			return ok, err
+		}
 	}
-	if agent, err := readSecret(s.cfg.AgentTokenFile); err != nil {
-		return false, err
-	} else if agent != "" && token.Equal(secret, agent) {
+	if server == "" {
+		// The token may be the server's: a refusal would send the node
+		// away for good, where an error lets it try again.
+		return false, fmt.Errorf("%w: %s", errNoServerToken, s.cfg.TokenFile)
+	}
+	return false, nil
+}
+
+// nodeToken accepts the agent token and the live tokens of `kelp token
+// create`.
+func (s *joinAPI) nodeToken(ctx context.Context, secret string) (bool, error) {
+	agent, err := readSecret(s.cfg.AgentTokenFile)
+	if err != nil {
+		return false, fmt.Errorf("the agent token: %w", err)
+	}
+	if agent != "" && token.Equal(secret, agent) {
 		return true, nil
 	}
 	if !token.IsBootstrap(secret) {
@@ -203,9 +231,10 @@ func (s *joinAPI) authorized(ctx context.Context, header string) (bool, error) {
 }
 
 // readSecret reads the secret of the token in path; "" if there is none.
+// An empty file has none: the server rewrites it at its next start.
 func readSecret(path string) (string, error) {
 	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
+	if errors.Is(err, os.ErrNotExist) || err == nil && strings.TrimSpace(string(data)) == "" {
 		return "", nil
 	}
 	if err != nil {
@@ -222,7 +251,7 @@ func validate(req JoinRequest) ([]net.IP, error) {
 	if errs := validation.IsDNS1123Subdomain(req.NodeName); len(errs) > 0 {
 		return nil, fmt.Errorf("node name %q: %s", req.NodeName, strings.Join(errs, "; "))
 	}
-	if len(req.Password) < 16 {
+	if len(req.Password) < MinPasswordLength {
 		return nil, errors.New("the node password is missing or too short")
 	}
 	var ips []net.IP
@@ -267,7 +296,12 @@ func (s *joinAPI) claimName(ctx context.Context, req JoinRequest) error {
 		if err != nil {
 			return err
 		}
-		return fmt.Errorf("%w: another machine is node %q; give this one another --node-name, or free the name with `kubectl delete node %s`", errNameTaken, req.NodeName, req.NodeName)
+		// The same machine gets here too when it lost its password file
+		// (a reinstall, a power cut): only the operator can tell.
+		return fmt.Errorf("%w: node %q joined before with another node password. "+
+			"If this is another machine, give it another --node-name, or free the name with `kubectl delete node %s`. "+
+			"If this is that machine and it lost <data-dir>/agent/node-password, let it in with `kubectl -n kube-system delete secret %s`",
+			errNameTaken, req.NodeName, req.NodeName, name)
 	}
 	existing.Data = map[string][]byte{"hash": []byte(hash)}
 	_, err = secrets.Update(ctx, existing, metav1.UpdateOptions{})

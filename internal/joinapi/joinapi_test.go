@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -122,6 +124,11 @@ func TestJoinNodeName(t *testing.T) {
 	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "kubectl delete node agent-1") {
 		t.Errorf("another machine took the name: %d %s", w.Code, w.Body)
 	}
+	// The same machine with a lost password looks the same to the server:
+	// the refusal names the Secret to delete for that case.
+	if want := "kubectl -n kube-system delete secret agent-1.node-password.kelp"; !strings.Contains(w.Body.String(), want) {
+		t.Errorf("the refusal does not say %q: %s", want, w.Body)
+	}
 	if w := joinAs(s, "node:agent-secret", first); w.Code != http.StatusOK {
 		t.Errorf("the first machine again: %d %s", w.Code, w.Body)
 	}
@@ -151,4 +158,92 @@ func TestPublicRoutes(t *testing.T) {
 	if strings.TrimSpace(w.Body.String()) != "pong" {
 		t.Errorf("/ping: %q", w.Body)
 	}
+}
+
+// A machine that lost its node password gets back in, Node and all, once
+// its password Secret is deleted as the refusal says.
+func TestJoinLostPassword(t *testing.T) {
+	s, client := testJoinAPI(t)
+	before := JoinRequest{NodeName: "agent-1", Password: "password-before-the-power-cut"}
+	after := JoinRequest{NodeName: "agent-1", Password: "password-made-after-the-power-cut"}
+	if w := joinAs(s, "node:agent-secret", before); w.Code != http.StatusOK {
+		t.Fatalf("first join: %d %s", w.Code, w.Body)
+	}
+	if _, err := client.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "agent-1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if w := joinAs(s, "node:agent-secret", after); w.Code != http.StatusConflict {
+		t.Fatalf("a new password for a known node: %d %s", w.Code, w.Body)
+	}
+	if err := client.CoreV1().Secrets("kube-system").Delete(t.Context(), "agent-1.node-password.kelp", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if w := joinAs(s, "node:agent-secret", after); w.Code != http.StatusOK {
+		t.Errorf("after deleting the password Secret: %d %s", w.Code, w.Body)
+	}
+	if _, err := client.CoreV1().Nodes().Get(t.Context(), "agent-1", metav1.GetOptions{}); err != nil {
+		t.Errorf("the Node is gone: %v", err)
+	}
+}
+
+// A missing or empty token file is no token: the other tokens still join,
+// and a token that may be the unknown server token gets a clear 503 (the
+// node tries again) rather than a refusal or a nil error in the log.
+func TestJoinTokenFileMissingOrEmpty(t *testing.T) {
+	req := JoinRequest{NodeName: "agent-1", Password: "0123456789abcdef0123"}
+	for _, damage := range []struct {
+		name string
+		do   func(path string) error
+	}{
+		{"missing", os.Remove},
+		{"empty", func(path string) error { return os.WriteFile(path, nil, 0o600) }},
+		{"blank", func(path string) error { return os.WriteFile(path, []byte("\n"), 0o600) }},
+	} {
+		t.Run("server token "+damage.name, func(t *testing.T) {
+			s, _ := testJoinAPI(t)
+			if err := damage.do(s.cfg.TokenFile); err != nil {
+				t.Fatal(err)
+			}
+			hook := captureLog(t)
+			if w := joinAs(s, "node:agent-secret", req); w.Code != http.StatusOK {
+				t.Errorf("the agent token: %d %s", w.Code, w.Body)
+			}
+			for _, header := range []string{"node:server-secret", "server:server-secret"} {
+				w := joinAs(s, header, req)
+				if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "token file is missing or empty") {
+					t.Errorf("%s: %d %s", header, w.Code, w.Body)
+				}
+			}
+			for _, e := range hook.AllEntries() {
+				if line, _ := e.String(); strings.Contains(line, "%!") || strings.Contains(line, "<nil>") {
+					t.Errorf("logged %s", line)
+				}
+				if err, _ := e.Data[logrus.ErrorKey].(error); e.Level == logrus.ErrorLevel && (err == nil || !strings.Contains(err.Error(), s.cfg.TokenFile)) {
+					t.Errorf("the error does not name %s: %v", s.cfg.TokenFile, err)
+				}
+			}
+		})
+		t.Run("agent token "+damage.name, func(t *testing.T) {
+			s, _ := testJoinAPI(t)
+			if err := damage.do(s.cfg.AgentTokenFile); err != nil {
+				t.Fatal(err)
+			}
+			for header, want := range map[string]int{"node:server-secret": http.StatusOK, "node:agent-secret": http.StatusUnauthorized, "node:guess": http.StatusUnauthorized} {
+				if w := joinAs(s, header, req); w.Code != want {
+					t.Errorf("%s: %d %s, want %d", header, w.Code, w.Body, want)
+				}
+			}
+		})
+	}
+}
+
+// captureLog records what the package logs during the test.
+func captureLog(t *testing.T) *logtest.Hook {
+	t.Helper()
+	std := logrus.StandardLogger()
+	saved := std.ReplaceHooks(make(logrus.LevelHooks))
+	t.Cleanup(func() { std.ReplaceHooks(saved) })
+	hook := new(logtest.Hook)
+	std.AddHook(hook)
+	return hook
 }

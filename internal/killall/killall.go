@@ -1,6 +1,8 @@
-// Package killall stops a kelp node completely: kelp, containerd, every
-// shim and container, and removes what they set up on the host (mounts,
-// interfaces, nftables tables, cgroups). Data in the data dir is kept.
+// Package killall stops the kelp node of one data dir completely: its kelp
+// server or agent, containerd, every shim and container, and removes what
+// they set up on the host (mounts, interfaces, nftables tables, cgroups).
+// Data in the data dir is kept. The nodes of other data dirs, and kelp's
+// tools (kubectl, crictl, ctr) are left running.
 package killall
 
 import (
@@ -21,37 +23,57 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/cni"
 	"github.com/kelp-dev/kelp/internal/dns"
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/nft"
 	"github.com/kelp-dev/kelp/internal/overlay"
 )
 
 var log = logrus.WithField("component", "killall")
 
-// shimBinary is the runc shim of the bundle; shims detach from containerd
-// and must be found on their own.
-const shimBinary = "containerd-shim-runc-v2"
-
-// Paths whose mounts belong to a node besides its data dir.
-const (
-	kubeletRoot = "/var/lib/kubelet"
-	runDir      = "/run/kelp"
-	netnsDir    = "/run/netns"
-)
+// cgroupRoot is where the cgroup hierarchies are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
 
 // Run stops everything the kelp node with dataDir started.
 func Run(dataDir string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("kelp killall must run as root")
 	}
-	var errs []error
-	killed, err := killProcesses()
+	c, err := newClassifier(dataDir)
+	if err != nil {
+		return err
+	}
+	procs, err := readProcesses()
+	if err != nil {
+		return fmt.Errorf("read the process table: %w", err)
+	}
+	p, err := c.plan(procs, os.Getpid(), podProcesses())
+	errs := []error{err}
+	killed, err := killAll(p.kill)
 	errs = append(errs, err)
 	log.WithField("processes", killed).Info("stopped kelp, containerd, shims and containers")
-	errs = append(errs, unmountUnder(dataDir, kubeletRoot, runDir, netnsDir))
+	if len(p.others) > 0 {
+		// Two nodes cannot share one machine's /run/kelp, kubelet root,
+		// network and kubepods: they are the running node's.
+		log.WithField("pids", p.others).Warnf("a kelp node with another data dir runs here: only the mounts under %s are removed; kelp killall with that node's --data-dir removes the rest", c.dataDir)
+		errs = append(errs, unmountUnder(c.dataDir))
+		return errors.Join(errs...)
+	}
+	errs = append(errs, unmountUnder(c.dataDir, layout.KubeletRoot, layout.RunDir, layout.NetnsDir))
+	removeNetns()
 	errs = append(errs, removeNetwork())
 	errs = append(errs, removeCgroups())
-	errs = append(errs, emptyDir(runDir))
+	errs = append(errs, emptyDir(layout.RunDir))
 	return errors.Join(errs...)
+}
+
+// newClassifier tells the processes of the node with dataDir, a relative
+// one taken from the current directory, from the rest of the machine's.
+func newClassifier(dataDir string) (classifier, error) {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return classifier{}, fmt.Errorf("data dir %s: %w", dataDir, err)
+	}
+	return classifier{dataDir: resolveSymlinks(abs), root: os.DirFS("/"), resolve: resolveSymlinks}, nil
 }
 
 // mountsBelow lists the mount points in mountinfo strictly below dirs,
@@ -93,112 +115,26 @@ func emptyDir(dir string) error {
 	return errors.Join(errs...)
 }
 
-// killProcesses kills every process in this mount namespace that runs the
-// kelp binary (the server, containerd) or the bundle's shim, everything
-// they started (the containers), and whatever is left in the pods'
-// cgroups. It waits until they are gone.
-func killProcesses() (int, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return 0, err
-	}
-	selfInfo, err := os.Stat(self)
-	if err != nil {
-		return 0, err
-	}
-	ownNS, _ := os.Readlink("/proc/self/ns/mnt")
-	parents := map[int][]int{} // ppid → children
-	var roots []int
-	for _, pid := range allPIDs() {
-		if pid == os.Getpid() {
-			continue
-		}
-		if ppid, ok := parentOf(pid); ok {
-			parents[ppid] = append(parents[ppid], pid)
-		}
-		if ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); ns != ownNS {
-			continue
-		}
-		exe := fmt.Sprintf("/proc/%d/exe", pid)
-		if info, err := os.Stat(exe); err == nil && os.SameFile(info, selfInfo) {
-			roots = append(roots, pid)
-		} else if target, _ := os.Readlink(exe); filepath.Base(strings.TrimSuffix(target, " (deleted)")) == shimBinary {
-			roots = append(roots, pid)
-		}
-	}
-	victims := map[int]bool{}
-	var walk func(int)
-	walk = func(pid int) {
-		if victims[pid] || pid == os.Getpid() {
-			return
-		}
-		victims[pid] = true
-		for _, c := range parents[pid] {
-			walk(c)
-		}
-	}
-	for _, r := range roots {
-		walk(r)
-	}
-	for _, dir := range podCgroups() {
-		for _, pid := range cgroupProcs(dir) {
-			walk(pid)
-		}
-	}
-	for pid := range victims {
+// killAll sends SIGKILL to pids and waits until they are gone.
+func killAll(pids []int) (int, error) {
+	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for pid := range victims {
+	for _, pid := range pids {
 		for alive(pid) {
 			if time.Now().After(deadline) {
-				return len(victims), fmt.Errorf("process %d did not die after SIGKILL", pid)
+				return len(pids), fmt.Errorf("process %d did not die after SIGKILL", pid)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	return len(victims), nil
-}
-
-func allPIDs() []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		if pid, err := strconv.Atoi(e.Name()); err == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-func parentOf(pid int) (int, bool) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// The command name may hold spaces; the fields after it do not.
-	rest := string(data[strings.LastIndexByte(string(data), ')')+1:])
-	f := strings.Fields(rest)
-	if len(f) < 2 {
-		return 0, false
-	}
-	ppid, err := strconv.Atoi(f[1])
-	return ppid, err == nil
-}
-
-// alive is true while pid exists and is not a zombie.
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	rest := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
-	return len(rest) > 0 && rest[0] != "Z"
+	return len(pids), nil
 }
 
 // unmountUnder detaches every mount below the given directories, deepest
-// first, and removes the CNI network namespace files. The directories
-// themselves stay mounted: a data dir on a disk of its own is the user's.
+// first. The directories themselves stay mounted: a data dir on a disk of
+// its own is the user's.
 func unmountUnder(dirs ...string) error {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -210,12 +146,16 @@ func unmountUnder(dirs ...string) error {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", t, err))
 		}
 	}
-	if matches, _ := filepath.Glob(filepath.Join(netnsDir, "cni-*")); len(matches) > 0 {
-		for _, m := range matches {
-			_ = os.Remove(m)
-		}
-	}
 	return errors.Join(errs...)
+}
+
+// removeNetns removes the pods' network namespace files the CNI plugins
+// left, once unmounted.
+func removeNetns() {
+	matches, _ := filepath.Glob(filepath.Join(layout.NetnsDir, "cni-*"))
+	for _, m := range matches {
+		_ = os.Remove(m)
+	}
 }
 
 // unescape decodes the octal escapes of /proc/self/mountinfo (\040 is a
@@ -285,17 +225,34 @@ func removeNetwork() error {
 	return errors.Join(errs...)
 }
 
-// podCgroups returns the kubelet's pod cgroup roots on every hierarchy.
-func podCgroups() []string {
+// podCgroups returns the kubelet's pod cgroups, kubepods (cgroupfs) or
+// kubepods.slice (systemd), at the root of every hierarchy mounted under
+// root. On the unified hierarchy the directories under root are cgroups,
+// not hierarchies: a kubepods below one of them is some other machine's,
+// a test node's say (internal/testcluster).
+func podCgroups(root string) []string {
+	hierarchies := []string{root}
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
+		hierarchies, _ = filepath.Glob(filepath.Join(root, "*"))
+	}
 	var dirs []string
-	for _, name := range []string{"kubepods", "kubepods.slice"} {
-		m, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", name))
-		dirs = append(dirs, m...)
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", name)); err == nil {
-			dirs = append(dirs, filepath.Join("/sys/fs/cgroup", name))
+	for _, h := range hierarchies {
+		for _, name := range []string{"kubepods", "kubepods.slice"} {
+			if info, err := os.Stat(filepath.Join(h, name)); err == nil && info.IsDir() {
+				dirs = append(dirs, filepath.Join(h, name))
+			}
 		}
 	}
 	return dirs
+}
+
+// podProcesses are the processes in the pod cgroups.
+func podProcesses() []int {
+	var pids []int
+	for _, dir := range podCgroups(cgroupRoot) {
+		pids = append(pids, cgroupProcs(dir)...)
+	}
+	return pids
 }
 
 func cgroupProcs(root string) []int {
@@ -318,7 +275,7 @@ func cgroupProcs(root string) []int {
 // removeCgroups removes the pod cgroups, children before parents.
 func removeCgroups() error {
 	var errs []error
-	for _, root := range podCgroups() {
+	for _, root := range podCgroups(cgroupRoot) {
 		var dirs []string
 		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {

@@ -23,7 +23,10 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/kubeargs"
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // HealthzPort is where the kubelet serves /healthz, on loopback.
@@ -75,6 +78,7 @@ func Configuration(cfg Config) *kubeletv1beta1.KubeletConfiguration {
 		ReadOnlyPort:             0,
 		ResolverConfig:           ptr.To(cfg.ResolvConf),
 		StaticPodPath:            cfg.StaticPodDir,
+		PodLogsDir:               layout.PodLogsDir,
 		SerializeImagePulls:      ptr.To(false),
 		// Pods never use swap; a node that has swap keeps running, with a
 		// warning from kelp, instead of refusing to start.
@@ -108,7 +112,7 @@ func Args(cfg Config) []string {
 	if len(cfg.Taints) > 0 {
 		flags["register-with-taints"] = strings.Join(cfg.Taints, ",")
 	}
-	return component.Args(flags, cfg.ExtraArgs)
+	return kubeargs.Render(flags, cfg.ExtraArgs)
 }
 
 // WriteConfigFile writes Configuration(cfg) to cfg.ConfigFile.
@@ -120,16 +124,20 @@ func WriteConfigFile(cfg Config) error {
 	if err := os.MkdirAll(filepath.Dir(cfg.ConfigFile), 0o700); err != nil {
 		return fmt.Errorf("write kubelet config: %w", err)
 	}
-	if err := os.WriteFile(cfg.ConfigFile, data, 0o600); err != nil {
+	if err := atomicfile.Write(cfg.ConfigFile, data, 0o600); err != nil {
 		return fmt.Errorf("write kubelet config: %w", err)
 	}
 	return nil
 }
 
-// Start parses args the way the kubelet command does and runs it. It does
-// not use the cobra command, which installs a process-wide signal handler
-// and reconfigures logging (see apiserver.Start).
-func Start(ctx context.Context, args []string) (*component.Running, error) {
+// Start parses the flags Args(cfg) the way the kubelet command does and
+// runs it; it is ready once its /healthz answers ok. It does not use the
+// cobra command, which installs a process-wide signal handler and
+// reconfigures logging (see apiserver.Start).
+func Start(cfg Config) (*component.Running, error) {
+	// The kubelet keeps what its set-up builds, so it gets no deadline.
+	ctx := context.Background()
+	args := Args(cfg)
 	flags := options.NewKubeletFlags()
 	probe := pflag.NewFlagSet("kubelet", pflag.ContinueOnError)
 	probe.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
@@ -169,9 +177,10 @@ func Start(ctx context.Context, args []string) (*component.Running, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubelet dependencies: %w", err)
 	}
-	return component.Go(ctx, "kubelet", func(ctx context.Context) error {
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", HealthzPort)
+	return component.Go("kubelet", func(ctx context.Context) error {
 		return app.Run(ctx, server, deps, utilfeature.DefaultFeatureGate)
-	}), nil
+	}, component.ReadyWhen(component.GetOK(healthz, nil))), nil
 }
 
 func loadConfigFile(ctx context.Context, path string) (*kubeletconfiginternal.KubeletConfiguration, error) {
@@ -187,9 +196,4 @@ func loadConfigFile(ctx context.Context, path string) (*kubeletconfiginternal.Ku
 		kc.EvictionHard = eviction.DefaultEvictionHard
 	}
 	return kc, nil
-}
-
-// WaitReady blocks until the kubelet's /healthz answers ok.
-func WaitReady(ctx context.Context, r *component.Running) error {
-	return component.WaitHTTPS(ctx, r, fmt.Sprintf("http://127.0.0.1:%d/healthz", HealthzPort), nil)
 }

@@ -17,9 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
-	"github.com/kelp-dev/kelp/internal/notify"
+	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 // dialTimeout bounds the try of one server; the next is tried after it.
@@ -27,31 +29,47 @@ const dialTimeout = 3 * time.Second
 
 var log = logrus.WithField("component", "loadbalancer")
 
+var _ component.Component = (*LB)(nil)
+
 // LB is a running load balancer.
 type LB struct {
 	listener net.Listener
+	ready    chan struct{}
+	stopOnce sync.Once
 
 	mu      sync.Mutex
 	servers []string // host:port, the one that answered last first
 }
 
 // Start listens on addr (e.g. 127.0.0.1:6444) and forwards to servers
-// (host:port) until ctx ends.
-func Start(ctx context.Context, addr string, servers []string) (*LB, error) {
+// (host:port) until Stop.
+func Start(addr string, servers []string) (*LB, error) {
 	if len(servers) == 0 {
-		return nil, errors.New("loadbalancer: no server to forward to")
+		return nil, errors.New("no apiserver to forward to")
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("loadbalancer: listen on %s (is another kelp agent running?): %w", addr, err)
+		return nil, fmt.Errorf("listen on %s (is another kelp agent running?): %w", addr, err)
 	}
-	lb := &LB{listener: l, servers: slices.Clone(servers)}
-	go func() {
-		<-ctx.Done()
-		l.Close()
-	}()
+	lb := &LB{listener: l, ready: make(chan struct{}), servers: slices.Clone(servers)}
+	close(lb.ready)
 	go lb.serve()
 	return lb, nil
+}
+
+// Name names the load balancer in the node's lifecycle.
+func (lb *LB) Name() string { return "apiserver load balancer" }
+
+// Ready is closed from the start: it listens once Start returns.
+func (lb *LB) Ready() <-chan struct{} { return lb.ready }
+
+// Err never delivers: a server that does not answer is skipped, not fatal.
+func (lb *LB) Err() <-chan error { return nil }
+
+// Stop stops accepting connections; those made stay until they end.
+func (lb *LB) Stop(context.Context) error {
+	lb.stopOnce.Do(func() { lb.listener.Close() })
+	return nil
 }
 
 // Addr is where the load balancer listens.
@@ -130,38 +148,38 @@ func (lb *LB) preferred(server string) {
 // Follow keeps the servers in step with the apiservers the cluster
 // publishes (the kubernetes Service's endpoints) until ctx ends, so that
 // servers added after the node joined are known too; fallback (the
-// address the node joined through) stays last.
-func (lb *LB) Follow(ctx context.Context, client kubernetes.Interface, fallback []string) {
+// address the node joined through) stays last. It returns nil when ctx
+// ends, unless no apiserver ever answered the list by then: that error,
+// like any failure to follow, leaves the balancer with the servers it had.
+func (lb *LB) Follow(ctx context.Context, client kubernetes.Interface, fallback []string) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(metav1.NamespaceDefault),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = discoveryv1.LabelServiceName + "=kubernetes"
 		}))
 	endpoints := factory.Discovery().V1().EndpointSlices()
-	changed := notify.New()
-	if _, err := endpoints.Informer().AddEventHandler(changed.Handler()); err != nil {
-		log.WithError(err).Warn("cannot follow the apiservers")
-		return
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed.C():
-		}
-		list, err := endpoints.Lister().List(labels.Everything())
-		if err != nil {
-			continue
-		}
-		servers := Servers(list)
-		for _, f := range fallback {
-			if !slices.Contains(servers, f) {
-				servers = append(servers, f)
+	var applied []string
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{"endpointslices": endpoints.Informer()},
+		Sync: func(context.Context, bool) error {
+			list, err := endpoints.Lister().List(labels.Everything())
+			if err != nil {
+				return err
 			}
-		}
-		lb.SetServers(servers)
-	}
+			servers := Servers(list)
+			for _, f := range fallback {
+				if !slices.Contains(servers, f) {
+					servers = append(servers, f)
+				}
+			}
+			// Set only when they changed: setting forgets which server
+			// answered last.
+			if !slices.Equal(servers, applied) {
+				lb.SetServers(servers)
+				applied = servers
+			}
+			return nil
+		},
+	}.Run(ctx)
 }
 
 // Servers lists the host:port of the ready apiserver endpoints in slices.

@@ -2,11 +2,15 @@ package loadbalancer
 
 import (
 	"bufio"
+	"context"
 	"net"
 	"slices"
 	"testing"
+	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 )
 
@@ -63,10 +67,11 @@ func TestForward(t *testing.T) {
 	down := gone.Addr().String()
 	gone.Close()
 
-	lb, err := Start(t.Context(), "127.0.0.1:0", []string{down, a.Addr().String()})
+	lb, err := Start("127.0.0.1:0", []string{down, a.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer lb.Stop(t.Context())
 	if got := ask(t, lb.Addr()); got != "a" {
 		t.Errorf("answered by %q, want a (the first server that answers)", got)
 	}
@@ -82,12 +87,12 @@ func TestForward(t *testing.T) {
 }
 
 func TestStartErrors(t *testing.T) {
-	if _, err := Start(t.Context(), "127.0.0.1:0", nil); err == nil {
+	if _, err := Start("127.0.0.1:0", nil); err == nil {
 		t.Error("no servers: no error")
 	}
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
 	defer l.Close()
-	if _, err := Start(t.Context(), l.Addr().String(), []string{"127.0.0.1:1"}); err == nil {
+	if _, err := Start(l.Addr().String(), []string{"127.0.0.1:1"}); err == nil {
 		t.Error("a port in use: no error")
 	}
 }
@@ -109,5 +114,49 @@ func TestServers(t *testing.T) {
 	}}
 	if got, want := Servers(eps), []string{"10.99.0.2:6443", "10.99.0.3:6443"}; !slices.Equal(got, want) {
 		t.Errorf("Servers = %v, want %v", got, want)
+	}
+}
+
+// Follow adds the apiservers the cluster publishes ahead of the fallback,
+// follows them as they change, and returns nil when ctx ends.
+func TestFollow(t *testing.T) {
+	kubernetes := func(addrs ...string) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "kubernetes",
+				Labels: map[string]string{discoveryv1.LabelServiceName: "kubernetes"}},
+			Ports:     []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To[int32](6443)}},
+			Endpoints: []discoveryv1.Endpoint{{Addresses: addrs}},
+		}
+	}
+	client := fake.NewClientset(kubernetes("10.99.0.2"))
+	lb, err := Start("127.0.0.1:0", []string{"10.99.0.9:6443"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lb.Stop(t.Context())
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- lb.Follow(ctx, client, []string{"kelp.example:6443"}) }()
+	servers := func() []string {
+		lb.mu.Lock()
+		defer lb.mu.Unlock()
+		return lb.servers
+	}
+	waitFor := func(want ...string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !slices.Equal(servers(), want); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("servers %v, want %v", servers(), want)
+			}
+		}
+	}
+	waitFor("10.99.0.2:6443", "kelp.example:6443")
+	if _, err := client.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).Update(ctx, kubernetes("10.99.0.2", "10.99.0.3"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("10.99.0.2:6443", "10.99.0.3:6443", "kelp.example:6443")
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Follow = %v, want nil when ctx ends", err)
 	}
 }

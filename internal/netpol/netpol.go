@@ -6,16 +6,19 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kelp-dev/kelp/internal/nft"
-	"github.com/kelp-dev/kelp/internal/notify"
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 const (
@@ -53,75 +56,80 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, checkEver
 	policies := factory.Networking().V1().NetworkPolicies()
 	pods := factory.Core().V1().Pods()
 	namespaces := factory.Core().V1().Namespaces()
-	changed := notify.New()
-	handler := changed.Handler()
-	for _, informer := range []cache.SharedIndexInformer{policies.Informer(), pods.Informer(), namespaces.Informer()} {
-		if _, err := informer.AddEventHandler(handler); err != nil {
-			return fmt.Errorf("netpol: %w", err)
-		}
+	e := &enforcer{
+		cfg: cfg, conn: conn, reapply: true,
+		policies: policies.Lister(), pods: pods.Lister(), namespaces: namespaces.Lister(),
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
-		if !synced {
-			return fmt.Errorf("netpol: %v not synced: %w", typ, ctx.Err())
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{
+			"networkpolicies": policies.Informer(),
+			"pods":            pods.Informer(),
+			"namespaces":      namespaces.Informer(),
+		},
+		Coalesce: coalesce,
+		Resync:   checkEvery,
+		Sync:     e.sync,
+	}.Run(ctx)
+}
+
+// enforcer is the state of Run between syncs.
+type enforcer struct {
+	cfg        Config
+	conn       *nftables.Conn
+	policies   networkinglisters.NetworkPolicyLister
+	pods       corelisters.PodLister
+	namespaces corelisters.NamespaceLister
+	applied    Ruleset
+	// reapply says the table must be programmed even if applied is what
+	// the policies want: at start, and once someone else changed it.
+	reapply bool
+	// enforcing says the table was programmed once.
+	enforcing bool
+}
+
+// sync programs the rules the policies want for this node's pods if they
+// changed; on the resync tick it only checks that the table is as it made
+// it, and programs it again if not.
+func (e *enforcer) sync(_ context.Context, resync bool) error {
+	if resync {
+		switch ok, err := intact(e.conn, e.applied); {
+		case err != nil:
+			log.WithError(err).Warn("could not check the network policy table; programming it again")
+		case !ok:
+			log.Warn("the network policy table was changed behind kelp's back; programming it again")
+		default:
+			return nil
 		}
+		e.reapply = true
 	}
-	check := time.NewTicker(checkEvery)
-	defer check.Stop()
-	var applied Ruleset
-	for first, reapply := true, true; ; first = false {
-		pols, err := policies.Lister().List(labels.Everything())
-		if err != nil {
-			return fmt.Errorf("netpol: %w", err)
-		}
-		ps, err := pods.Lister().List(labels.Everything())
-		if err != nil {
-			return fmt.Errorf("netpol: %w", err)
-		}
-		nss, err := namespaces.Lister().List(labels.Everything())
-		if err != nil {
-			return fmt.Errorf("netpol: %w", err)
-		}
-		r := Compile(pols, ps, nss, cfg.NodeName)
-		if reapply || !reflect.DeepEqual(r, applied) {
-			started := time.Now()
-			if err := Apply(conn, r); err != nil {
-				return err
-			}
-			applied, reapply = r, false
-			log.WithFields(logrus.Fields{"ingress-chains": len(r.Ingress), "egress-chains": len(r.Egress),
-				"took": time.Since(started).Round(time.Microsecond)}).Debug("programmed network policies")
-			if first {
-				log.Info("network policy enforcement started")
-			}
-		}
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-changed.C():
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-time.After(coalesce):
-				}
-				break wait
-			case <-check.C:
-				switch ok, err := intact(conn, applied); {
-				case err != nil:
-					log.WithError(err).Warn("could not check the network policy table; programming it again")
-				case !ok:
-					log.Warn("the network policy table was changed behind kelp's back; programming it again")
-				default:
-					continue
-				}
-				reapply = true
-				break wait
-			}
-		}
+	pols, err := e.policies.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("netpol: %w", err)
 	}
+	ps, err := e.pods.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("netpol: %w", err)
+	}
+	nss, err := e.namespaces.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("netpol: %w", err)
+	}
+	r := Compile(pols, ps, nss, e.cfg.NodeName)
+	if !e.reapply && reflect.DeepEqual(r, e.applied) {
+		return nil
+	}
+	started := time.Now()
+	if err := Apply(e.conn, r); err != nil {
+		return err
+	}
+	e.applied, e.reapply = r, false
+	log.WithFields(logrus.Fields{"ingress-chains": len(r.Ingress), "egress-chains": len(r.Egress),
+		"took": time.Since(started).Round(time.Microsecond)}).Debug("programmed network policies")
+	if !e.enforcing {
+		e.enforcing = true
+		log.Info("network policy enforcement started")
+	}
+	return nil
 }
 
 // trimPod keeps of a pod only what Compile reads: every node caches every

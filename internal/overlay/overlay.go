@@ -18,8 +18,9 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
-	"github.com/kelp-dev/kelp/internal/notify"
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 // The backends.
@@ -121,37 +122,12 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync ti
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimNode))
 	nodes := factory.Core().V1().Nodes()
 	o.nodes = nodes.Lister()
-	changed := notify.New()
-	if _, err := nodes.Informer().AddEventHandler(changed.Handler()); err != nil {
-		return fmt.Errorf("overlay: %w", err)
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
-		if !synced {
-			return fmt.Errorf("overlay: %v not synced: %w", typ, ctx.Err())
-		}
-	}
-	tick := time.NewTicker(resync)
-	defer tick.Stop()
-	for force := true; ; {
-		if err := o.sync(ctx, force); err != nil {
-			return err
-		}
-		force = false
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			force = true
-		case <-changed.C():
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(coalesce):
-			}
-		}
-	}
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{"nodes": nodes.Informer()},
+		Coalesce:  coalesce,
+		Resync:    resync,
+		Sync:      o.sync,
+	}.Run(ctx)
 }
 
 // overlay is the state of Run between syncs.
@@ -170,8 +146,8 @@ type overlay struct {
 
 // sync publishes the node's annotations and programs the kernel when the
 // node has a pod CIDR and the peers changed, the last programming failed
-// or force is set.
-func (o *overlay) sync(ctx context.Context, force bool) error {
+// or it is the resync tick's pass (someone may have deleted an entry).
+func (o *overlay) sync(ctx context.Context, resync bool) error {
 	self, err := o.nodes.Get(o.cfg.NodeName)
 	if err != nil {
 		log.WithError(err).Debug("waiting for the node to register")
@@ -194,7 +170,7 @@ func (o *overlay) sync(ctx context.Context, force bool) error {
 		return fmt.Errorf("overlay: %w", err)
 	}
 	peers := Peers(all, o.cfg)
-	if !force && o.clean && podCIDR == o.podCIDR && reflect.DeepEqual(peers, o.peers) {
+	if !resync && o.clean && podCIDR == o.podCIDR && reflect.DeepEqual(peers, o.peers) {
 		return nil
 	}
 	l := o.local

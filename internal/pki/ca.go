@@ -44,7 +44,7 @@ func (is issuer) ensureCA(name, certPath, keyPath string) (*authority, error) {
 		// Key first: a crash between the two writes leaves a key without a
 		// certificate, which the next start completes (below), rather than
 		// a certificate without a key, which it must refuse.
-		if err := writeFileAtomic(keyPath, keyPEM); err != nil {
+		if err := writeFile(keyPath, keyPEM); err != nil {
 			return nil, err
 		}
 		a, err := is.writeCACert(name, certPath, key)
@@ -117,7 +117,7 @@ func (is issuer) writeCACert(name, certPath string, key crypto.Signer) (*authori
 	if err != nil {
 		return nil, fmt.Errorf("pki: create CA certificate %s: %w", certPath, err)
 	}
-	if err := writeFileAtomic(certPath, encodeCert(der)); err != nil {
+	if err := writeFile(certPath, encodeCert(der)); err != nil {
 		return nil, err
 	}
 	return &authority{cert: cert, key: key}, nil
@@ -141,7 +141,7 @@ func (is issuer) ensureServiceAccountKey(keyPath, pubPath string) error {
 		if keyPEM, err = encodeKey(key); err != nil {
 			return err
 		}
-		if err := writeFileAtomic(keyPath, keyPEM); err != nil {
+		if err := writeFile(keyPath, keyPEM); err != nil {
 			return err
 		}
 		is.log.WithField("key", keyPath).Info("created service-account signing key")
@@ -168,7 +168,7 @@ func (is issuer) ensureServiceAccountKey(keyPath, pubPath string) error {
 	if pubPEM, err = encodePublicKey(signer.Public()); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(pubPath, pubPEM); err != nil {
+	if err := writeFile(pubPath, pubPEM); err != nil {
 		return err
 	}
 	is.log.WithFields(logrus.Fields{"key": pubPath, "reason": reason}).Info("wrote service-account public key")

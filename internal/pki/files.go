@@ -5,16 +5,13 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
-	"strings"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 const (
 	fileMode = 0o600
 	dirMode  = 0o700
-	// tempMarker names files that are still being written; a crash can leave
-	// one behind, and the next Ensure removes it.
-	tempMarker = ".tmp-"
 )
 
 func ensurePrivateDir(dir string) error {
@@ -28,62 +25,11 @@ func ensurePrivateDir(dir string) error {
 	return nil
 }
 
-func removeStaleTemps(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("pki: read %s: %w", dir, err)
-	}
-	for _, e := range entries {
-		if e.Type().IsRegular() && strings.HasPrefix(e.Name(), ".") && strings.Contains(e.Name(), tempMarker) {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
-				return fmt.Errorf("pki: remove leftover %s: %w", e.Name(), err)
-			}
-		}
-	}
-	return nil
-}
-
-// writeFileAtomic replaces path with data so that a reader, or the next start
-// after a crash, sees either the old content or the new, never a mix.
-func writeFileAtomic(path string, data []byte) (err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+tempMarker+"*")
-	if err != nil {
-		return fmt.Errorf("pki: write %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err := tmp.Chmod(fileMode); err != nil {
-		return fmt.Errorf("pki: write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		return fmt.Errorf("pki: write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("pki: write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("pki: write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("pki: write %s: %w", path, err)
-	}
-	return syncDir(dir)
-}
-
-// syncDir makes a rename durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("pki: sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("pki: sync %s: %w", dir, err)
+// writeFile replaces path with data so that a reader, or the next start
+// after a crash or a power cut, sees either the old content or the new.
+func writeFile(path string, data []byte) error {
+	if err := atomicfile.Write(path, data, fileMode); err != nil {
+		return fmt.Errorf("pki: %w", err)
 	}
 	return nil
 }

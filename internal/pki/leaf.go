@@ -52,10 +52,10 @@ func (is issuer) ensureLeaf(l leafSpec) error {
 	}
 	// A crash between the two writes leaves a key that does not match the
 	// certificate, which the next start detects and reissues.
-	if err := writeFileAtomic(l.key, newKeyPEM); err != nil {
+	if err := writeFile(l.key, newKeyPEM); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(l.cert, encodeCert(der)); err != nil {
+	if err := writeFile(l.cert, encodeCert(der)); err != nil {
 		return err
 	}
 	msg := "reissued certificate"

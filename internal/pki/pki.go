@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 const (
@@ -82,7 +84,6 @@ type Files struct {
 	ControllerManagerCert, ControllerManagerKey           string
 	SchedulerCert, SchedulerKey                           string
 	APIServerKubeletClientCert, APIServerKubeletClientKey string // the apiserver's client to kubelets
-	SupervisorCert, SupervisorKey                         string
 	KubeletClientCert, KubeletClientKey                   string // system:node:<hostname>, the server's own node
 	KubeletServingCert, KubeletServingKey                 string // signed by ServerCA, so the apiserver verifies it
 	KubeProxyCert, KubeProxyKey                           string // system:kube-proxy, the node's Service proxy
@@ -95,8 +96,10 @@ type Files struct {
 	EtcdPeerCert, EtcdPeerKey     string // signed by EtcdPeerCA
 }
 
-// The layout follows k3s so that its operators find files where they expect.
-func layout(dir string) Files {
+// FilesIn names the files Ensure keeps in dir, for code that reads them
+// without running Ensure (kelp token, tests). The names follow k3s so that
+// its operators find files where they expect.
+func FilesIn(dir string) Files {
 	p := func(name string) string { return filepath.Join(dir, name) }
 	return Files{
 		ServerCA: p("server-ca.crt"), ServerCAKey: p("server-ca.key"),
@@ -110,7 +113,6 @@ func layout(dir string) Files {
 		ControllerManagerCert: p("client-controller.crt"), ControllerManagerKey: p("client-controller.key"),
 		SchedulerCert: p("client-scheduler.crt"), SchedulerKey: p("client-scheduler.key"),
 		APIServerKubeletClientCert: p("client-kube-apiserver.crt"), APIServerKubeletClientKey: p("client-kube-apiserver.key"),
-		SupervisorCert: p("client-kelp-supervisor.crt"), SupervisorKey: p("client-kelp-supervisor.key"),
 		KubeletClientCert: p("client-kubelet.crt"), KubeletClientKey: p("client-kubelet.key"),
 		KubeletServingCert: p("serving-kubelet.crt"), KubeletServingKey: p("serving-kubelet.key"),
 		KubeProxyCert: p("client-kube-proxy.crt"), KubeProxyKey: p("client-kube-proxy.key"),
@@ -132,7 +134,6 @@ func (f Files) all() []string {
 		f.AdminCert, f.AdminKey, f.ControllerManagerCert, f.ControllerManagerKey,
 		f.SchedulerCert, f.SchedulerKey,
 		f.APIServerKubeletClientCert, f.APIServerKubeletClientKey,
-		f.SupervisorCert, f.SupervisorKey,
 		f.KubeletClientCert, f.KubeletClientKey, f.KubeletServingCert, f.KubeletServingKey,
 		f.KubeProxyCert, f.KubeProxyKey, f.DNSCert, f.DNSKey, f.ControllerCert, f.ControllerKey,
 		f.AuthProxyCert, f.AuthProxyKey,
@@ -166,8 +167,10 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		if err := ensurePrivateDir(d); err != nil {
 			return Files{}, err
 		}
-		if err := removeStaleTemps(d); err != nil {
-			return Files{}, err
+		// A crash while writing leaves temporary files; nothing else
+		// writes here while the server starts.
+		if err := atomicfile.RemoveTemps(d); err != nil {
+			return Files{}, fmt.Errorf("pki: %w", err)
 		}
 	}
 	now := time.Now
@@ -175,7 +178,10 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		now = cfg.Now
 	}
 	is := issuer{now: now().UTC(), log: log}
-	f := layout(dir)
+	f := FilesIn(dir)
+	if err := is.removeRetired(dir); err != nil {
+		return Files{}, err
+	}
 
 	var serverCA, clientCA, requestHeaderCA, etcdServerCA, etcdPeerCA *authority
 	for _, ca := range []struct {
@@ -208,7 +214,6 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		{ca: clientCA, cert: f.ControllerManagerCert, key: f.ControllerManagerKey, cn: "system:kube-controller-manager", usages: clientAuth},
 		{ca: clientCA, cert: f.SchedulerCert, key: f.SchedulerKey, cn: "system:kube-scheduler", usages: clientAuth},
 		{ca: clientCA, cert: f.APIServerKubeletClientCert, key: f.APIServerKubeletClientKey, cn: "system:kube-apiserver", orgs: []string{"system:masters"}, usages: clientAuth},
-		{ca: clientCA, cert: f.SupervisorCert, key: f.SupervisorKey, cn: "system:kelp-supervisor", orgs: []string{"system:masters"}, usages: clientAuth},
 		{ca: clientCA, cert: f.KubeletClientCert, key: f.KubeletClientKey, cn: "system:node:" + strings.ToLower(cfg.Hostname), orgs: []string{"system:nodes"}, usages: clientAuth},
 		{ca: serverCA, cert: f.KubeletServingCert, key: f.KubeletServingKey, cn: strings.ToLower(cfg.Hostname), usages: serverAuth, sans: nodeSANs},
 		{ca: clientCA, cert: f.KubeProxyCert, key: f.KubeProxyKey, cn: "system:kube-proxy", usages: clientAuth},
@@ -231,6 +236,24 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		}
 	}
 	return f, nil
+}
+
+// removeRetired removes files that earlier versions issued and nothing
+// reads any more. client-kelp-supervisor was a system:masters credential:
+// a cluster-admin key must not lie around unused.
+func (is issuer) removeRetired(dir string) error {
+	for _, name := range []string{"client-kelp-supervisor.crt", "client-kelp-supervisor.key"} {
+		path := filepath.Join(dir, name)
+		err := os.Remove(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("pki: remove unused %s: %w", path, err)
+		}
+		is.log.WithField("file", path).Info("removed a credential nothing uses")
+	}
+	return nil
 }
 
 // issuer carries what every step of one Ensure call shares.

@@ -154,7 +154,6 @@ func leafCases(f Files) []leafCase {
 		{"controller-manager", f.ControllerManagerCert, f.ControllerManagerKey, f.ClientCA, clientAuth, "system:kube-controller-manager", nil},
 		{"scheduler", f.SchedulerCert, f.SchedulerKey, f.ClientCA, clientAuth, "system:kube-scheduler", nil},
 		{"apiserver-kubelet-client", f.APIServerKubeletClientCert, f.APIServerKubeletClientKey, f.ClientCA, clientAuth, "system:kube-apiserver", masters},
-		{"supervisor", f.SupervisorCert, f.SupervisorKey, f.ClientCA, clientAuth, "system:kelp-supervisor", masters},
 		{"kubelet-client", f.KubeletClientCert, f.KubeletClientKey, f.ClientCA, clientAuth, "system:node:node-1", []string{"system:nodes"}},
 		{"kubelet-serving", f.KubeletServingCert, f.KubeletServingKey, f.ServerCA, serverAuth, "node-1", nil},
 		{"kube-proxy", f.KubeProxyCert, f.KubeProxyKey, f.ClientCA, clientAuth, "system:kube-proxy", nil},
@@ -174,7 +173,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 	wantNames := []string{
 		"client-admin.crt", "client-admin.key", "client-auth-proxy.crt", "client-auth-proxy.key",
 		"client-ca.crt", "client-ca.key", "client-controller.crt", "client-controller.key",
-		"client-kelp-controller.crt", "client-kelp-controller.key", "client-kelp-dns.crt", "client-kelp-dns.key", "client-kelp-supervisor.crt", "client-kelp-supervisor.key",
+		"client-kelp-controller.crt", "client-kelp-controller.key", "client-kelp-dns.crt", "client-kelp-dns.key",
 		"client-kube-apiserver.crt", "client-kube-apiserver.key", "client-kube-proxy.crt", "client-kube-proxy.key",
 		"client-kubelet.crt", "client-kubelet.key",
 		"client-scheduler.crt", "client-scheduler.key", "etcd",
@@ -263,7 +262,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 	}
 
 	// One Info line per created CA, leaf and key file; nothing louder.
-	if got, want := len(infoEntries(hook)), 5+2+15; got != want {
+	if got, want := len(infoEntries(hook)), 5+2+14; got != want {
 		t.Errorf("logged %d entries at Info or above, want %d", got, want)
 	}
 	for _, e := range hook.AllEntries() {
@@ -437,7 +436,7 @@ func TestEnsureLeafNeverOutlivesCA(t *testing.T) {
 
 func TestEnsureReissuesOnlyWhatChanged(t *testing.T) {
 	base := testConfig(t)
-	f := layout(base.Dir)
+	f := FilesIn(base.Dir)
 	tests := []struct {
 		name        string
 		mutate      func(*Config)
@@ -754,9 +753,10 @@ func TestEnsureServiceAccountKey(t *testing.T) {
 func TestEnsureRemovesLeftoverTempFiles(t *testing.T) {
 	cfg := testConfig(t)
 	f, _ := run(t, cfg)
+	// Named as atomicfile names its temporary files.
 	leftovers := []string{
-		filepath.Join(cfg.Dir, ".server-ca.key"+tempMarker+"123"),
-		filepath.Join(cfg.Dir, "etcd", ".client.crt"+tempMarker+"456"),
+		filepath.Join(cfg.Dir, ".server-ca.key.tmp-123"),
+		filepath.Join(cfg.Dir, "etcd", ".client.crt.tmp-456"),
 	}
 	for _, p := range leftovers {
 		write(t, p, []byte("half a file"))
@@ -771,6 +771,46 @@ func TestEnsureRemovesLeftoverTempFiles(t *testing.T) {
 	}
 	if got := changed(before, snapshot(t, f)); len(got) > 0 {
 		t.Errorf("changed %v", got)
+	}
+}
+
+// Earlier versions issued system:kelp-supervisor, a cluster-admin
+// credential nothing used; its files go at the next start.
+func TestEnsureRemovesRetiredCredential(t *testing.T) {
+	cfg := testConfig(t)
+	f, _ := run(t, cfg)
+	retired := []string{filepath.Join(cfg.Dir, "client-kelp-supervisor.crt"), filepath.Join(cfg.Dir, "client-kelp-supervisor.key")}
+	for _, p := range retired {
+		write(t, p, []byte("system:masters"))
+	}
+	before := snapshot(t, f)
+
+	_, hook := run(t, cfg)
+	for _, p := range retired {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s still exists (err %v)", p, err)
+		}
+	}
+	if got := changed(before, snapshot(t, f)); len(got) > 0 {
+		t.Errorf("changed %v", got)
+	}
+	var removed []string
+	for _, e := range infoEntries(hook) {
+		removed = append(removed, e.Data["file"].(string))
+	}
+	if !slices.Equal(removed, retired) {
+		t.Errorf("logged the removal of %v, want %v", removed, retired)
+	}
+}
+
+func TestFilesIn(t *testing.T) {
+	cfg := testConfig(t)
+	f, _ := run(t, cfg)
+	if got := FilesIn(cfg.Dir); got != f {
+		t.Errorf("FilesIn = %+v, want what Ensure returned, %+v", got, f)
+	}
+	if got, want := FilesIn("/tls").ServerCA, "/tls/server-ca.crt"; got != want {
+		t.Errorf("ServerCA = %s, want %s", got, want)
 	}
 }
 

@@ -19,10 +19,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	"github.com/kelp-dev/kelp/internal/nft"
-	"github.com/kelp-dev/kelp/internal/notify"
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 // coalesce is how long the proxy waits after a change for more before it
@@ -46,6 +49,10 @@ type Config struct {
 // Run programs the Services of the cluster until ctx ends: once all of
 // them at start, then again after every change.
 func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
+	return run(ctx, client, cfg, tamperCheck)
+}
+
+func run(ctx context.Context, client kubernetes.Interface, cfg Config, tamperCheck time.Duration) error {
 	conn, err := nft.New()
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
@@ -53,88 +60,84 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	services := factory.Core().V1().Services()
 	endpointSlices := factory.Discovery().V1().EndpointSlices()
-	changed := notify.New()
-	handler := changed.Handler()
-	if _, err := services.Informer().AddEventHandler(handler); err != nil {
-		return fmt.Errorf("proxy: %w", err)
-	}
-	if _, err := endpointSlices.Informer().AddEventHandler(handler); err != nil {
-		return fmt.Errorf("proxy: %w", err)
-	}
 	podFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Pods, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 	}))
 	pods := podFactory.Core().V1().Pods()
-	if _, err := pods.Informer().AddEventHandler(handler); err != nil {
+	p := &proxy{
+		cfg: cfg, conn: conn, health: newHealthServer(),
+		services: services.Lister(), endpointSlices: endpointSlices.Lister(), pods: pods.Lister(),
+	}
+	defer p.health.close()
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{
+			"services":       services.Informer(),
+			"endpointslices": endpointSlices.Informer(),
+			"pods":           pods.Informer(),
+		},
+		Coalesce: coalesce,
+		Resync:   tamperCheck,
+		Sync:     p.sync,
+	}.Run(ctx)
+}
+
+// proxy is the state of Run between syncs.
+type proxy struct {
+	cfg            Config
+	conn           *nftables.Conn
+	health         *healthServer
+	services       corelisters.ServiceLister
+	endpointSlices discoverylisters.EndpointSliceLister
+	pods           corelisters.PodLister
+	// applied is what the table holds, nil before the first programming
+	// and once someone else changed the table; chains is its count of
+	// chains then.
+	applied []Port
+	chains  int
+}
+
+// sync programs the ports of the Services and of this node's pods if they
+// changed; on the resync tick it only checks that the table is as it made
+// it, and programs it again if not.
+func (p *proxy) sync(_ context.Context, resync bool) error {
+	if resync {
+		// No table (-1) is never as it made it, even if it was gone by
+		// the time it counted its chains after programming.
+		if n := countChains(p.conn); n >= 0 && n == p.chains {
+			return nil
+		}
+		// Someone flushed the ruleset (a firewall reload, say).
+		log.Warnf("nftables table %s was changed by someone else; programming it again", Table)
+		p.applied = nil
+	}
+	svcs, err := p.services.List(labels.Everything())
+	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
 	}
-	for _, f := range []informers.SharedInformerFactory{factory, podFactory} {
-		f.Start(ctx.Done())
-		defer f.Shutdown()
-		for typ, synced := range f.WaitForCacheSync(ctx.Done()) {
-			if !synced {
-				return fmt.Errorf("proxy: %v not synced: %w", typ, ctx.Err())
-			}
-		}
+	eps, err := p.endpointSlices.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
 	}
-	health := newHealthServer()
-	defer health.close()
-	check := time.NewTicker(tamperCheck)
-	defer check.Stop()
-	var applied []Port
-	var chains int // in the table as applied
-	for {
-		svcs, err := services.Lister().List(labels.Everything())
-		if err != nil {
-			return fmt.Errorf("proxy: %w", err)
-		}
-		eps, err := endpointSlices.Lister().List(labels.Everything())
-		if err != nil {
-			return fmt.Errorf("proxy: %w", err)
-		}
-		nodePods, err := pods.Lister().List(labels.Everything())
-		if err != nil {
-			return fmt.Errorf("proxy: %w", err)
-		}
-		ports := append(Ports(svcs, eps, cfg.NodeName, cfg.ClusterDNS), HostPorts(nodePods)...)
-		if applied == nil || !reflect.DeepEqual(ports, applied) {
-			started := time.Now()
-			if err := Apply(conn, cfg.ClusterCIDR, ports); err != nil {
-				return err
-			}
-			if err := forget(staleUDPFlows(applied, ports)); err != nil {
-				log.WithError(err).Warn("could not forget UDP flows to removed endpoints")
-			}
-			applied = ports
-			chains = countChains(conn)
-			log.WithFields(logrus.Fields{"ports": len(ports), "took": time.Since(started).Round(time.Microsecond)}).Debug("programmed Services")
-		}
-		if err := health.update(HealthChecks(svcs, eps, cfg.NodeName)); err != nil {
-			log.WithError(err).Warn("could not serve a health check port")
-		}
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-changed.C():
-				break wait
-			case <-check.C:
-				// Someone flushed the ruleset (a firewall reload, say):
-				// program everything again.
-				if countChains(conn) != chains {
-					log.Warnf("nftables table %s was changed by someone else; programming it again", Table)
-					applied = nil
-					break wait
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(coalesce):
-		}
+	nodePods, err := p.pods.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
 	}
+	ports := append(Ports(svcs, eps, p.cfg.NodeName, p.cfg.ClusterDNS), HostPorts(nodePods)...)
+	if p.applied == nil || !reflect.DeepEqual(ports, p.applied) {
+		started := time.Now()
+		if err := Apply(p.conn, p.cfg.ClusterCIDR, ports); err != nil {
+			return err
+		}
+		if err := forget(staleUDPFlows(p.applied, ports)); err != nil {
+			log.WithError(err).Warn("could not forget UDP flows to removed endpoints")
+		}
+		p.applied, p.chains = ports, countChains(p.conn)
+		log.WithFields(logrus.Fields{"ports": len(ports), "took": time.Since(started).Round(time.Microsecond)}).Debug("programmed Services")
+	}
+	if err := p.health.update(HealthChecks(svcs, eps, p.cfg.NodeName)); err != nil {
+		log.WithError(err).Warn("could not serve a health check port")
+	}
+	return nil
 }
 
 // tamperCheck is how often the proxy checks that its table is still as it

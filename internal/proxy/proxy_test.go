@@ -1,16 +1,21 @@
 package proxy
 
 import (
+	"context"
 	"net/netip"
 	"reflect"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
 func service(name, ip string, typ corev1.ServiceType, ports ...corev1.ServicePort) *corev1.Service {
@@ -228,4 +233,72 @@ func TestPortsTrafficPolicies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRun follows Run through a new Service and a table deleted behind its
+// back, and checks it leaves the table in place.
+func TestRun(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		// Run keeps this thread; the test looks at the namespace from others.
+		c, err := nftables.New(nftables.WithNetNSFd(fd))
+		if err != nil {
+			t.Fatal(err)
+		}
+		http := corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}
+		client := fake.NewClientset(
+			service("web", "10.43.0.20", corev1.ServiceTypeClusterIP, http),
+			slice("web", "http", 8080, ep("10.42.0.7", nil)),
+		)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			defer cancel()
+			waitFor := func(what string, ok func(chains int) bool) bool {
+				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+					if ok(countChains(c)) {
+						return true
+					}
+				}
+				t.Errorf("%s: never happened; %d chains", what, countChains(c))
+				return false
+			}
+			if !waitFor("the table programmed", func(n int) bool { return n > 0 }) {
+				return
+			}
+			one := countChains(c)
+			if _, err := client.CoreV1().Services("default").Create(ctx,
+				service("api", "10.43.0.5", corev1.ServiceTypeClusterIP, http), metav1.CreateOptions{}); err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx,
+				slice("api", "http", 8080, ep("10.42.0.8", nil)), metav1.CreateOptions{}); err != nil {
+				t.Error(err)
+				return
+			}
+			if !waitFor("a new Service programmed", func(n int) bool { return n > one }) {
+				return
+			}
+			two := countChains(c)
+			c.DelTable(&nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4})
+			if err := c.Flush(); err != nil {
+				t.Error(err)
+				return
+			}
+			waitFor("the deleted table back", func(n int) bool { return n == two })
+		}()
+		cfg := Config{ClusterCIDR: netip.MustParsePrefix("10.42.0.0/16"), NodeName: "node-a", Pods: client}
+		if err := run(ctx, client, cfg, 50*time.Millisecond); err != nil {
+			t.Errorf("run: %v", err)
+		}
+		// Services keep working while kelp is stopped or restarts.
+		if countChains(c) <= 0 {
+			t.Error("after run: the table is gone; want it kept")
+		}
+	})
 }

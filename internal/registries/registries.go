@@ -13,6 +13,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/containerd"
 )
 
@@ -109,7 +110,7 @@ func (r Registries) WriteHosts(dir string) error {
 		if err := os.MkdirAll(sub, 0o700); err != nil {
 			return fmt.Errorf("registries: %w", err)
 		}
-		if err := os.WriteFile(filepath.Join(sub, "hosts.toml"), data, 0o600); err != nil {
+		if err := atomicfile.Write(filepath.Join(sub, "hosts.toml"), data, 0o600); err != nil {
 			return fmt.Errorf("registries: %w", err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 
 	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 )
 
 // securePort is where the scheduler serves /healthz, on loopback.
@@ -29,7 +30,7 @@ type Config struct {
 
 // Args returns the kube-scheduler command line for cfg.
 func Args(cfg Config) []string {
-	return component.Args(component.WithLeaderElection(map[string]string{
+	return kubeargs.Render(kubeargs.WithLeaderElection(map[string]string{
 		"kubeconfig":                cfg.Kubeconfig,
 		"authentication-kubeconfig": cfg.Kubeconfig,
 		"authorization-kubeconfig":  cfg.Kubeconfig,
@@ -39,14 +40,10 @@ func Args(cfg Config) []string {
 	}, cfg.LeaderElection), cfg.ExtraArgs)
 }
 
-// Start parses args the way the kube-scheduler command does and runs it
-// (see apiserver.Start for why not the cobra command).
-//
-// The scheduler exits the process when its context ends while it leads, so
-// the caller must not cancel ctx before it is ready to exit: kelp lets the
-// scheduler end with the process, after the apiserver and the datastore
-// have stopped.
-func Start(ctx context.Context, args []string) (*component.Running, error) {
+// Start parses the flags Args(cfg) the way the kube-scheduler command does
+// and runs it (see apiserver.Start for why not the cobra command). It is
+// ready once its /healthz answers ok (self-signed, loopback only).
+func Start(cfg Config) (*component.Running, error) {
 	opts := options.NewOptions()
 	fs := pflag.NewFlagSet("kube-scheduler", pflag.ContinueOnError)
 	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
@@ -54,22 +51,24 @@ func Start(ctx context.Context, args []string) (*component.Running, error) {
 	for _, f := range opts.Flags.FlagSets {
 		fs.AddFlagSet(f)
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(Args(cfg)); err != nil {
 		return nil, fmt.Errorf("kube-scheduler flags: %w (check --kube-scheduler-arg)", err)
 	}
 	if err := opts.ComponentGlobalsRegistry.Set(); err != nil {
 		return nil, fmt.Errorf("kube-scheduler feature gates: %w", err)
 	}
-	cc, sched, err := app.Setup(ctx, opts)
+	// The scheduler keeps what Setup builds, so it gets no deadline.
+	cc, sched, err := app.Setup(context.Background(), opts)
 	if err != nil {
 		return nil, fmt.Errorf("kube-scheduler setup: %w", err)
 	}
-	return component.Go(ctx, "kube-scheduler", func(ctx context.Context) error {
+	healthz := "https://127.0.0.1:" + securePort + "/healthz"
+	return component.Go("kube-scheduler", func(ctx context.Context) error {
 		return app.Run(ctx, cc, sched)
-	}), nil
-}
-
-// WaitReady blocks until /healthz answers ok (self-signed, loopback only).
-func WaitReady(ctx context.Context, r *component.Running) error {
-	return component.WaitHTTPS(ctx, r, "https://127.0.0.1:"+securePort+"/healthz", &tls.Config{InsecureSkipVerify: true})
+	},
+		component.ReadyWhen(component.GetOK(healthz, &tls.Config{InsecureSkipVerify: true})),
+		// It exits the process when its context ends while it leads, so
+		// it is never cancelled: it ends with the process, after the
+		// apiserver and the datastore have stopped.
+		component.LeaveRunning()), nil
 }

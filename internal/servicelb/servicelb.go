@@ -5,7 +5,6 @@ package servicelb
 
 import (
 	"context"
-	"fmt"
 	"reflect"
 	"slices"
 
@@ -18,7 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
-	"github.com/kelp-dev/kelp/internal/notify"
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 // EnableLabel set to "true" on some nodes limits load balancer addresses to
@@ -33,21 +32,7 @@ func Run(ctx context.Context, client kubernetes.Interface) error {
 	factory := informers.NewSharedInformerFactory(client, 0)
 	services := factory.Core().V1().Services()
 	nodes := factory.Core().V1().Nodes()
-	changed := notify.New()
-	handler := changed.Handler()
-	for _, inf := range []cache.SharedIndexInformer{services.Informer(), nodes.Informer()} {
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return fmt.Errorf("servicelb: %w", err)
-		}
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
-		if !synced {
-			return fmt.Errorf("servicelb: %v not synced: %w", typ, ctx.Err())
-		}
-	}
-	for {
+	sync := func(ctx context.Context, _ bool) error {
 		allNodes, err := nodes.Lister().List(labels.Everything())
 		if err != nil {
 			return err
@@ -68,12 +53,12 @@ func Run(ctx context.Context, client kubernetes.Interface) error {
 				log.WithError(err).WithField("service", svc.Namespace+"/"+svc.Name).Debug("update load balancer status")
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-changed.C():
-		}
+		return nil
 	}
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{"services": services.Informer(), "nodes": nodes.Informer()},
+		Sync:      sync,
+	}.Run(ctx)
 }
 
 // Ingress returns the load balancer ingress of every Service: the internal

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // TestLab makes a lab of three nodes without kelp and checks that the
@@ -50,6 +52,7 @@ func TestLab(t *testing.T) {
 		checkVXLAN(t, nodes[0], nodes[1])
 		checkGateway(t, nodes[0])
 		checkCgroups(t, nodes[0], nodes[1])
+		checkPrivateDirs(t, nodes[0], nodes[1])
 		orphan = startOrphan(t, nodes[2])
 	})
 
@@ -274,6 +277,33 @@ func checkCgroups(t *testing.T, n, other *Node) {
 		}
 		if out, err := other.Run(time.Minute, other.Command("ls", filepath.Join(h.mountpoint, "kubepods"))); err == nil {
 			t.Errorf("%s: %s sees the kubepods of %s: %s", h.mountpoint, other.Name, n.Name, out)
+		}
+	}
+}
+
+// checkPrivateDirs checks that what n writes where a node keeps state
+// outside its data dir, its pod logs say, neither other nor the machine
+// sees.
+func checkPrivateDirs(t *testing.T, n, other *Node) {
+	t.Helper()
+	dirs := []string{layout.RunDir, layout.NetnsDir, layout.KubeletRoot, layout.PodLogsDir, layout.ContainerLogsDir}
+	var files, write, look []string
+	for _, d := range dirs {
+		f := filepath.Join(d, "kelp-lab-"+n.Name)
+		files = append(files, f)
+		write = append(write, "echo "+n.Name+" > "+f)
+		look = append(look, "! test -e "+f)
+	}
+	if out, err := n.Run(time.Minute, n.Command("sh", "-c", strings.Join(write, " && "))); err != nil {
+		t.Fatalf("write to the private dirs of %s: %v\n%s", n.Name, err, out)
+	}
+	if out, err := other.Run(time.Minute, other.Command("sh", "-c", strings.Join(look, " && "))); err != nil {
+		t.Errorf("%s sees what %s wrote to %v: %v\n%s", other.Name, n.Name, dirs, err, out)
+	}
+	for _, f := range files {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("the machine sees %s, written in %s", f, n.Name)
+			_ = os.Remove(f)
 		}
 	}
 }

@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // NodeIP is the address a node made by NewNode has on its own bridge.
@@ -82,8 +84,10 @@ func Binary(t *testing.T) string {
 }
 
 // privateDirs are host paths a node writes to outside its data dir; each
-// node gets its own empty copy of them in its mount namespace.
-var privateDirs = []string{"/run/kelp", "/run/netns", "/var/lib/kubelet"}
+// node gets its own empty copy of them in its mount namespace. Pod logs
+// too: a kubelet's log housekeeping removes the files of pods it does not
+// know, another node's included.
+var privateDirs = []string{layout.RunDir, layout.NetnsDir, layout.KubeletRoot, layout.PodLogsDir, layout.ContainerLogsDir}
 
 // NewNode makes the namespaces of a node: loopback up and a bridge with
 // NodeIP, so kelp finds a node address as on a real machine, and private
@@ -253,7 +257,7 @@ func (n *Node) URL() string {
 // with. The node's mount namespace shares the test's temp dirs, so an
 // agent on another node reads it there.
 func (n *Node) TokenFile() string {
-	return filepath.Join(n.DataDir, "server", "token")
+	return layout.Server(n.DataDir).Token
 }
 
 // Kubectl runs kelp's kubectl against the node with args.

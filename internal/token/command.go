@@ -11,13 +11,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 // Command is `kelp token`: the join tokens of a server, run on it.
 func Command() *cli.Command {
 	flags := []cli.Flag{
-		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: "/var/lib/kelp", Usage: "data dir of the server"},
+		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server"},
 		&cli.StringFlag{Name: "kubeconfig", Usage: "admin kubeconfig (default: <data-dir>/server/cred/admin.kubeconfig)"},
 	}
 	return &cli.Command{
@@ -105,7 +106,7 @@ func Command() *cli.Command {
 							return err
 						}
 					}
-					t, err := Ensure(filepath.Join(dataDir, "server", "token"), ServerUser, secret, hash)
+					t, err := Ensure(layout.Server(dataDir).Token, ServerUser, secret, hash)
 					if err != nil {
 						return err
 					}
@@ -128,7 +129,7 @@ func tokenContext(c *cli.Context) (kubernetes.Interface, string, error) {
 	}
 	kubeconfig := c.String("kubeconfig")
 	if kubeconfig == "" {
-		kubeconfig = filepath.Join(dataDir, "server", "cred", "admin.kubeconfig")
+		kubeconfig = layout.Server(dataDir).AdminKubeconfig
 	}
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
@@ -139,7 +140,7 @@ func tokenContext(c *cli.Context) (kubernetes.Interface, string, error) {
 }
 
 func caHash(dataDir string) (string, error) {
-	path := filepath.Join(dataDir, "server", "tls", "server-ca.crt")
+	path := filepath.Join(layout.Server(dataDir).TLS, "server-ca.crt")
 	ca, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("read the cluster CA: %w (run kelp token on a server, with its --data-dir)", err)

@@ -1,6 +1,7 @@
 package token
 
 import (
+	"cmp"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -10,8 +11,12 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
+
+var log = logrus.WithField("component", "token")
 
 // prefix marks the full form and its version.
 const prefix = "KELP1"
@@ -80,19 +85,30 @@ func Equal(a, b string) bool {
 // writes one when there is none, or when the CA hash in it is stale, and
 // keeps the secret: want (from a flag) if set, else the file's, else a new
 // one. Changing the secret of a running cluster is `--token` with another
-// value.
+// value. An empty file counts as none: it is what a power cut during an
+// unsynced write leaves, and it holds no secret to keep.
 func Ensure(path, user, want, caHash string) (Token, error) {
 	data, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return Token{}, fmt.Errorf("read token %s: %w", path, err)
 	}
 	var have Token
-	if err == nil {
+	switch {
+	case err != nil:
+		// No file yet.
+	case strings.TrimSpace(string(data)) == "":
+		l := log.WithField("file", path)
+		if want != "" {
+			l.Warn("the token file is empty; writing it again from the configured token")
+		} else {
+			l.Warn("the token file is empty, its secret lost; writing a new one: nodes must join with the new token from this file, or start the server with the old secret as --token")
+		}
+	default:
 		if have, err = Parse(string(data), user); err != nil {
 			return Token{}, fmt.Errorf("token file %s: %w; remove it to make a new one", path, err)
 		}
 	}
-	secret := cmpOr(want, have.Secret)
+	secret := cmp.Or(want, have.Secret)
 	if secret == "" {
 		if secret, err = Random(); err != nil {
 			return Token{}, err
@@ -109,13 +125,6 @@ func Ensure(path, user, want, caHash string) (Token, error) {
 		return Token{}, err
 	}
 	return t, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func isHex(s string) bool {

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 )
 
 func TestParse(t *testing.T) {
@@ -67,4 +70,54 @@ func TestEnsure(t *testing.T) {
 	if _, err := Ensure(path, ServerUser, "", hashB); err == nil || !strings.Contains(err.Error(), "remove it") {
 		t.Errorf("a damaged file: %v", err)
 	}
+}
+
+// A power cut can leave a token file empty; the server must still start,
+// with the configured secret or a new one, and say so.
+func TestEnsureEmptyFile(t *testing.T) {
+	hash := strings.Repeat("a", 64)
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"empty, --token given", "", "given"},
+		{"whitespace, --token given", " \n\t", "given"},
+		{"empty, no --token", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hook := captureLog(t)
+			path := filepath.Join(t.TempDir(), "token")
+			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := Ensure(path, ServerUser, tc.want, hash)
+			if err != nil {
+				t.Fatalf("Ensure: %v", err)
+			}
+			if tc.want != "" && got.Secret != tc.want || tc.want == "" && len(got.Secret) != 32 {
+				t.Errorf("secret %q, want %q (or a new one)", got.Secret, tc.want)
+			}
+			data, _ := os.ReadFile(path)
+			if strings.TrimSpace(string(data)) != got.String() {
+				t.Errorf("file holds %q, want %q", data, got)
+			}
+			warned := false
+			for _, e := range hook.AllEntries() {
+				warned = warned || e.Level == logrus.WarnLevel && e.Data["file"] == path && strings.Contains(e.Message, "empty")
+			}
+			if !warned {
+				t.Errorf("no warning about the empty file; logged %v", hook.AllEntries())
+			}
+		})
+	}
+}
+
+// captureLog records what the package logs during the test.
+func captureLog(t *testing.T) *logtest.Hook {
+	t.Helper()
+	std := logrus.StandardLogger()
+	saved := std.ReplaceHooks(make(logrus.LevelHooks))
+	t.Cleanup(func() { std.ReplaceHooks(saved) })
+	hook := new(logtest.Hook)
+	std.AddHook(hook)
+	return hook
 }

@@ -1,8 +1,31 @@
-# Helpers the bench scripts share; sourced by them, not run.
+# shellcheck shell=bash
+# Helpers the bench scripts share; sourced by them, not run. The script
+# defines die MESSAGE (says it and exits) and KELP (the binary).
+
+# Where a node keeps state outside its data dir. Each node gets an empty
+# tmpfs over each of them in its mount namespace, as in the cluster tests
+# (internal/testcluster): two kelps on one machine must not share them, pod
+# logs neither, whose housekeeping removes the files of pods it does not know.
+readonly private_dirs=(/run/kelp /run/netns /var/lib/kubelet /var/log/pods /var/log/containers)
+
+# The nodes of a bench, by name ("server", "agent"): holder is the pid that
+# holds the node's namespaces, kelp_pid that of its kelp, and cg_procs the
+# cgroup.procs files a process joins to be in the node, for a node with
+# cgroups of its own.
+declare -A holder=() kelp_pid=() cg_procs=()
 
 now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
-secs() { awk -v ms="$1" 'BEGIN { printf "%.2f", ms / 1000 }'; }
+secs() { awk -v ms="$1" 'BEGIN { if (ms == "") print "-"; else printf "%.2f", ms / 1000 }'; }
+# median: of the numbers on stdin, one a line.
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# alive PID: the process runs and is not a zombie.
+alive() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [[ -n $stat && ${stat%% *} != [ZX] ]]
+}
 
 # build_test_image REPO DIR: the test image, testapp packed by the bundle's
 # image tool, as DIR/testapp.tar (docker.io/kelp-test/testapp:1.0).
@@ -12,20 +35,89 @@ build_test_image() {
     -name docker.io/kelp-test/testapp:1.0 -arch "$(go env GOARCH)" -out "$2/testapp.tar")
 }
 
-# start_node WORK: a network and mount namespace for one kelp node, like the
-# cluster tests': loopback, a bridge with 10.99.0.2, private /run/kelp,
-# /run/netns and /var/lib/kubelet. Sets holder to the pid that holds it.
+# start_node NODE WORK: a network and mount namespace for one kelp node, like
+# the cluster tests': loopback, a bridge with 10.99.0.2, and private_dirs of
+# its own. Sets holder[NODE].
 start_node() {
-  for d in /run/kelp /run/netns /var/lib/kubelet; do mkdir -p "$d"; done
-  mkfifo "$1/ready"
+  local d
+  for d in "${private_dirs[@]}"; do mkdir -p "$d"; done
+  mkfifo "$2/ready"
+  # shellcheck disable=SC2016 # expanded by sh
   unshare --net --mount --propagation private sh -ec '
     ip link set lo up
     ip link add kelp-lab type bridge
     ip addr add 10.99.0.2/24 dev kelp-lab
     ip link set kelp-lab up
-    for d in /run/kelp /run/netns /var/lib/kubelet; do mount -t tmpfs -o mode=0755 kelp-bench $d; done
+    for d; do mount -t tmpfs -o mode=0755 kelp-bench "$d"; done
     echo ready > "$0"
-    exec sleep infinity' "$1/ready" &
-  holder=$!
-  read -r _ <"$1/ready"
+    exec sleep infinity' "$2/ready" "${private_dirs[@]}" &
+  holder[$1]=$!
+  read -r _ <"$2/ready"
+}
+
+# Runs "$@" after moving itself into the cgroups listed in $1; the sh
+# execs, so the pid is the command's.
+# shellcheck disable=SC2016 # expanded by sh
+readonly join_cgroups='for f in $1; do echo $$ >"$f"; done; shift; exec "$@"'
+
+# enter_node NODE: sets enter to the command that runs what follows it in
+# the node's namespaces, and in its cgroups if it has its own: entering a
+# cgroup namespace moves no process, so the command joins the node's
+# cgroups first, or it would run outside the node's view.
+enter_node() {
+  enter=(nsenter --target "${holder[$1]}" --net --mount)
+  if [[ -n ${cg_procs[$1]:-} ]]; then
+    enter=(sh -c "$join_cgroups" kelp-bench-node "${cg_procs[$1]}" "${enter[@]}" --cgroup)
+  fi
+  enter+=(--)
+}
+
+# in_node NODE CMD...: runs CMD in the node.
+in_node() {
+  local enter
+  enter_node "$1"
+  shift
+  "${enter[@]}" "$@"
+}
+
+# launch NODE LOG ARGS...: starts `$KELP ARGS` in the node in the background,
+# its output to LOG, and sets kelp_pid[NODE]. sh and nsenter exec, so the
+# pid is kelp's own (a function run with & would be a subshell, which a
+# signal to it never reaches).
+launch() {
+  local node=$1 log=$2 enter
+  shift 2
+  enter_node "$node"
+  "${enter[@]}" "$KELP" "$@" >"$log" 2>&1 &
+  kelp_pid[$node]=$!
+}
+
+# stop_kelp NODE: SIGTERM to the node's kelp, SIGKILL if it is still there
+# after 30 s; reaps it and forgets it. Sets stop_rc to its exit status (137:
+# it was killed).
+# shellcheck disable=SC2034 # stop_rc is for the caller
+stop_kelp() {
+  local node=$1 pid=${kelp_pid[$1]} deadline
+  deadline=$(( $(now_ms) + 30000 ))
+  kill -TERM "$pid" 2>/dev/null || true
+  while alive "$pid" && (( $(now_ms) < deadline )); do sleep 0.05; done
+  if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+  stop_rc=0
+  wait "$pid" 2>/dev/null || stop_rc=$?
+  unset "kelp_pid[$node]"
+}
+
+# wait_for WHAT CMD...: polls CMD every 100 ms for up to 5 minutes; gives up
+# when a kelp of kelp_pid exits meanwhile.
+wait_for() {
+  local what=$1 node deadline
+  shift
+  deadline=$(( $(now_ms) + 300000 ))
+  until "$@" >/dev/null 2>&1; do
+    (( $(now_ms) < deadline )) || die "$what did not happen within 5 minutes"
+    for node in "${!kelp_pid[@]}"; do
+      alive "${kelp_pid[$node]}" || die "kelp on the $node exited while waiting for $what"
+    done
+    sleep 0.1
+  done
 }

@@ -1,0 +1,125 @@
+package component
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+)
+
+// ErrStopped ends a start-up that was asked to stop: not a failure.
+var ErrStopped = errors.New("stopped during start-up")
+
+// Group runs pieces started in order and stops them in reverse.
+type Group struct {
+	until        context.Context
+	readyTimeout time.Duration
+	stopReserve  time.Duration
+
+	pieces   []Component // in start order; only the goroutine that starts and stops touches it
+	failed   chan error  // fan-in of the pieces' Err, named
+	stopping chan struct{}
+	stopOnce sync.Once
+}
+
+// GroupOption changes a Group.
+type GroupOption func(*Group)
+
+// StopReserve keeps d of Stop's deadline for the first piece started,
+// which stops last: the datastore, which must close cleanly however long
+// the others took.
+func StopReserve(d time.Duration) GroupOption {
+	return func(g *Group) { g.stopReserve = d }
+}
+
+// NewGroup makes a Group whose start-up ends with ErrStopped once until
+// ends, and whose readiness waits each last at most readyTimeout.
+func NewGroup(until context.Context, readyTimeout time.Duration, opts ...GroupOption) *Group {
+	g := &Group{until: until, readyTimeout: readyTimeout, failed: make(chan error), stopping: make(chan struct{})}
+	for _, o := range opts {
+		o(g)
+	}
+	return g
+}
+
+// Start takes a piece from its constructor (a failed constructor's error
+// is returned as it is) and waits until the piece is ready. The wait ends
+// early with the error of any piece of the group that fails meanwhile, or
+// with ErrStopped when the group's context ends. Whatever Start returns,
+// the piece is the group's to stop.
+func (g *Group) Start(c Component, err error) error {
+	if err != nil {
+		return err
+	}
+	g.pieces = append(g.pieces, c)
+	go g.forward(c)
+	began := time.Now()
+	timeout := time.NewTimer(g.readyTimeout)
+	defer timeout.Stop()
+	select {
+	case <-c.Ready():
+		logrus.WithField("component", c.Name()).WithField("took", time.Since(began).Round(time.Millisecond)).Debug("ready")
+		return nil
+	case err := <-g.failed:
+		return err
+	case <-g.until.Done():
+		return ErrStopped
+	case <-timeout.C:
+		reason := ""
+		if nr, ok := c.(notReady); ok && nr.NotReady() != nil {
+			reason = fmt.Sprintf(" (last: %v)", nr.NotReady())
+		}
+		return fmt.Errorf("%s not ready after %s%s", c.Name(), g.readyTimeout, reason)
+	}
+}
+
+// Go starts fn as a piece of the group (see Go and Start).
+func (g *Group) Go(name string, fn func(context.Context) error, opts ...Option) error {
+	return g.Start(Go(name, fn, opts...), nil)
+}
+
+// forward passes c's failure, named, to whoever waits on the group.
+func (g *Group) forward(c Component) {
+	select {
+	case err := <-c.Err():
+		select {
+		case g.failed <- fmt.Errorf("%s: %w", c.Name(), err):
+		case <-g.stopping:
+		}
+	case <-g.stopping:
+	}
+}
+
+// Wait blocks until a piece fails, returning its error, or until the
+// group's context ends, returning nil.
+func (g *Group) Wait() error {
+	select {
+	case err := <-g.failed:
+		return err
+	case <-g.until.Done():
+		return nil
+	}
+}
+
+// Stop stops every piece, the last started first, within ctx. A piece that
+// does not stop in time does not keep the others from stopping. Errors
+// name their piece.
+func (g *Group) Stop(ctx context.Context) error {
+	g.stopOnce.Do(func() { close(g.stopping) })
+	var errs []error
+	for i := len(g.pieces) - 1; i >= 0; i-- {
+		c := g.pieces[i]
+		pieceCtx, cancel := ctx, context.CancelFunc(func() {})
+		if deadline, ok := ctx.Deadline(); ok && i > 0 && g.stopReserve > 0 {
+			pieceCtx, cancel = context.WithDeadline(ctx, deadline.Add(-g.stopReserve))
+		}
+		if err := c.Stop(pieceCtx); err != nil {
+			errs = append(errs, fmt.Errorf("stop %s: %w", c.Name(), err))
+		}
+		cancel()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,165 @@
+package component
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fake is a piece whose readiness, failure and stop the test controls.
+type fake struct {
+	name    string
+	ready   chan struct{}
+	errc    chan error
+	stopped func(name string)
+	stop    func(ctx context.Context) error
+}
+
+func newFake(name string, log func(string)) *fake {
+	return &fake{name: name, ready: make(chan struct{}), errc: make(chan error, 1), stopped: log}
+}
+
+func (f *fake) Name() string           { return f.name }
+func (f *fake) Ready() <-chan struct{} { return f.ready }
+func (f *fake) Err() <-chan error      { return f.errc }
+func (f *fake) NotReady() error        { return errors.New("still dialling") }
+func (f *fake) Stop(ctx context.Context) error {
+	f.stopped(f.name)
+	if f.stop != nil {
+		return f.stop(ctx)
+	}
+	return nil
+}
+
+type order struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (o *order) add(n string) { o.mu.Lock(); o.names = append(o.names, n); o.mu.Unlock() }
+
+func TestGroupStartsInOrderAndStopsInReverse(t *testing.T) {
+	var o order
+	g := NewGroup(context.Background(), time.Minute)
+	for _, name := range []string{"datastore", "apiserver", "kubelet"} {
+		f := newFake(name, o.add)
+		close(f.ready)
+		if err := g.Start(f, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(o.names, ","); got != "kubelet,apiserver,datastore" {
+		t.Errorf("stopped %s", got)
+	}
+}
+
+// The wait for one piece's readiness ends as soon as a piece started
+// before it fails, with that piece's error, not after the ready timeout.
+func TestGroupWatchesEarlierPiecesWhileWaiting(t *testing.T) {
+	var o order
+	g := NewGroup(context.Background(), time.Hour)
+	store := newFake("datastore", o.add)
+	close(store.ready)
+	if err := g.Start(store, nil); err != nil {
+		t.Fatal(err)
+	}
+	go func() { time.Sleep(50 * time.Millisecond); store.errc <- errors.New("database is locked") }()
+	began := time.Now()
+	err := g.Start(newFake("kube-controller-manager", o.add), nil)
+	if err == nil || err.Error() != "datastore: database is locked" {
+		t.Fatalf("got %v", err)
+	}
+	if time.Since(began) > 10*time.Second {
+		t.Error("the failure was seen only late")
+	}
+	_ = g.Stop(context.Background())
+	if got := strings.Join(o.names, ","); got != "kube-controller-manager,datastore" {
+		t.Errorf("a piece that never became ready must still be stopped: %s", got)
+	}
+}
+
+func TestGroupReadyTimeoutSaysWhy(t *testing.T) {
+	g := NewGroup(context.Background(), 50*time.Millisecond)
+	err := g.Start(newFake("kubelet", func(string) {}), nil)
+	if err == nil || !strings.Contains(err.Error(), "kubelet not ready after 50ms (last: still dialling)") {
+		t.Errorf("got %v", err)
+	}
+}
+
+func TestGroupStopAskedDuringStartUp(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	g := NewGroup(ctx, time.Hour)
+	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	if err := g.Start(newFake("apiserver", func(string) {}), nil); !errors.Is(err, ErrStopped) {
+		t.Errorf("got %v", err)
+	}
+	if err := g.Wait(); err != nil {
+		t.Errorf("Wait after the context ended: %v", err)
+	}
+}
+
+func TestGroupConstructorError(t *testing.T) {
+	g := NewGroup(context.Background(), time.Minute)
+	want := errors.New("kube-apiserver flags: unknown flag --nope")
+	if err := g.Start((*fake)(nil), want); err != want {
+		t.Errorf("got %v", err)
+	}
+	if err := g.Stop(context.Background()); err != nil {
+		t.Errorf("nothing was started, nothing to stop: %v", err)
+	}
+}
+
+func TestGroupWaitFansInFailures(t *testing.T) {
+	g := NewGroup(context.Background(), time.Minute)
+	var pieces []*fake
+	for _, name := range []string{"a", "b", "c"} {
+		f := newFake(name, func(string) {})
+		close(f.ready)
+		pieces = append(pieces, f)
+		if err := g.Start(f, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pieces[1].errc <- errors.New("crashed")
+	if err := g.Wait(); err == nil || err.Error() != "b: crashed" {
+		t.Errorf("got %v", err)
+	}
+	pieces[2].errc <- errors.New("also crashed") // nobody listens: Stop must not hang
+	if err := g.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGroupStopIsBoundedAndKeepsTheReserve(t *testing.T) {
+	g := NewGroup(context.Background(), time.Minute, StopReserve(time.Second))
+	var storeHad time.Duration
+	store := newFake("datastore", func(string) {})
+	store.stop = func(ctx context.Context) error {
+		d, _ := ctx.Deadline()
+		storeHad = time.Until(d)
+		return nil
+	}
+	stuck := newFake("stuck", func(string) {})
+	stuck.stop = func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+	for _, f := range []*fake{store, stuck} {
+		close(f.ready)
+		if err := g.Start(f, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	err := g.Stop(ctx)
+	if err == nil || !strings.Contains(err.Error(), "stop stuck:") {
+		t.Errorf("got %v", err)
+	}
+	if storeHad < 800*time.Millisecond {
+		t.Errorf("the first piece had %s left to stop, want about its 1s reserve", storeHad)
+	}
+}

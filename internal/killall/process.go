@@ -1,0 +1,285 @@
+package killall
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kelp-dev/kelp/internal/layout"
+)
+
+// kelpProgram is the main package of the kelp binary, as its Go build info
+// names it.
+const kelpProgram = "github.com/kelp-dev/kelp"
+
+// shimBinary is the runc shim of the bundle; shims detach from containerd
+// and must be found on their own.
+const shimBinary = "containerd-shim-runc-v2"
+
+// deleted is what the kernel appends to /proc/PID/exe once the file a
+// process runs was replaced (an upgrade, a rebuild) or removed.
+const deleted = " (deleted)"
+
+// The environment variables kelp reads its data dir and config file from.
+const (
+	dataDirEnv    = "KELP_DATA_DIR"
+	configFileEnv = "KELP_CONFIG_FILE"
+)
+
+// A process is one row of the process table, as /proc shows it.
+type process struct {
+	pid, ppid int
+	mountNS   string // target of /proc/PID/ns/mnt
+	exe       string // target of /proc/PID/exe, maybe ending in deleted
+	// program is the main package in the Go build info of the file the
+	// process runs; "" if it is not Go. The kernel keeps the file readable
+	// through /proc/PID/exe after it was replaced, so a kelp that was
+	// upgraded under its feet is still known as kelp.
+	program string
+	cmdline []string
+	environ []string
+	cwd     string // for a relative --config
+}
+
+// owner says whose a process is.
+type owner int
+
+const (
+	nobody owner = iota
+	// thisNode: a process of the node killall stops.
+	thisNode
+	// otherNode: containerd or a shim of a kelp node with another data dir.
+	// Such a node uses what one machine (one mount namespace) has once:
+	// /run/kelp, the kubelet root, the pod network and kubepods.
+	otherNode
+)
+
+// A classifier tells the processes of the kelp node with one data dir from
+// the rest.
+type classifier struct {
+	dataDir string // absolute, symlinks resolved
+	root    fs.FS  // the file system, at "/": kelp's config files
+	// resolve returns path with its symlinks resolved, or path itself
+	// when it cannot: the kernel shows a shim's file by its real path,
+	// and a data dir may be reached through a link.
+	resolve func(path string) string
+}
+
+// A plan is what killall does with the processes of the machine.
+type plan struct {
+	// kill: the node's processes (kelp server or agent, containerd and the
+	// shims), all they started, and what is left in the pod cgroups.
+	kill []int
+	// others: containerd and shims of other data dirs. What a machine
+	// holds once is theirs, and killall leaves it alone.
+	others []int
+}
+
+// plan picks the processes to kill: the node's processes in the mount
+// namespace of killall (self), never killall itself, and their
+// descendants, the containers too. pods are the processes in the
+// machine's pod cgroups, which may have outlived their shims; they are
+// killed only when no other node runs here. A kelp server or agent whose
+// data dir cannot be told is left running and reported.
+func (c classifier) plan(procs []process, self int, pods []int) (plan, error) {
+	i := slices.IndexFunc(procs, func(p process) bool { return p.pid == self })
+	if i < 0 {
+		return plan{}, fmt.Errorf("process %d (kelp killall) is not in the process table", self)
+	}
+	ownNS := procs[i].mountNS
+	children := map[int][]int{}
+	for _, p := range procs {
+		children[p.ppid] = append(children[p.ppid], p.pid)
+	}
+	kill := map[int]bool{}
+	var walk func(int)
+	walk = func(pid int) {
+		if kill[pid] || pid == self {
+			return
+		}
+		kill[pid] = true
+		for _, child := range children[pid] {
+			walk(child)
+		}
+	}
+	var out plan
+	var errs []error
+	for _, p := range procs {
+		if p.pid == self || p.mountNS != ownNS {
+			continue
+		}
+		switch o, err := c.ownerOf(p); {
+		case err != nil:
+			errs = append(errs, err)
+		case o == thisNode:
+			walk(p.pid)
+		case o == otherNode:
+			out.others = append(out.others, p.pid)
+		}
+	}
+	if len(out.others) == 0 {
+		for _, pid := range pods {
+			walk(pid)
+		}
+	}
+	out.kill = slices.Sorted(maps.Keys(kill))
+	return out, errors.Join(errs...)
+}
+
+// ownerOf tells whose p is.
+func (c classifier) ownerOf(p process) (owner, error) {
+	if filepath.Base(strings.TrimSuffix(p.exe, deleted)) == shimBinary {
+		return c.shimOwner(p), nil
+	}
+	if p.program != kelpProgram || len(p.cmdline) < 2 {
+		return nobody, nil
+	}
+	// kelp has no global flags a node runs with: its subcommand comes first.
+	switch sub, args := p.cmdline[1], p.cmdline[2:]; sub {
+	case "server", "agent":
+		dir, err := c.dataDirOf(p, args)
+		if err != nil {
+			return nobody, fmt.Errorf("kelp %s (pid %d): %w; stop it yourself if it is this node's", sub, p.pid, err)
+		}
+		// kelp refuses a relative data dir, so none runs with one.
+		if filepath.IsAbs(dir) && c.resolve(filepath.Clean(dir)) == c.dataDir {
+			return thisNode, nil
+		}
+	case "containerd":
+		// kelp starts containerd with --config <data-dir>/agent/etc/…
+		// (internal/containerd.Supervise).
+		config := last(flagValues(args, "--config", "-config", "--c", "-c"))
+		if config == "" {
+			return nobody, nil
+		}
+		if c.resolve(config) == c.resolve(layout.Agent(c.dataDir).ContainerdConfig) {
+			return thisNode, nil
+		}
+		return otherNode, nil
+	}
+	return nobody, nil
+}
+
+// shimOwner tells whose a runc shim is. A node's containerd runs the shim
+// of the bundle staged in its data dir; a shim of another containerd on
+// kelp's socket is another node's, and shims of other containerds (the
+// machine's own, Docker's) are nobody's.
+func (c classifier) shimOwner(p process) owner {
+	exe := strings.TrimSuffix(p.exe, deleted)
+	if strings.HasPrefix(exe, c.resolve(layout.BundleDir(c.dataDir))+"/") {
+		return thisNode
+	}
+	if len(p.cmdline) > 0 && last(flagValues(p.cmdline[1:], "-address", "--address")) == layout.ContainerdAddress {
+		return otherNode
+	}
+	return nobody
+}
+
+// dataDirOf finds the data dir of a kelp server or agent with args (after
+// its subcommand) as kelp does: --data-dir, else KELP_DATA_DIR, else the
+// config file, else the default.
+func (c classifier) dataDirOf(p process, args []string) (string, error) {
+	if dir := last(flagValues(args, "--data-dir", "-data-dir", "--d", "-d")); dir != "" {
+		return dir, nil
+	}
+	if dir, ok := getenv(p.environ, dataDirEnv); ok {
+		return dir, nil
+	}
+	// As config.WithFileArgs finds the file: the first --config, then the
+	// environment, then the default, which alone may be missing.
+	path, explicit := layout.ConfigFile, true
+	if v := flagValues(args, "--config", "-config", "-c"); len(v) > 0 {
+		path = v[0]
+	} else if v, _ := getenv(p.environ, configFileEnv); v != "" {
+		path = v
+	} else {
+		explicit = false
+	}
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(p.cwd, path)
+	}
+	dir, err := c.configDataDir(filepath.Clean(path), explicit)
+	if err != nil || dir != "" {
+		return dir, err
+	}
+	return layout.DefaultDataDir, nil
+}
+
+// configDataDir is the data-dir that the config file at path and its
+// drop-ins (path.d/*.yaml, later ones win) set, or "".
+func (c classifier) configDataDir(path string, explicit bool) (string, error) {
+	name := strings.TrimPrefix(path, "/")
+	files := []string{name}
+	if _, err := fs.Stat(c.root, name); errors.Is(err, fs.ErrNotExist) && !explicit {
+		files = nil
+	}
+	dropIns, err := fs.Glob(c.root, name+".d/*.yaml")
+	if err != nil {
+		return "", fmt.Errorf("config directory %s.d: %w", path, err)
+	}
+	sort.Strings(dropIns)
+	var dir string
+	for _, f := range append(files, dropIns...) {
+		data, err := fs.ReadFile(c.root, f)
+		if err != nil {
+			return "", fmt.Errorf("read config file /%s: %w", f, err)
+		}
+		var doc struct {
+			DataDir *string `yaml:"data-dir"`
+		}
+		if err := yaml.Unmarshal(data, &doc); err != nil {
+			return "", fmt.Errorf("config file /%s: %w", f, err)
+		}
+		if doc.DataDir != nil {
+			dir = *doc.DataDir
+		}
+	}
+	return dir, nil
+}
+
+// flagValues returns the values args give a flag spelled one of spellings
+// (urfave/cli, like Go's flag package, takes "-name" and "--name"), as
+// "--name=value" or "--name value", in order, up to "--".
+func flagValues(args []string, spellings ...string) []string {
+	var values []string
+	for i := 0; i < len(args) && args[i] != "--"; i++ {
+		for _, s := range spellings {
+			if args[i] == s && i+1 < len(args) {
+				i++
+				values = append(values, args[i])
+				break
+			}
+			if v, ok := strings.CutPrefix(args[i], s+"="); ok {
+				values = append(values, v)
+				break
+			}
+		}
+	}
+	return values
+}
+
+// last is the value that wins when a flag is given more than once.
+func last(values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	return values[len(values)-1]
+}
+
+// getenv looks key up in environ as Go's os.LookupEnv does in the process
+// that has it: the first definition wins.
+func getenv(environ []string, key string) (string, bool) {
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}

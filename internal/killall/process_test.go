@@ -1,0 +1,382 @@
+package killall
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+)
+
+const (
+	hostNS  = "mnt:[4026531841]"
+	otherNS = "mnt:[4026532000]" // a container's, or a test node's
+	self    = 100
+)
+
+// kelp is a process running the kelp binary at /usr/local/bin/kelp.
+func kelp(pid, ppid int, args ...string) process {
+	return process{pid: pid, ppid: ppid, mountNS: hostNS, exe: "/usr/local/bin/kelp", program: kelpProgram,
+		cmdline: append([]string{"kelp"}, args...), cwd: "/root"}
+}
+
+// shim is a runc shim from exe on the containerd socket address.
+func shim(pid int, exe, address string) process {
+	return process{pid: pid, ppid: 1, mountNS: hostNS, exe: exe,
+		cmdline: []string{exe, "-namespace", "k8s.io", "-id", "abc", "-address", address}}
+}
+
+// container is a process of a container, in a mount namespace of its own.
+func container(pid, ppid int) process {
+	return process{pid: pid, ppid: ppid, mountNS: otherNS, exe: "/pause", cmdline: []string{"/pause"}}
+}
+
+func replaced(p process) process {
+	p.exe += deleted
+	return p
+}
+
+func withEnv(p process, env ...string) process {
+	p.environ = env
+	return p
+}
+
+func inNS(p process, ns string) process {
+	p.mountNS = ns
+	return p
+}
+
+// machine is the process table every case starts from: init, kelp
+// killall itself, and a user's `kelp kubectl get pods -w` in another
+// terminal.
+func machine(procs ...process) []process {
+	return append([]process{
+		{pid: 1, mountNS: hostNS, exe: "/usr/lib/systemd/systemd", cmdline: []string{"/sbin/init"}},
+		kelp(self, 50, "killall", "--data-dir", "/var/lib/kelp"),
+		kelp(60, 50, "kubectl", "get", "pods", "-w"),
+		{pid: 50, ppid: 1, mountNS: hostNS, exe: "/usr/bin/bash", cmdline: []string{"-bash"}},
+	}, procs...)
+}
+
+const ownShim = "/var/lib/kelp/data/1f2e/bin/containerd-shim-runc-v2"
+
+func TestPlan(t *testing.T) {
+	node := []process{
+		kelp(200, 1, "server", "--data-dir", "/var/lib/kelp"),
+		kelp(201, 200, "containerd", "--config", "/var/lib/kelp/agent/etc/containerd/config.toml"),
+		shim(300, ownShim, "/run/kelp/containerd/containerd.sock"),
+		container(301, 300),
+		container(302, 301),
+	}
+	other := []process{
+		kelp(500, 1, "agent", "--data-dir", "/srv/kelp", "--server", "https://10.0.0.1:6443"),
+		kelp(501, 500, "containerd", "--config", "/srv/kelp/agent/etc/containerd/config.toml"),
+		shim(502, "/srv/kelp/data/9a9a/bin/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock"),
+		container(503, 502),
+	}
+	for _, tc := range []struct {
+		name       string
+		dataDir    string
+		procs      []process
+		pods       []int
+		files      fstest.MapFS
+		resolve    map[string]string
+		kill, rest []int // rest: others in the plan
+		err        string
+	}{
+		{
+			name:    "the node, its containers and what is left in the pod cgroups",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(append(node, container(700, 1), container(701, 700))...),
+			pods:    []int{302, 700},
+			kill:    []int{200, 201, 300, 301, 302, 700, 701},
+		},
+		{
+			name:    "binaries replaced by an upgrade, old bundle removed",
+			dataDir: "/var/lib/kelp",
+			procs: machine(replaced(node[0]), replaced(node[1]), replaced(node[2]), node[3],
+				// The same kelp, installed elsewhere.
+				process{pid: 210, ppid: 1, mountNS: hostNS, exe: "/opt/kelp-1.2/kelp" + deleted, program: kelpProgram,
+					cmdline: []string{"/opt/kelp-1.2/kelp", "agent", "-d=/var/lib/kelp"}}),
+			kill: []int{200, 201, 210, 300, 301},
+		},
+		{
+			name:    "another data dir's node and its pods are left alone",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(other...),
+			pods:    []int{503},
+			rest:    []int{501, 502},
+		},
+		{
+			name:    "both: this node's processes only",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(append(slices.Clone(node), other...)...),
+			pods:    []int{302, 503},
+			kill:    []int{200, 201, 300, 301, 302},
+			rest:    []int{501, 502},
+		},
+		{
+			name:    "a control plane of another data dir does not hold the machine",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(kelp(510, 1, "server", "--disable-agent", "--data-dir=/tmp/cp")),
+			pods:    []int{700},
+			kill:    []int{700},
+		},
+		{
+			name:    "a server of the data dir in another mount namespace (a test node)",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(inNS(node[0], otherNS)),
+		},
+		{
+			name:    "shims of the machine's own containerd",
+			dataDir: "/var/lib/kelp",
+			procs: machine(shim(600, "/usr/bin/containerd-shim-runc-v2", "/run/containerd/containerd.sock"),
+				container(601, 600)),
+		},
+		{
+			name:    "spellings of the data dir and of the flag",
+			dataDir: "/var/lib/kelp",
+			procs: machine(
+				kelp(200, 1, "server", "--data-dir=/var/lib//kelp/"),
+				kelp(201, 1, "agent", "-d", "/var/lib/kelp"),
+				kelp(202, 1, "agent", "--d=/var/lib/kelp"),
+				// Later flags win, as in urfave/cli.
+				kelp(203, 1, "server", "--data-dir", "/srv/kelp", "--data-dir", "/var/lib/kelp"),
+				kelp(204, 1, "server", "--data-dir", "/var/lib/kelp", "--data-dir", "/srv/kelp"),
+				// kelp refuses a relative data dir, whatever its cwd.
+				kelp(205, 1, "server", "--data-dir", "kelp"),
+				// Not a node: flags of a tool that look alike.
+				kelp(206, 1, "crictl", "--data-dir", "/var/lib/kelp"),
+				kelp(207, 1, "token", "list", "-d", "/var/lib/kelp"),
+			),
+			kill: []int{200, 201, 202, 203},
+		},
+		{
+			name:    "data dir from the environment, the config file and the default",
+			dataDir: "/var/lib/kelp",
+			procs: machine(
+				withEnv(kelp(200, 1, "server"), "KELP_DATA_DIR=/var/lib/kelp", "KELP_DATA_DIR=/srv/kelp"),
+				withEnv(kelp(201, 1, "server", "--data-dir", "/srv/kelp"), "KELP_DATA_DIR=/var/lib/kelp"),
+				kelp(202, 1, "agent", "--config", "/etc/kelp/agent.yaml"),
+				withEnv(kelp(203, 1, "agent"), "KELP_CONFIG_FILE=/etc/kelp/agent.yaml"),
+				// The environment beats the file.
+				withEnv(kelp(204, 1, "agent", "-c", "/etc/kelp/agent.yaml"), "KELP_DATA_DIR=/srv/kelp"),
+				// Relative to the process's working directory.
+				kelp(205, 1, "agent", "-c=etc/kelp.yaml"),
+				// A drop-in overrides the file.
+				kelp(206, 1, "server", "--config", "/etc/kelp/other.yaml"),
+				// No data dir anywhere: the default.
+				kelp(207, 1, "server", "--token", "x"),
+			),
+			files: fstest.MapFS{
+				"etc/kelp/agent.yaml":                  {Data: []byte("server: https://10.0.0.1:6443\ndata-dir: /var/lib/kelp\n")},
+				"root/etc/kelp.yaml":                   {Data: []byte("data-dir: /var/lib/kelp\n")},
+				"etc/kelp/other.yaml":                  {Data: []byte("data-dir: /srv/kelp\n")},
+				"etc/kelp/other.yaml.d/10-move.yaml":   {Data: []byte("data-dir: /var/lib/kelp\n")},
+				"etc/kelp/other.yaml.d/20-labels.yaml": {Data: []byte("node-label: [a=b]\n")},
+			},
+			kill: []int{200, 202, 203, 205, 206, 207},
+		},
+		{
+			name:    "the default config file moves the default data dir",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(kelp(200, 1, "server")),
+			files:   fstest.MapFS{"etc/kelp/config.yaml": {Data: []byte("data-dir: /srv/kelp\n")}},
+		},
+		{
+			name:    "a server whose config file is gone is reported, not killed",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(kelp(200, 1, "server", "--config", "/etc/kelp/gone.yaml"), node[1]),
+			kill:    []int{201},
+			err:     "kelp server (pid 200): read config file /etc/kelp/gone.yaml",
+		},
+		{
+			name:    "a data dir reached through a symlink",
+			dataDir: "/data/kelp", // killall's, resolved
+			procs: machine(
+				kelp(200, 1, "server", "--data-dir", "/var/lib/kelp"),
+				kelp(201, 200, "containerd", "--config", "/var/lib/kelp/agent/etc/containerd/config.toml"),
+				// The kernel shows the file by its real path.
+				shim(300, "/data/kelp/data/1f2e/bin/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock"),
+			),
+			resolve: map[string]string{
+				"/var/lib/kelp": "/data/kelp",
+				"/var/lib/kelp/agent/etc/containerd/config.toml": "/data/kelp/agent/etc/containerd/config.toml",
+			},
+			kill: []int{200, 201, 300},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := classifier{dataDir: tc.dataDir, root: tc.files, resolve: func(p string) string {
+				if r, ok := tc.resolve[p]; ok {
+					return r
+				}
+				return p
+			}}
+			if c.root == nil {
+				c.root = fstest.MapFS{}
+			}
+			got, err := c.plan(tc.procs, self, tc.pods)
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("error %v, want %q", err, tc.err)
+			}
+			if !slices.Equal(got.kill, tc.kill) {
+				t.Errorf("kill %v, want %v", got.kill, tc.kill)
+			}
+			if !slices.Equal(got.others, tc.rest) {
+				t.Errorf("others %v, want %v", got.others, tc.rest)
+			}
+		})
+	}
+}
+
+func TestPlanWithoutSelf(t *testing.T) {
+	c := classifier{dataDir: "/var/lib/kelp", root: fstest.MapFS{}, resolve: func(p string) string { return p }}
+	procs := slices.DeleteFunc(machine(), func(p process) bool { return p.pid == self })
+	if _, err := c.plan(procs, self, nil); err == nil {
+		t.Error("a table without killall itself: no error")
+	}
+}
+
+// TestNewClassifier: a relative --data-dir names the directory below the
+// current one, and symlinks in it are resolved.
+func TestNewClassifier(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "disk", "kelp")
+	if err := os.MkdirAll(real, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join("disk", "kelp"), filepath.Join(dir, "kelp")); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := filepath.EvalSymlinks(dir) // the temp dir may be below a link itself
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	for _, given := range []string{"kelp", "./kelp/", filepath.Join(dir, "kelp"), filepath.Join(dir, "disk", "kelp")} {
+		c, err := newClassifier(given)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(dir, "disk", "kelp"); c.dataDir != want {
+			t.Errorf("data dir %q: %q, want %q", given, c.dataDir, want)
+		}
+		p := kelp(200, 1, "server", "--data-dir", filepath.Join(dir, "kelp"))
+		if o, err := c.ownerOf(p); o != thisNode || err != nil {
+			t.Errorf("data dir %q: a server with --data-dir %s is %v, %v; want this node's", given, filepath.Join(dir, "kelp"), o, err)
+		}
+	}
+}
+
+func TestPodCgroups(t *testing.T) {
+	mkdirs := func(t *testing.T, root string, dirs ...string) {
+		for _, d := range dirs {
+			if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Run("v1", func(t *testing.T) {
+		root := t.TempDir()
+		mkdirs(t, root, "memory/kubepods/pod1", "cpu,cpuacct/kubepods", "systemd/kubepods.slice", "pids/user.slice/kelp-test-a-1/kubepods")
+		want := []string{filepath.Join(root, "cpu,cpuacct/kubepods"), filepath.Join(root, "memory/kubepods"), filepath.Join(root, "systemd/kubepods.slice")}
+		if got := podCgroups(root); !slices.Equal(got, want) {
+			t.Errorf("podCgroups = %q, want %q", got, want)
+		}
+	})
+	t.Run("unified", func(t *testing.T) {
+		root := t.TempDir()
+		mkdirs(t, root, "kubepods/pod1", "kelp-test-a-1/kubepods", "system.slice")
+		if err := os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("cpu memory pids\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// A test node's kubepods is not this machine's.
+		if got, want := podCgroups(root), []string{filepath.Join(root, "kubepods")}; !slices.Equal(got, want) {
+			t.Errorf("podCgroups = %q, want %q", got, want)
+		}
+	})
+}
+
+// TestMain lets a test start a copy of the test binary that only sleeps:
+// a process whose file can be replaced under it.
+func TestMain(m *testing.M) {
+	if os.Getenv("KILLALL_TEST_SLEEP") != "" {
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestReadReplacedBinary reads a process whose binary was replaced, as an
+// upgrade does it: it is still known by its build info.
+func TestReadReplacedBinary(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "kelp")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "server", "--data-dir", "/var/lib/kelp")
+	cmd.Env = append(os.Environ(), "KILLALL_TEST_SLEEP=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	if err := os.WriteFile(bin+".new", data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(bin+".new", bin); err != nil {
+		t.Fatal(err)
+	}
+	p, ok := readProcess(cmd.Process.Pid)
+	if !ok {
+		t.Fatal("the process is not in /proc")
+	}
+	info, _ := debug.ReadBuildInfo()
+	if p.exe != bin+deleted || p.program != info.Path || p.ppid != os.Getpid() {
+		t.Errorf("exe %q, program %q, parent %d; want %q, %q, %d", p.exe, p.program, p.ppid, bin+deleted, info.Path, os.Getpid())
+	}
+	if want := []string{bin, "server", "--data-dir", "/var/lib/kelp"}; !slices.Equal(p.cmdline, want) {
+		t.Errorf("cmdline %q, want %q", p.cmdline, want)
+	}
+	if v, ok := getenv(p.environ, "KILLALL_TEST_SLEEP"); v != "1" || !ok {
+		t.Errorf("environ %q has no KILLALL_TEST_SLEEP=1", p.environ)
+	}
+	if own, _ := os.Readlink("/proc/self/ns/mnt"); p.mountNS != own {
+		t.Errorf("mount namespace %q, want %q", p.mountNS, own)
+	}
+	if _, ok := readProcess(1 << 30); ok {
+		t.Error("a process that does not exist was read")
+	}
+}
+
+// TestPlanOnThisMachine reads the real process table: no process belongs
+// to a data dir nothing uses.
+func TestPlanOnThisMachine(t *testing.T) {
+	c, err := newClassifier(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := readProcesses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.plan(procs, os.Getpid(), nil)
+	if err != nil || len(p.kill) > 0 {
+		t.Errorf("plan kills %v (error %v), want nothing", p.kill, err)
+	}
+}

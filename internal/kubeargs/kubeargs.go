@@ -1,0 +1,51 @@
+// Package kubeargs renders the command lines of the upstream Kubernetes
+// components kelp runs in-process: kelp's defaults, then the user's
+// --kube-*-arg extras, which win.
+package kubeargs
+
+import (
+	"sort"
+	"strings"
+)
+
+// WithLeaderElection adds kelp's leader election settings to the flags of
+// the controller-manager or the scheduler. Without enabled (a datastore no
+// second server can share, like SQLite) there is nobody to elect, and no
+// lease to renew. Otherwise: upstream renews every 2 s, which costs most of
+// an idle server's disk writes; kelp renews every 10 s and lets a standby
+// take over after 60 s of silence. A restarted server does not wait that
+// long: it releases the leases its previous run held.
+func WithLeaderElection(flags map[string]string, enabled bool) map[string]string {
+	if !enabled {
+		flags["leader-elect"] = "false"
+		return flags
+	}
+	flags["leader-elect"] = "true"
+	flags["leader-elect-lease-duration"] = "60s"
+	flags["leader-elect-renew-deadline"] = "40s"
+	flags["leader-elect-retry-period"] = "10s"
+	return flags
+}
+
+// Render returns flags for an upstream component: defaults, overridden by
+// the user's "name=value" extras (a later extra wins), sorted by name.
+func Render(defaults map[string]string, extra []string) []string {
+	merged := make(map[string]string, len(defaults)+len(extra))
+	for k, v := range defaults {
+		merged[k] = v
+	}
+	for _, e := range extra {
+		name, value, _ := strings.Cut(strings.TrimLeft(e, "-"), "=")
+		merged[name] = value
+	}
+	names := make([]string, 0, len(merged))
+	for k := range merged {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	out := make([]string, 0, len(names))
+	for _, k := range names {
+		out = append(out, "--"+k+"="+merged[k])
+	}
+	return out
+}

@@ -1,0 +1,208 @@
+package systemobjects
+
+import (
+	"context"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+var withDNS = Config{DNS: true, ClusterDNS: netip.MustParseAddr("10.43.0.10")}
+
+// objects are every object of the kinds kelp applies, by "Kind namespace/name".
+func objects(t *testing.T, c kubernetes.Interface) map[string]metav1.Object {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]metav1.Object{}
+	add := func(kind string, o metav1.Object) { out[kind+" "+o.GetNamespace()+"/"+o.GetName()] = o }
+	crs, err := c.RbacV1().ClusterRoles().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range crs.Items {
+		add("ClusterRole", &crs.Items[i])
+	}
+	crbs, err := c.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range crbs.Items {
+		add("ClusterRoleBinding", &crbs.Items[i])
+	}
+	roles, err := c.RbacV1().Roles("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range roles.Items {
+		add("Role", &roles.Items[i])
+	}
+	rbs, err := c.RbacV1().RoleBindings("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range rbs.Items {
+		add("RoleBinding", &rbs.Items[i])
+	}
+	services, err := c.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range services.Items {
+		add("Service", &services.Items[i])
+	}
+	return out
+}
+
+func keys(m map[string]metav1.Object) []string {
+	var k []string
+	for key := range m {
+		k = append(k, key)
+	}
+	sort.Strings(k)
+	return k
+}
+
+var nodesRule = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}}
+
+// An older kelp created system:kelp-controller before the overlay needed
+// Nodes; after an upgrade the role must carry the new rule, or the
+// overlay cannot list or patch Nodes.
+func TestApplyUpgradesAnOlderClusterRole(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	old := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: controllerUser},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"list", "watch"}},
+		},
+	}
+	// The older kelp created it as "kelp", its user agent, with a create:
+	// to the apiserver another manager than kelp's apply.
+	if _, err := c.RbacV1().ClusterRoles().Create(ctx, old, metav1.CreateOptions{FieldManager: "kelp"}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := Apply(ctx, c, withDNS); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+
+	got, err := c.RbacV1().ClusterRoles().Get(ctx, controllerUser, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(got.Rules, func(r rbacv1.PolicyRule) bool { return reflect.DeepEqual(r, nodesRule) }) {
+		t.Errorf("ClusterRole %s after Apply has rules %+v, without %+v", controllerUser, got.Rules, nodesRule)
+	}
+	if len(got.Rules) != 3 {
+		t.Errorf("ClusterRole %s after Apply has %d rules, want 3: %+v", controllerUser, len(got.Rules), got.Rules)
+	}
+}
+
+func TestApplyIsIdempotent(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	if err := Apply(ctx, c, withDNS); err != nil {
+		t.Fatalf("first Apply: %v", err)
+	}
+	first := objects(t, c)
+	if err := Apply(ctx, c, withDNS); err != nil {
+		t.Fatalf("second Apply: %v", err)
+	}
+	second := objects(t, c)
+	if !reflect.DeepEqual(keys(first), keys(second)) {
+		t.Fatalf("objects after the first Apply %v, after the second %v", keys(first), keys(second))
+	}
+	for k, o := range first {
+		if !reflect.DeepEqual(o, second[k]) {
+			t.Errorf("%s changed on the second Apply:\nfirst  %+v\nsecond %+v", k, o, second[k])
+		}
+	}
+}
+
+func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	if err := Apply(ctx, c, withDNS); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	got := objects(t, c)
+	want := []string{
+		"ClusterRole /kelp:supervisor",
+		"ClusterRole /system:kelp-controller",
+		"ClusterRole /system:kelp-dns",
+		"ClusterRoleBinding /kelp:supervisor",
+		"ClusterRoleBinding /system:kelp-controller",
+		"ClusterRoleBinding /system:kelp-dns",
+		"Role kube-system/system:kelp-dns",
+		"RoleBinding kube-system/system:kelp-dns",
+		"Service kube-system/kube-dns",
+	}
+	if !reflect.DeepEqual(keys(got), want) {
+		t.Fatalf("objects after Apply:\n%s\nwant:\n%s", strings.Join(keys(got), "\n"), strings.Join(want, "\n"))
+	}
+	for k, o := range got {
+		if !slices.ContainsFunc(o.GetManagedFields(), func(e metav1.ManagedFieldsEntry) bool {
+			return e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationApply
+		}) {
+			t.Errorf("%s is not applied by %q: managed fields %+v", k, FieldManager, o.GetManagedFields())
+		}
+	}
+
+	svc := got["Service kube-system/kube-dns"].(*corev1.Service)
+	if svc.Spec.ClusterIP != "10.43.0.10" || len(svc.Spec.Ports) != 2 || len(svc.Spec.Selector) != 0 {
+		t.Errorf("kube-dns Service spec %+v, want cluster IP 10.43.0.10, ports dns and dns-tcp, no selector", svc.Spec)
+	}
+	join := got["ClusterRoleBinding /kelp:supervisor"].(*rbacv1.ClusterRoleBinding)
+	if len(join.Subjects) != 2 || join.Subjects[0].Name != "system:unauthenticated" || join.Subjects[1].Name != "system:authenticated" {
+		t.Errorf("kelp:supervisor is bound to %+v, want everyone", join.Subjects)
+	}
+}
+
+// Without cluster DNS a DNS of the user's own may hold kube-dns.
+func TestApplyWithoutDNSLeavesDNSObjectsAlone(t *testing.T) {
+	ctx := context.Background()
+	own := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: "kube-system"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.43.0.10", Selector: map[string]string{"app": "my-dns"}},
+	}
+	c := fake.NewClientset(own)
+	if err := Apply(ctx, c, Config{}); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	got := objects(t, c)
+	for k := range got {
+		if strings.Contains(k, "dns") && k != "Service kube-system/kube-dns" {
+			t.Errorf("%s applied without DNS", k)
+		}
+	}
+	if svc := got["Service kube-system/kube-dns"]; !reflect.DeepEqual(svc, own) {
+		t.Errorf("the user's kube-dns Service changed to %+v", svc)
+	}
+}
+
+func TestApplyRefusesToMoveKubeDNS(t *testing.T) {
+	old := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: "kube-system"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.43.0.53"},
+	}
+	err := Apply(context.Background(), fake.NewClientset(old), withDNS)
+	if err == nil || !strings.Contains(err.Error(), "10.43.0.53") || !strings.Contains(err.Error(), "delete service kube-dns") {
+		t.Errorf("Apply with kube-dns at another address: error %v, want one naming the address and how to fix it", err)
+	}
+}
+
+func TestApplyNeedsTheClusterDNSAddress(t *testing.T) {
+	if err := Apply(context.Background(), fake.NewClientset(), Config{DNS: true}); err == nil {
+		t.Error("Apply with DNS and no address succeeded")
+	}
+}
