@@ -25,24 +25,18 @@ import (
 	"github.com/kelp-dev/kelp/internal/netpol"
 	"github.com/kelp-dev/kelp/internal/nft"
 	"github.com/kelp-dev/kelp/internal/overlay"
+	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/proxy"
 	"github.com/kelp-dev/kelp/internal/registries"
 )
 
 var log = logrus.WithField("component", "agent")
 
-// Credentials connect a node to its cluster. The server makes them for its
-// own node.
+// Credentials connect a node to its cluster: the server's own node uses
+// the files pki made for it, a joined node those it saved at its join.
 type Credentials struct {
-	Server                  string // apiserver URL
-	ServerCA                string // verifies the apiserver
-	ClientCA                string // verifies clients of the kubelet (the apiserver)
-	KubeletCert, KubeletKey string // system:node:<name>
-	ServingCert, ServingKey string // the kubelet's serving certificate
-	ProxyCert, ProxyKey     string // system:kube-proxy, for the Service proxy
-	DNSCert, DNSKey         string // system:kelp-dns, for the DNS server
-	// system:kelp-controller, for NetworkPolicy enforcement
-	ControllerCert, ControllerKey string
+	Server string // apiserver URL
+	Files  pki.NodeFiles
 }
 
 // Start adds the node's pieces to g, in order, and returns once the
@@ -117,13 +111,13 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	}); err != nil {
 		return err
 	}
-	ocfg := overlay.Config{Backend: cfg.Overlay.Backend, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.Overlay.Iface, ClusterCIDR: cfg.ClusterCIDR}
+	ocfg := overlay.Config{Backend: cfg.Overlay, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.OverlayIface, ClusterCIDR: cfg.ClusterCIDR}
 	if err := ocfg.Validate(); err != nil {
-		return err
+		return fmt.Errorf("overlay: %w", err)
 	}
 	mtu, err := overlay.MTU(ocfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("overlay: %w", err)
 	}
 	if err := g.Go("overlay", func(ctx context.Context) error {
 		return overlay.Run(ctx, clients.controller, ocfg)
@@ -156,10 +150,9 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		Taints:          cfg.NodeTaints,
 		Kubeconfig:      p.Kubeconfig,
 		ConfigFile:      p.KubeletConfig,
-		RuntimeEndpoint: "unix://" + containerd.Address,
-		ClientCA:        creds.ClientCA,
-		ServingCert:     creds.ServingCert,
-		ServingKey:      creds.ServingKey,
+		RuntimeEndpoint: "unix://" + layout.ContainerdAddress,
+		ClientCA:        creds.Files.ClientCA,
+		Serving:         creds.Files.KubeletServing,
 		ClusterDNS:      cfg.ClusterDNS,
 		ClusterDomain:   cfg.ClusterDomain,
 		ResolvConf:      hostResolvConf(),
@@ -183,15 +176,16 @@ type clients struct {
 func writeClients(p layout.AgentPaths, creds Credentials) (clients, error) {
 	var c clients
 	for _, k := range []struct {
-		path, cert, key string
-		client          *kubernetes.Interface
+		path   string
+		cert   pki.Pair
+		client *kubernetes.Interface
 	}{
-		{p.Kubeconfig, creds.KubeletCert, creds.KubeletKey, &c.kubelet},
-		{p.ProxyKubeconfig, creds.ProxyCert, creds.ProxyKey, &c.proxy},
-		{p.DNSKubeconfig, creds.DNSCert, creds.DNSKey, &c.dns},
-		{p.ControllerKubeconfig, creds.ControllerCert, creds.ControllerKey, &c.controller},
+		{p.Kubeconfig, creds.Files.KubeletClient, &c.kubelet},
+		{p.ProxyKubeconfig, creds.Files.Proxy, &c.proxy},
+		{p.DNSKubeconfig, creds.Files.DNS, &c.dns},
+		{p.ControllerKubeconfig, creds.Files.Controller, &c.controller},
 	} {
-		if err := kubeconfig.Write(k.path, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.ServerCA, CertFile: k.cert, KeyFile: k.key}); err != nil {
+		if err := kubeconfig.Write(k.path, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.Files.ServerCA, Cert: k.cert}); err != nil {
 			return clients{}, err
 		}
 		client, err := clientFor(k.path)
@@ -206,7 +200,7 @@ func writeClients(p layout.AgentPaths, creds Credentials) (clients, error) {
 // startImages imports the pause image and the airgap images, then watches
 // the images directory for more. It holds the node's containerd client.
 func startImages(ctx context.Context, ccfg containerd.Config, staged embed.Staged, p layout.AgentPaths) (*component.Running, error) {
-	c, err := client.New(containerd.Address)
+	c, err := client.New(layout.ContainerdAddress)
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd: %w", err)
 	}
@@ -246,7 +240,7 @@ func containerdConfig(cfg config.Agent, p layout.AgentPaths, staged embed.Staged
 	return containerd.Config{
 		Root:                p.ContainerdRoot,
 		State:               layout.ContainerdState,
-		Address:             containerd.Address,
+		Address:             layout.ContainerdAddress,
 		RuncBinary:          filepath.Join(staged.BinDir, "runc"),
 		CNIBinDir:           staged.BinDir,
 		CNIConfDir:          p.CNIConfDir,

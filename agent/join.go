@@ -13,7 +13,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -36,32 +35,10 @@ import (
 // server does not answer, so a restart keeps its pods while the server is
 // away.
 func Join(ctx context.Context, cfg config.Join) error {
-	g := component.NewGroup(ctx, readyTimeout)
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
-		defer cancel()
-		if err := g.Stop(stopCtx); err != nil {
-			log.WithError(err).Error("stop")
-		}
-		log.Info("kelp agent stopped")
-	}()
-	if err := join(ctx, g, cfg); err != nil {
-		if errors.Is(err, component.ErrStopped) || ctx.Err() != nil {
-			log.Info("stop requested during start-up")
-			return nil
-		}
-		return err
-	}
-	return g.Wait()
+	return component.Run(ctx, "kelp agent", log, func(ctx context.Context, g *component.Group) error {
+		return join(ctx, g, cfg)
+	})
 }
-
-const (
-	// readyTimeout bounds each readiness wait; a Raspberry Pi on an SD
-	// card is the slow end.
-	readyTimeout = 2 * time.Minute
-	// stopTimeout bounds the whole shutdown after SIGTERM.
-	stopTimeout = 10 * time.Second
-)
 
 func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 	tok, err := token.Parse(cfg.Token, token.NodeUser)
@@ -90,7 +67,8 @@ func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 	}
 	// The CA pinned at the first join is the one the node's credentials
 	// trust from then on.
-	resp, err := bootstrap(ctx, cfg.Server, tok, req, filepath.Join(p.TLS, serverCAFile), p.SavedJoin)
+	files := pki.NodeFilesIn(p.TLS)
+	resp, err := bootstrap(ctx, cfg.Server, tok, req, files.ServerCA, p.SavedJoin)
 	if err != nil {
 		return err
 	}
@@ -100,9 +78,8 @@ func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 	if err := g.Start(lb, err); err != nil {
 		return err
 	}
-	creds, err := writeCredentials(p.TLS, "https://"+lb.Addr(), resp)
-	if err != nil {
-		return err
+	if err := files.Write(resp.ServerCA, resp.ClientCA, resp.Certs); err != nil {
+		return fmt.Errorf("save the credentials from the server: %w", err)
 	}
 	node, err := nodeConfig(cfg.Node, resp.Config)
 	if err != nil {
@@ -113,7 +90,7 @@ func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 		return err
 	}
 	began := time.Now()
-	if err := Start(ctx, g, node, staged, creds); err != nil {
+	if err := Start(ctx, g, node, staged, Credentials{Server: "https://" + lb.Addr(), Files: files}); err != nil {
 		return err
 	}
 	// The load balancer learns of servers added later from the cluster.
@@ -147,9 +124,6 @@ func serverAddresses(joined string, servers []string) []string {
 	}
 	return out
 }
-
-// serverCAFile is the CA of the cluster, pinned at the first join.
-const serverCAFile = "server-ca.crt"
 
 // errRefused is a join the server answered with no: trying again cannot
 // help.
@@ -290,57 +264,21 @@ func nodePassword(path string) (string, error) {
 	return password, atomicfile.Write(path, []byte(password+"\n"), 0o600)
 }
 
-// writeCredentials saves the node's certificates in dir.
-func writeCredentials(dir, server string, resp joinapi.JoinResponse) (Credentials, error) {
-	path := func(name string) string { return filepath.Join(dir, name) }
-	c := Credentials{
-		Server:   server,
-		ServerCA: path(serverCAFile), ClientCA: path("client-ca.crt"),
-		KubeletCert: path("client-kubelet.crt"), KubeletKey: path("client-kubelet.key"),
-		ServingCert: path("serving-kubelet.crt"), ServingKey: path("serving-kubelet.key"),
-		ProxyCert: path("client-kube-proxy.crt"), ProxyKey: path("client-kube-proxy.key"),
-		DNSCert: path("client-kelp-dns.crt"), DNSKey: path("client-kelp-dns.key"),
-		ControllerCert: path("client-kelp-controller.crt"), ControllerKey: path("client-kelp-controller.key"),
-	}
-	files := map[string][]byte{c.ServerCA: resp.ServerCA, c.ClientCA: resp.ClientCA}
-	for _, kp := range []struct {
-		pair      pki.KeyPair
-		cert, key string
-	}{
-		{resp.Certs.KubeletClient, c.KubeletCert, c.KubeletKey},
-		{resp.Certs.KubeletServing, c.ServingCert, c.ServingKey},
-		{resp.Certs.Proxy, c.ProxyCert, c.ProxyKey},
-		{resp.Certs.DNS, c.DNSCert, c.DNSKey},
-		{resp.Certs.Controller, c.ControllerCert, c.ControllerKey},
-	} {
-		files[kp.cert], files[kp.key] = kp.pair.Cert, kp.pair.Key
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return Credentials{}, fmt.Errorf("create %s: %w", dir, err)
-	}
-	for name, data := range files {
-		if len(data) == 0 {
-			return Credentials{}, fmt.Errorf("the server sent no %s", filepath.Base(name))
-		}
-		if err := atomicfile.Write(name, data, 0o600); err != nil {
-			return Credentials{}, err
-		}
-	}
-	return c, nil
-}
-
 // nodeConfig completes the node's own settings with the cluster's.
-func nodeConfig(node config.Agent, cluster joinapi.AgentConfig) (config.Agent, error) {
+func nodeConfig(node config.Node, cluster joinapi.AgentConfig) (config.Agent, error) {
+	a := config.Agent{
+		Node:                 node,
+		ClusterDomain:        cluster.ClusterDomain,
+		Overlay:              cluster.Overlay,
+		DisableDNS:           cluster.DisableDNS,
+		DisableNetworkPolicy: cluster.DisableNetworkPolicy,
+	}
 	var err error
-	if node.ClusterCIDR, err = netip.ParsePrefix(cluster.ClusterCIDR); err != nil {
+	if a.ClusterCIDR, err = netip.ParsePrefix(cluster.ClusterCIDR); err != nil {
 		return config.Agent{}, fmt.Errorf("the server's cluster CIDR %q: %w", cluster.ClusterCIDR, err)
 	}
-	if node.ClusterDNS, err = netip.ParseAddr(cluster.ClusterDNS); err != nil {
+	if a.ClusterDNS, err = netip.ParseAddr(cluster.ClusterDNS); err != nil {
 		return config.Agent{}, fmt.Errorf("the server's cluster DNS %q: %w", cluster.ClusterDNS, err)
 	}
-	node.ClusterDomain = cluster.ClusterDomain
-	node.Overlay.Backend = cluster.Overlay
-	node.DisableDNS = cluster.DisableDNS
-	node.DisableNetworkPolicy = cluster.DisableNetworkPolicy
-	return node, nil
+	return a, nil
 }

@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	logtest "github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/testlog"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -67,7 +67,7 @@ func newJoinServer(t *testing.T, status, caStatus int) *joinServer {
 // joinFiles are where a node keeps its pinned CA and its last join.
 func joinFiles(t *testing.T) (caPath, savedPath string) {
 	dir := t.TempDir()
-	return filepath.Join(dir, "tls", serverCAFile), filepath.Join(dir, "join.json")
+	return pki.NodeFilesIn(filepath.Join(dir, "tls")).ServerCA, filepath.Join(dir, "join.json")
 }
 
 var joinReq = joinapi.JoinRequest{NodeName: "agent-1", Password: "0123456789abcdef0123456789abcdef"}
@@ -203,7 +203,7 @@ func TestNodePassword(t *testing.T) {
 		{name: "kept", content: ptr(kept + "\n"), keep: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hook := captureLog(t)
+			hook := testlog.Capture(t)
 			path := filepath.Join(t.TempDir(), "node-password")
 			if tc.content != nil {
 				if err := os.WriteFile(path, []byte(*tc.content), 0o600); err != nil {
@@ -232,14 +232,3 @@ func TestNodePassword(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
-
-// captureLog records what the package logs during the test.
-func captureLog(t *testing.T) *logtest.Hook {
-	t.Helper()
-	std := logrus.StandardLogger()
-	saved := std.ReplaceHooks(make(logrus.LevelHooks))
-	t.Cleanup(func() { std.ReplaceHooks(saved) })
-	hook := new(logtest.Hook)
-	std.AddHook(hook)
-	return hook
-}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // ErrCorrupt is wrapped by every error about a bundle that does not match its
@@ -46,7 +47,7 @@ func stage(dataDir, hash string, archive io.Reader) (Staged, error) {
 	if !isHash(hash) {
 		return Staged{}, fmt.Errorf("bundle hash %q is not a sha256 hex digest", hash)
 	}
-	root := filepath.Join(dataDir, "data")
+	root := layout.BundleDir(dataDir)
 	dir := filepath.Join(root, hash)
 
 	// Fast path, taken on every start but the first after an install or

@@ -98,6 +98,10 @@ func TestBadInput(t *testing.T) {
 	t.Run("overlapping CIDRs", func(t *testing.T) {
 		fail(t, n.ServerArgs("--cluster-cidr", "10.0.0.0/8", "--service-cidr", "10.43.0.0/16"), "overlaps")
 	})
+	t.Run("invalid node name", func(t *testing.T) {
+		// The later --node-name beats the one ServerArgs passes.
+		fail(t, n.ServerArgs("--node-name", "a_b"), `--node-name "a_b" is not a valid node name`, "pass --node-name")
+	})
 	t.Run("not root", func(t *testing.T) {
 		out, err := n.Run(time.Minute, n.CommandAs(65534, 65534, testcluster.Binary(t), n.ServerArgs()...))
 		if err == nil || !strings.Contains(out, "must run as root") {

@@ -27,7 +27,7 @@ func tokenPaths(dataDir string) tokenFiles {
 // anything) and, with --agent-token, agent-token (joins agents only), each
 // pinned to the server CA.
 func ensureTokens(cfg config.Server, certs pki.Files) (tokenFiles, error) {
-	ca, err := os.ReadFile(certs.ServerCA)
+	ca, err := os.ReadFile(certs.ServerCA.Cert)
 	if err != nil {
 		return tokenFiles{}, fmt.Errorf("read server CA: %w", err)
 	}
@@ -57,7 +57,7 @@ func agentConfig(cfg config.Server) joinapi.AgentConfig {
 		ServiceCIDR:          cfg.ServiceCIDR.String(),
 		ClusterDNS:           cfg.ClusterDNS.String(),
 		ClusterDomain:        cfg.ClusterDomain,
-		Overlay:              cfg.Overlay.Backend,
+		Overlay:              cfg.Overlay,
 		DisableDNS:           cfg.Disable.CoreDNS,
 		DisableNetworkPolicy: cfg.Disable.NetworkPolicy,
 	}

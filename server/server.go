@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -27,15 +26,9 @@ import (
 	"github.com/kelp-dev/kelp/internal/systemobjects"
 )
 
-const (
-	// readyTimeout bounds each readiness wait; a Raspberry Pi on an SD card
-	// is the slow end.
-	readyTimeout = 2 * time.Minute
-	// stopTimeout bounds the whole shutdown after SIGTERM; the datastore,
-	// stopped last, always keeps storeStopReserve of it to close cleanly.
-	stopTimeout      = 10 * time.Second
-	storeStopReserve = 3 * time.Second
-)
+// storeStopReserve is kept of the stop deadline for the datastore, stopped
+// last, to close cleanly.
+const storeStopReserve = 3 * time.Second
 
 var log = logrus.WithField("component", "server")
 
@@ -43,23 +36,9 @@ var log = logrus.WithField("component", "server")
 // and blocks until ctx ends or a piece fails; then it stops everything in
 // reverse order.
 func Run(ctx context.Context, cfg config.Server) error {
-	g := component.NewGroup(ctx, readyTimeout, component.StopReserve(storeStopReserve))
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
-		defer cancel()
-		if err := g.Stop(stopCtx); err != nil {
-			log.WithError(err).Error("stop")
-		}
-		log.Info("kelp server stopped")
-	}()
-	if err := start(ctx, g, cfg); err != nil {
-		if errors.Is(err, component.ErrStopped) || ctx.Err() != nil {
-			log.Info("stop requested during start-up")
-			return nil
-		}
-		return err
-	}
-	return g.Wait()
+	return component.Run(ctx, "kelp server", log, func(ctx context.Context, g *component.Group) error {
+		return start(ctx, g, cfg)
+	}, component.StopReserve(storeStopReserve))
 }
 
 // start adds the server's pieces to g in order, each ready before the
@@ -164,21 +143,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if cfg.DisableAgent {
 		return nil
 	}
-	if err := agent.Start(ctx, g, cfg.Agent(), staged, agent.Credentials{
-		Server:         url,
-		ServerCA:       certs.ServerCA,
-		ClientCA:       certs.ClientCA,
-		KubeletCert:    certs.KubeletClientCert,
-		KubeletKey:     certs.KubeletClientKey,
-		ServingCert:    certs.KubeletServingCert,
-		ServingKey:     certs.KubeletServingKey,
-		ProxyCert:      certs.KubeProxyCert,
-		ProxyKey:       certs.KubeProxyKey,
-		DNSCert:        certs.DNSCert,
-		DNSKey:         certs.DNSKey,
-		ControllerCert: certs.ControllerCert,
-		ControllerKey:  certs.ControllerKey,
-	}); err != nil {
+	if err := agent.Start(ctx, g, cfg.Agent(), staged, agent.Credentials{Server: url, Files: certs.Node()}); err != nil {
 		return err
 	}
 	log.WithFields(logrus.Fields{"node": cfg.NodeName, "took": time.Since(began).Round(time.Millisecond)}).Info("kelp node is running")
@@ -211,14 +176,11 @@ func datastoreConfig(cfg config.Server, certs pki.Files) datastore.Config {
 		Name:        cfg.NodeName,
 		AdvertiseIP: cfg.AdvertiseAddress.String(),
 		EtcdTLS: datastore.EtcdTLS{
-			ServerCA:   certs.EtcdServerCA,
-			ServerCert: certs.EtcdServerCert,
-			ServerKey:  certs.EtcdServerKey,
-			PeerCA:     certs.EtcdPeerCA,
-			PeerCert:   certs.EtcdPeerCert,
-			PeerKey:    certs.EtcdPeerKey,
-			ClientCert: certs.EtcdClientCert,
-			ClientKey:  certs.EtcdClientKey,
+			ServerCA: certs.EtcdServerCA.Cert,
+			Server:   certs.EtcdServer,
+			PeerCA:   certs.EtcdPeerCA.Cert,
+			Peer:     certs.EtcdPeer,
+			Client:   certs.EtcdClient,
 		},
 	}
 }
@@ -228,18 +190,18 @@ func datastoreConfig(cfg config.Server, certs pki.Files) datastore.Config {
 func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) error {
 	paths := layout.Server(cfg.DataDir)
 	for _, f := range []struct {
-		path      string
-		cert, key string
+		path string
+		cert pki.Pair
 	}{
-		{paths.ControllerManagerKubeconfig, certs.ControllerManagerCert, certs.ControllerManagerKey},
-		{paths.SchedulerKubeconfig, certs.SchedulerCert, certs.SchedulerKey},
-		{paths.AdminKubeconfig, certs.AdminCert, certs.AdminKey},
+		{paths.ControllerManagerKubeconfig, certs.ControllerManager},
+		{paths.SchedulerKubeconfig, certs.Scheduler},
+		{paths.AdminKubeconfig, certs.Admin},
 	} {
-		if err := kubeconfig.Write(f.path, 0o600, kubeconfig.Client{Server: url, CAFile: certs.ServerCA, CertFile: f.cert, KeyFile: f.key}); err != nil {
+		if err := kubeconfig.Write(f.path, 0o600, kubeconfig.Client{Server: url, CAFile: certs.ServerCA.Cert, Cert: f.cert}); err != nil {
 			return err
 		}
 	}
-	admin := kubeconfig.Client{Server: url, CAFile: certs.ServerCA, CertFile: certs.AdminCert, KeyFile: certs.AdminKey}
+	admin := kubeconfig.Client{Server: url, CAFile: certs.ServerCA.Cert, Cert: certs.Admin}
 	if err := kubeconfig.Write(cfg.WriteKubeconfig, cfg.WriteKubeconfigMode, admin); err != nil {
 		return fmt.Errorf("%w (choose another path with --write-kubeconfig)", err)
 	}

@@ -60,17 +60,17 @@ func Args(cfg Config) []string {
 		"anonymous-auth":                     "true", // RBAC grants anonymous only /healthz, /livez, /readyz and /version
 		"authorization-mode":                 "Node,RBAC",
 		"enable-admission-plugins":           "NodeRestriction",
-		"client-ca-file":                     cfg.Certs.ClientCA,
-		"tls-cert-file":                      cfg.Certs.APIServerCert,
-		"tls-private-key-file":               cfg.Certs.APIServerKey,
+		"client-ca-file":                     cfg.Certs.ClientCA.Cert,
+		"tls-cert-file":                      cfg.Certs.APIServer.Cert,
+		"tls-private-key-file":               cfg.Certs.APIServer.Key,
 		"tls-min-version":                    "VersionTLS12",
-		"kubelet-certificate-authority":      cfg.Certs.ServerCA,
-		"kubelet-client-certificate":         cfg.Certs.APIServerKubeletClientCert,
-		"kubelet-client-key":                 cfg.Certs.APIServerKubeletClientKey,
+		"kubelet-certificate-authority":      cfg.Certs.ServerCA.Cert,
+		"kubelet-client-certificate":         cfg.Certs.APIServerKubeletClient.Cert,
+		"kubelet-client-key":                 cfg.Certs.APIServerKubeletClient.Key,
 		"kubelet-preferred-address-types":    "InternalIP,ExternalIP,Hostname",
-		"proxy-client-cert-file":             cfg.Certs.AuthProxyCert,
-		"proxy-client-key-file":              cfg.Certs.AuthProxyKey,
-		"requestheader-client-ca-file":       cfg.Certs.RequestHeaderCA,
+		"proxy-client-cert-file":             cfg.Certs.AuthProxy.Cert,
+		"proxy-client-key-file":              cfg.Certs.AuthProxy.Key,
+		"requestheader-client-ca-file":       cfg.Certs.RequestHeaderCA.Cert,
 		"requestheader-allowed-names":        "system:auth-proxy",
 		"requestheader-extra-headers-prefix": "X-Remote-Extra-",
 		"requestheader-group-headers":        "X-Remote-Group",
@@ -147,7 +147,7 @@ func Start(cfg Config, routes map[string]http.Handler) (*component.Running, erro
 	if errs := completed.Validate(); len(errs) != 0 {
 		return nil, fmt.Errorf("kube-apiserver options: %w", errors.NewAggregate(errs))
 	}
-	ca, err := os.ReadFile(cfg.Certs.ServerCA)
+	ca, err := os.ReadFile(cfg.Certs.ServerCA.Cert)
 	if err != nil {
 		return nil, fmt.Errorf("read server CA: %w", err)
 	}

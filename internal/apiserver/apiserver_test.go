@@ -17,7 +17,7 @@ func testConfig() Config {
 		ServiceCIDR:          netip.MustParsePrefix("10.43.0.0/16"),
 		ServiceNodePortRange: "30000-32767",
 		ClusterDomain:        "cluster.local",
-		Certs:                pki.Files{ClientCA: "/tls/client-ca.crt", APIServerCert: "/tls/serving.crt", ServiceAccountKey: "/tls/service.key"},
+		Certs:                pki.FilesIn("/tls"),
 		Storage:              datastore.Backend{Endpoints: []string{"unix:///var/lib/kelp/server/db/kine.sock"}},
 	}
 }
@@ -39,7 +39,11 @@ func TestArgs(t *testing.T) {
 				"--service-cluster-ip-range=10.43.0.0/16",
 				"--etcd-servers=unix:///var/lib/kelp/server/db/kine.sock",
 				"--client-ca-file=/tls/client-ca.crt",
-				"--tls-cert-file=/tls/serving.crt",
+				"--tls-cert-file=/tls/serving-kube-apiserver.crt",
+				"--tls-private-key-file=/tls/serving-kube-apiserver.key",
+				"--kubelet-client-certificate=/tls/client-kube-apiserver.crt",
+				"--kubelet-client-key=/tls/client-kube-apiserver.key",
+				"--proxy-client-key-file=/tls/client-auth-proxy.key",
 				"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 				"--service-account-signing-key-file=/tls/service.key",
 				"--profiling=false",

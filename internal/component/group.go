@@ -13,6 +13,38 @@ import (
 // ErrStopped ends a start-up that was asked to stop: not a failure.
 var ErrStopped = errors.New("stopped during start-up")
 
+const (
+	// ReadyTimeout bounds each readiness wait of Run's group; a Raspberry
+	// Pi on an SD card is the slow end.
+	ReadyTimeout = 2 * time.Minute
+	// StopTimeout bounds Run's whole shutdown, as after SIGTERM.
+	StopTimeout = 10 * time.Second
+)
+
+// Run is the life of a kelp process, named in its last log line: start adds the pieces to a new group,
+// then Run blocks until ctx ends (nil) or a piece fails (its error). Either
+// way, and also when start fails, every piece started is stopped, within
+// StopTimeout. A stop asked for during start-up is not a failure.
+func Run(ctx context.Context, name string, log *logrus.Entry, start func(context.Context, *Group) error, opts ...GroupOption) error {
+	g := NewGroup(ctx, ReadyTimeout, opts...)
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), StopTimeout)
+		defer cancel()
+		if err := g.Stop(stopCtx); err != nil {
+			log.WithError(err).Error("stop")
+		}
+		log.Info(name + " stopped")
+	}()
+	if err := start(ctx, g); err != nil {
+		if errors.Is(err, ErrStopped) || ctx.Err() != nil {
+			log.Info("stop requested during start-up")
+			return nil
+		}
+		return err
+	}
+	return g.Wait()
+}
+
 // Group runs pieces started in order and stops them in reverse.
 type Group struct {
 	until        context.Context

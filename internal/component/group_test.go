@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
 )
 
 // fake is a piece whose readiness, failure and stop the test controls.
@@ -161,5 +163,34 @@ func TestGroupStopIsBoundedAndKeepsTheReserve(t *testing.T) {
 	}
 	if storeHad < 800*time.Millisecond {
 		t.Errorf("the first piece had %s left to stop, want about its 1s reserve", storeHad)
+	}
+}
+
+func TestRunStopsWhatStartedWhenStartFails(t *testing.T) {
+	var o order
+	err := Run(context.Background(), "kelp test", logrus.NewEntry(logrus.New()), func(_ context.Context, g *Group) error {
+		f := newFake("datastore", o.add)
+		close(f.ready)
+		if err := g.Start(f, nil); err != nil {
+			return err
+		}
+		return errors.New("write kubeconfig: read-only file system")
+	})
+	if err == nil || !strings.Contains(err.Error(), "read-only") {
+		t.Errorf("got %v", err)
+	}
+	if strings.Join(o.names, ",") != "datastore" {
+		t.Errorf("stopped %v", o.names)
+	}
+}
+
+func TestRunStopDuringStartIsNotAFailure(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	err := Run(ctx, "kelp test", logrus.NewEntry(logrus.New()), func(_ context.Context, g *Group) error {
+		cancel()
+		return g.Start(newFake("apiserver", func(string) {}), nil)
+	})
+	if err != nil {
+		t.Errorf("got %v", err)
 	}
 }

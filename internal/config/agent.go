@@ -11,45 +11,30 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// Agent is the validated configuration of a node: the one `kelp server`
-// runs beside its control plane.
+// Agent is the validated configuration of a node: its own settings and
+// the cluster's. The server decides the cluster's: from its flags for its
+// own node, through the join API for an agent.
 type Agent struct {
-	DataDir         string
-	NodeName        string
-	NodeIPs         []netip.Addr
-	NodeExternalIPs []netip.Addr
-	NodeLabels      []string
-	NodeTaints      []string
-	PrivateRegistry string
-	ClusterCIDR     netip.Prefix
-	ClusterDNS      netip.Addr
-	ClusterDomain   string
-	KubeletArgs     []string
-	DisableDNS      bool
+	Node
+	ClusterCIDR   netip.Prefix
+	ClusterDNS    netip.Addr
+	ClusterDomain string
+	Overlay       string // backend, see Server.Overlay
+	DisableDNS    bool
 	// DisableNetworkPolicy leaves NetworkPolicies to another controller.
 	DisableNetworkPolicy bool
-	Overlay              Overlay
-	Debug                bool
 }
 
 // Agent is the configuration of the server's own node.
 func (s Server) Agent() Agent {
 	return Agent{
-		DataDir:              s.DataDir,
-		NodeName:             s.NodeName,
-		NodeIPs:              s.NodeIPs,
-		NodeExternalIPs:      s.NodeExternalIPs,
-		NodeLabels:           s.NodeLabels,
-		NodeTaints:           s.NodeTaints,
-		PrivateRegistry:      s.PrivateRegistry,
+		Node:                 s.Node,
 		ClusterCIDR:          s.ClusterCIDR,
 		ClusterDNS:           s.ClusterDNS,
 		ClusterDomain:        s.ClusterDomain,
-		KubeletArgs:          s.ExtraArgs.Kubelet,
+		Overlay:              s.Overlay,
 		DisableDNS:           s.Disable.CoreDNS,
 		DisableNetworkPolicy: s.Disable.NetworkPolicy,
-		Overlay:              s.Overlay,
-		Debug:                s.Debug,
 	}
 }
 
@@ -59,7 +44,7 @@ func (s Server) Agent() Agent {
 type Join struct {
 	Server string // https URL of a server
 	Token  string // as given; see package token
-	Node   Agent
+	Node   Node
 }
 
 // AgentInput holds the raw flag values of `kelp agent` until Parse

@@ -34,7 +34,7 @@ func runAgent(t *testing.T, args ...string) (Join, error) {
 
 func TestAgent(t *testing.T) {
 	tokenFile := writeFile(t, filepath.Join(t.TempDir(), "token"), "s3cret\n")
-	j, err := runAgent(t, "--server", "https://10.99.0.2:6443/", "--token-file", tokenFile, "--node-name", "Agent-1", "--node-label", "zone=a", "--kubelet-arg", "v=2", "--node-external-ip", "203.0.113.4")
+	j, err := runAgent(t, "--server", "https://10.99.0.2:6443/", "--token-file", tokenFile, "--node-name", "agent-1", "--node-label", "zone=a", "--kubelet-arg", "v=2", "--node-external-ip", "203.0.113.4")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,11 +75,11 @@ func TestServerJoinSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Token != "s3cret" || s.AgentToken != "agents" || s.Overlay != (Overlay{Backend: "host-gw", Iface: "eth1"}) || s.Agent().Overlay != s.Overlay {
-		t.Errorf("parsed %+v %+v", s.Overlay, s)
+	if a := s.Agent(); s.Token != "s3cret" || s.AgentToken != "agents" || s.Overlay != "host-gw" || s.OverlayIface != "eth1" || a.Overlay != "host-gw" || a.OverlayIface != "eth1" {
+		t.Errorf("parsed %+v", s)
 	}
-	if s, err := runServer(t); err != nil || s.Overlay.Backend != "vxlan" {
-		t.Errorf("default overlay %q, %v", s.Overlay.Backend, err)
+	if s, err := runServer(t); err != nil || s.Overlay != "vxlan" {
+		t.Errorf("default overlay %q, %v", s.Overlay, err)
 	}
 	if _, err := runServer(t, "--overlay", "flannel"); err == nil || !strings.Contains(err.Error(), "want vxlan, host-gw or none") {
 		t.Errorf("unknown overlay: %v", err)

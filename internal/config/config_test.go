@@ -13,8 +13,14 @@ import (
 var testHost = Host{Hostname: "Node1", IP: netip.MustParseAddr("192.168.1.10")}
 
 // runServer parses args (without the program name and subcommand) the way
-// main does and returns the result.
+// main does on testHost and returns the result.
 func runServer(t *testing.T, args ...string) (Server, error) {
+	t.Helper()
+	return runServerOn(t, testHost, args...)
+}
+
+// runServerOn is runServer on a machine with other facts.
+func runServerOn(t *testing.T, host Host, args ...string) (Server, error) {
 	t.Helper()
 	// Keep the machine's /etc/kelp/config.yaml out of the tests.
 	t.Setenv(configFileEnv, writeFile(t, filepath.Join(t.TempDir(), "empty.yaml"), ""))
@@ -26,7 +32,7 @@ func runServer(t *testing.T, args ...string) (Server, error) {
 			Name:  "server",
 			Flags: ServerFlags(&in),
 			Action: func(*cli.Context) error {
-				s, err := in.Parse(testHost)
+				s, err := in.Parse(host)
 				got = s
 				return err
 			},

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -8,79 +9,123 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kelp-dev/kelp/internal/layout"
 )
 
-// nodeInput holds the raw values of the flags every node has, whether
-// `kelp server` runs it or `kelp agent`.
+// Node is a node's own settings, the same whether `kelp server` runs the
+// node or `kelp agent` does. Server and Agent embed it; Join holds it.
+type Node struct {
+	// DataDir and Debug belong to the whole process: on a server, the
+	// control plane's too.
+	DataDir         string
+	NodeName        string
+	NodeIPs         []netip.Addr
+	NodeExternalIPs []netip.Addr
+	NodeLabels      []string
+	NodeTaints      []string
+	PrivateRegistry string
+	OverlayIface    string // uplink of the overlay; empty: the interface of the node IP
+	KubeletArgs     []string
+	Debug           bool
+}
+
+// nodeInput holds the values of a node's flags until parse validates them.
+// Flags that need no conversion write straight into node, so that a new
+// one is a field of Node and a flag in nodeFlags.
 type nodeInput struct {
-	configFile, dataDir, nodeName, privateRegistry, overlayIface  string
-	debug                                                         bool
+	node                                                          Node
 	nodeIPs, nodeExternalIPs, nodeLabels, nodeTaints, kubeletArgs cli.StringSlice
 }
 
 func nodeFlags(in *nodeInput) []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, EnvVars: []string{configFileEnv}, Value: DefaultConfigFile, Destination: &in.configFile,
+		// Read by WithFileArgs before the flags are parsed; defined here so
+		// that --help shows it and the parser accepts it.
+		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, EnvVars: []string{configFileEnv}, Value: DefaultConfigFile,
 			Usage: "config file (YAML, keys are long flag names); FILE.d/*.yaml are read after it"},
-		&cli.BoolFlag{Name: "debug", Aliases: []string{"v"}, EnvVars: env("debug"), Destination: &in.debug, Usage: "log at debug level, including the Kubernetes components"},
-		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: env("data-dir"), Value: layout.DefaultDataDir, Destination: &in.dataDir, Usage: "directory for state, certificates and the unpacked bundle"},
-		&cli.StringFlag{Name: "node-name", EnvVars: env("node-name"), Destination: &in.nodeName, Usage: "node name (default: the hostname)"},
+		&cli.BoolFlag{Name: "debug", Aliases: []string{"v"}, EnvVars: env("debug"), Destination: &in.node.Debug, Usage: "log at debug level, including the Kubernetes components"},
+		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: env("data-dir"), Value: layout.DefaultDataDir, Destination: &in.node.DataDir, Usage: "directory for state, certificates and the unpacked bundle"},
+		&cli.StringFlag{Name: "node-name", EnvVars: env("node-name"), Destination: &in.node.NodeName, Usage: "node name (default: the hostname)"},
 		&cli.StringSliceFlag{Name: "node-ip", EnvVars: env("node-ip"), Destination: &in.nodeIPs, Usage: "IP address of this node (default: detected from the default route)"},
 		&cli.StringSliceFlag{Name: "node-external-ip", EnvVars: env("node-external-ip"), Destination: &in.nodeExternalIPs, Usage: "external IP address of this node (its ExternalIP); repeatable"},
 		&cli.StringSliceFlag{Name: "node-label", EnvVars: env("node-label"), Destination: &in.nodeLabels, Usage: "label to register the node with, key=value"},
 		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
-		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: "/etc/kelp/registries.yaml", Destination: &in.privateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
-		&cli.StringFlag{Name: "overlay-iface", EnvVars: env("overlay-iface"), Destination: &in.overlayIface, Usage: "interface the overlay uses (default: the one with the node IP)"},
+		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: "/etc/kelp/registries.yaml", Destination: &in.node.PrivateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
+		&cli.StringFlag{Name: "overlay-iface", EnvVars: env("overlay-iface"), Destination: &in.node.OverlayIface, Usage: "interface the overlay uses (default: the one with the node IP)"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 	}
 }
 
 // parse validates the node's own settings; the cluster's come from the
 // server. Problems go to check.
-func (in *nodeInput) parse(host Host, check func(error)) Agent {
-	a := Agent{
-		DataDir:         filepath.Clean(in.dataDir),
-		NodeName:        strings.ToLower(in.nodeName),
-		NodeLabels:      in.nodeLabels.Value(),
-		NodeTaints:      in.nodeTaints.Value(),
-		PrivateRegistry: in.privateRegistry,
-		KubeletArgs:     in.kubeletArgs.Value(),
-		Overlay:         Overlay{Iface: in.overlayIface},
-		Debug:           in.debug,
+func (in *nodeInput) parse(host Host, check func(error)) Node {
+	n := in.node
+	n.DataDir = filepath.Clean(in.node.DataDir)
+	n.NodeLabels = in.nodeLabels.Value()
+	n.NodeTaints = in.nodeTaints.Value()
+	n.KubeletArgs = in.kubeletArgs.Value()
+	if !filepath.IsAbs(in.node.DataDir) {
+		check(fmt.Errorf("--data-dir %q: want an absolute path", in.node.DataDir))
 	}
-	if !filepath.IsAbs(in.dataDir) {
-		check(fmt.Errorf("--data-dir %q: want an absolute path", in.dataDir))
-	}
-	if a.NodeName == "" {
-		a.NodeName = strings.ToLower(host.Hostname)
-	}
+	var err error
+	n.NodeName, err = nodeName(in.node.NodeName, host.Hostname)
+	check(err)
 	for _, raw := range in.nodeIPs.Value() {
 		ip, err := parseIP("--node-ip", raw)
 		check(err)
-		a.NodeIPs = append(a.NodeIPs, ip)
+		n.NodeIPs = append(n.NodeIPs, ip)
 	}
 	for _, raw := range in.nodeExternalIPs.Value() {
 		ip, err := parseIP("--node-external-ip", raw)
 		check(err)
-		a.NodeExternalIPs = append(a.NodeExternalIPs, ip)
+		n.NodeExternalIPs = append(n.NodeExternalIPs, ip)
 	}
-	if len(a.NodeIPs) == 0 && host.IP.IsValid() {
-		a.NodeIPs = []netip.Addr{host.IP}
+	if len(n.NodeIPs) == 0 && host.IP.IsValid() {
+		n.NodeIPs = []netip.Addr{host.IP}
 	}
-	for _, l := range a.NodeLabels {
+	for _, l := range n.NodeLabels {
 		if k, _, ok := strings.Cut(l, "="); !ok || k == "" {
 			check(fmt.Errorf("--node-label %q: want key=value", l))
 		}
 	}
-	for _, taint := range a.NodeTaints {
+	for _, taint := range n.NodeTaints {
 		if kv, effect, ok := strings.Cut(taint, ":"); !ok || kv == "" || !slices.Contains([]string{"NoSchedule", "PreferNoSchedule", "NoExecute"}, effect) {
 			check(fmt.Errorf("--node-taint %q: want key=value:Effect with Effect NoSchedule, PreferNoSchedule or NoExecute", taint))
 		}
 	}
-	check(checkExtraArgs(a.KubeletArgs))
-	return a
+	check(checkExtraArgs(n.KubeletArgs))
+	return n
+}
+
+// nodeNameHint says what a valid node name looks like.
+const nodeNameHint = "pass --node-name with lowercase letters, digits, '-' and '.'"
+
+// nodeName checks the name now, because Kubernetes refuses a Node whose
+// name is not a DNS-1123 subdomain only once the kubelet registers it (or
+// the join API once an agent joins). A name given with --node-name is used
+// as written, so that the Node is called what the user typed; the hostname
+// default is lowercased as kubeadm and k3s do, since its case means
+// nothing to DNS.
+func nodeName(flag, hostname string) (string, error) {
+	// Lowercased, as the kubelet and k3s do, so a name that worked before
+	// keeps naming the same node.
+	if flag != "" {
+		name := strings.ToLower(flag)
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			return "", fmt.Errorf("--node-name %q is not a valid node name: %s; %s", flag, strings.Join(errs, "; "), nodeNameHint)
+		}
+		return name, nil
+	}
+	if hostname == "" {
+		return "", errors.New("this machine has no hostname to name the node after: pass --node-name")
+	}
+	name := strings.ToLower(hostname)
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return "", fmt.Errorf("the hostname %q is not a valid node name: %s; %s", hostname, strings.Join(errs, "; "), nodeNameHint)
+	}
+	return name, nil
 }
 
 // checkExtraArgs accepts name=value flags for an upstream component.

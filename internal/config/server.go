@@ -14,10 +14,9 @@ import (
 
 // Server is the validated configuration of `kelp server`.
 type Server struct {
-	DataDir              string
-	NodeName             string
-	NodeIPs              []netip.Addr
-	NodeExternalIPs      []netip.Addr
+	// Node is the server's own node, run beside the control plane unless
+	// DisableAgent.
+	Node
 	BindAddress          netip.Addr
 	HTTPSPort            int
 	AdvertiseAddress     netip.Addr
@@ -32,22 +31,14 @@ type Server struct {
 	ClusterInit          bool
 	Datastore            Datastore
 	DisableAgent         bool
-	NodeLabels           []string
-	NodeTaints           []string
-	PrivateRegistry      string
 	Disable              Disable
 	ExtraArgs            ExtraArgs
-	Debug                bool
 	// Token and AgentToken are the secrets nodes join with (--token,
 	// --agent-token); empty: the token kept in the data dir, or none.
 	Token, AgentToken string
-	Overlay           Overlay
-}
-
-// Overlay is how pods on different nodes reach each other.
-type Overlay struct {
-	Backend string // "vxlan", "host-gw" or "none"
-	Iface   string // uplink; empty: the interface of the node IP
+	// Overlay is how pods on different nodes reach each other: "vxlan",
+	// "host-gw" or "none".
+	Overlay string
 }
 
 // Datastore selects the storage behind the apiserver.
@@ -65,9 +56,10 @@ type Disable struct {
 	NetworkPolicy bool
 }
 
-// ExtraArgs are user flags appended to the generated ones, "name=value" each.
+// ExtraArgs are user flags appended to the control plane's generated ones,
+// "name=value" each. The kubelet's are the node's KubeletArgs.
 type ExtraArgs struct {
-	APIServer, ControllerManager, Scheduler, Kubelet []string
+	APIServer, ControllerManager, Scheduler []string
 }
 
 // FirstServiceIP is the ClusterIP of the kubernetes Service.
@@ -135,12 +127,8 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			errs = append(errs, err)
 		}
 	}
-	node := in.nodeInput.parse(host, check)
 	s := Server{
-		DataDir:              node.DataDir,
-		NodeName:             node.NodeName,
-		NodeIPs:              node.NodeIPs,
-		NodeExternalIPs:      node.NodeExternalIPs,
+		Node:                 in.nodeInput.parse(host, check),
 		HTTPSPort:            in.httpsPort,
 		TLSSANs:              in.tlsSANs.Value(),
 		ServiceNodePortRange: in.serviceNodePortRange,
@@ -151,11 +139,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		Disable:              Disable{NetworkPolicy: in.disableNetworkPolicy},
 		Token:                in.token,
 		AgentToken:           in.agentToken,
-		Overlay:              Overlay{Backend: in.overlay, Iface: node.Overlay.Iface},
-		NodeLabels:           node.NodeLabels,
-		NodeTaints:           node.NodeTaints,
-		PrivateRegistry:      node.PrivateRegistry,
-		Debug:                node.Debug,
+		Overlay:              in.overlay,
 		Datastore: Datastore{
 			Endpoint: in.datastoreEndpoint,
 			CAFile:   in.datastoreCA,
@@ -166,7 +150,6 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			APIServer:         in.apiserverArgs.Value(),
 			ControllerManager: in.cmArgs.Value(),
 			Scheduler:         in.schedulerArgs.Value(),
-			Kubelet:           node.KubeletArgs,
 		},
 	}
 	for _, d := range in.disable.Value() {

@@ -11,9 +11,6 @@ import (
 	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
-// Address is the socket of kelp's containerd.
-const Address = "/run/kelp/containerd/containerd.sock"
-
 // Config is what containerd's configuration file is rendered from.
 type Config struct {
 	Root          string // <data-dir>/agent/containerd

@@ -6,13 +6,15 @@ import (
 	"testing"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 func testConfig() Config {
 	return Config{
 		Root:          "/var/lib/kelp/agent/containerd",
 		State:         "/run/kelp/containerd",
-		Address:       Address,
+		Address:       layout.ContainerdAddress,
 		RuncBinary:    "/bundle/bin/runc",
 		CNIBinDir:     "/bundle/bin/cni",
 		CNIConfDir:    "/etc/kelp/cni",
@@ -54,7 +56,7 @@ func TestRender(t *testing.T) {
 				"version":                            int64(3),
 				"root":                               "/var/lib/kelp/agent/containerd",
 				"state":                              "/run/kelp/containerd",
-				"grpc|address":                       Address,
+				"grpc|address":                       layout.ContainerdAddress,
 				"plugins|" + images + "|snapshotter": "overlayfs",
 				"plugins|" + images + "|pinned_images|sandbox":            "registry.k8s.io/pause:3.10",
 				"plugins|" + images + "|registry|config_path":             "/etc/kelp/registries.d",

@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 const (
@@ -67,7 +68,7 @@ func Supervise(self, configPath, logPath string, env []string) (*Supervisor, err
 	}
 	s.proc = proc
 	go s.run()
-	go s.probe(Address)
+	go s.probe(layout.ContainerdAddress)
 	return s, nil
 }
 

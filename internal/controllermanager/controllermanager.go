@@ -47,21 +47,21 @@ func Args(cfg Config) []string {
 		"service-cluster-ip-range":         cfg.ServiceCIDR.String(),
 		"configure-cloud-routes":           "false",
 		"controllers":                      "*,tokencleaner",
-		"root-ca-file":                     cfg.Certs.ServerCA,
+		"root-ca-file":                     cfg.Certs.ServerCA.Cert,
 		"service-account-private-key-file": cfg.Certs.ServiceAccountKey,
 		"use-service-account-credentials":  "true",
 		"profiling":                        "false",
 		// Kubelet client and apiserver client certificates are signed by
 		// the client CA the apiserver trusts; serving certificates by the
 		// server CA clients trust.
-		"cluster-signing-kube-apiserver-client-cert-file": cfg.Certs.ClientCA,
-		"cluster-signing-kube-apiserver-client-key-file":  cfg.Certs.ClientCAKey,
-		"cluster-signing-kubelet-client-cert-file":        cfg.Certs.ClientCA,
-		"cluster-signing-kubelet-client-key-file":         cfg.Certs.ClientCAKey,
-		"cluster-signing-kubelet-serving-cert-file":       cfg.Certs.ServerCA,
-		"cluster-signing-kubelet-serving-key-file":        cfg.Certs.ServerCAKey,
-		"cluster-signing-legacy-unknown-cert-file":        cfg.Certs.ServerCA,
-		"cluster-signing-legacy-unknown-key-file":         cfg.Certs.ServerCAKey,
+		"cluster-signing-kube-apiserver-client-cert-file": cfg.Certs.ClientCA.Cert,
+		"cluster-signing-kube-apiserver-client-key-file":  cfg.Certs.ClientCA.Key,
+		"cluster-signing-kubelet-client-cert-file":        cfg.Certs.ClientCA.Cert,
+		"cluster-signing-kubelet-client-key-file":         cfg.Certs.ClientCA.Key,
+		"cluster-signing-kubelet-serving-cert-file":       cfg.Certs.ServerCA.Cert,
+		"cluster-signing-kubelet-serving-key-file":        cfg.Certs.ServerCA.Key,
+		"cluster-signing-legacy-unknown-cert-file":        cfg.Certs.ServerCA.Cert,
+		"cluster-signing-legacy-unknown-key-file":         cfg.Certs.ServerCA.Key,
 		// Without it the controller-manager exits the whole process when
 		// its context ends; with it, it releases its lease and returns,
 		// so a restarted server takes the lease over at once.

@@ -13,7 +13,7 @@ func TestArgs(t *testing.T) {
 		Kubeconfig:     "/cred/controller.kubeconfig",
 		ClusterCIDR:    netip.MustParsePrefix("10.42.0.0/16"),
 		ServiceCIDR:    netip.MustParsePrefix("10.43.0.0/16"),
-		Certs:          pki.Files{ClientCA: "/tls/client-ca.crt", ServerCA: "/tls/server-ca.crt", ServiceAccountKey: "/tls/service.key"},
+		Certs:          pki.FilesIn("/tls"),
 		LeaderElection: true,
 	}
 	args := Args(cfg)
@@ -29,7 +29,9 @@ func TestArgs(t *testing.T) {
 		"--service-account-private-key-file=/tls/service.key",
 		"--use-service-account-credentials=true",
 		"--cluster-signing-kubelet-client-cert-file=/tls/client-ca.crt",
+		"--cluster-signing-kubelet-client-key-file=/tls/client-ca.key",
 		"--cluster-signing-kubelet-serving-cert-file=/tls/server-ca.crt",
+		"--cluster-signing-kubelet-serving-key-file=/tls/server-ca.key",
 		"--bind-address=127.0.0.1",
 		"--feature-gates=ControllerManagerReleaseLeaderElectionLockOnExit=true",
 	} {

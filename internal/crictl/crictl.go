@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/kelp-dev/kelp/internal/containerd"
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // Main runs crictl with args (args[0] is the program name).
@@ -32,7 +32,7 @@ func app() *cli.App {
 		Usage:           "inspect the pods, containers and images of kelp's container runtime",
 		HideHelpCommand: true,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"}, Value: "unix://" + containerd.Address, Usage: "CRI endpoint"},
+			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"}, Value: "unix://" + layout.ContainerdAddress, Usage: "CRI endpoint"},
 			&cli.DurationFlag{Name: "timeout", Aliases: []string{"t"}, Value: 10 * time.Second, Usage: "timeout of each call"},
 		},
 		Commands: []*cli.Command{

@@ -19,6 +19,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 const (
@@ -69,11 +70,13 @@ type Config struct {
 // EtcdTLS holds certificate and key files for embedded etcd. The client
 // endpoint requires client certificates signed by ServerCA; peers
 // authenticate each other with certificates signed by PeerCA. The apiserver
-// connects with ClientCert and ClientKey.
+// connects with Client.
 type EtcdTLS struct {
-	ServerCA, ServerCert, ServerKey string
-	PeerCA, PeerCert, PeerKey       string
-	ClientCert, ClientKey           string
+	ServerCA string
+	Server   pki.Pair // serving, and client to itself
+	PeerCA   string
+	Peer     pki.Pair
+	Client   pki.Pair
 }
 
 // Backend is what kube-apiserver needs to reach the datastore: its
@@ -113,9 +116,9 @@ func (c Config) Validate() error {
 		}
 		t := c.EtcdTLS
 		for _, f := range []struct{ name, path string }{
-			{"server CA", t.ServerCA}, {"server certificate", t.ServerCert}, {"server key", t.ServerKey},
-			{"peer CA", t.PeerCA}, {"peer certificate", t.PeerCert}, {"peer key", t.PeerKey},
-			{"client certificate", t.ClientCert}, {"client key", t.ClientKey},
+			{"server CA", t.ServerCA}, {"server certificate", t.Server.Cert}, {"server key", t.Server.Key},
+			{"peer CA", t.PeerCA}, {"peer certificate", t.Peer.Cert}, {"peer key", t.Peer.Key},
+			{"client certificate", t.Client.Cert}, {"client key", t.Client.Key},
 		} {
 			if f.path == "" {
 				return fmt.Errorf("embedded etcd needs its %s file: none given", f.name)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 func TestEndpointKind(t *testing.T) {
@@ -116,12 +118,12 @@ func TestScrubError(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	full := EtcdTLS{
-		ServerCA: "s-ca", ServerCert: "s.crt", ServerKey: "s.key",
-		PeerCA: "p-ca", PeerCert: "p.crt", PeerKey: "p.key",
-		ClientCert: "c.crt", ClientKey: "c.key",
+		ServerCA: "s-ca", Server: pki.Pair{Cert: "s.crt", Key: "s.key"},
+		PeerCA: "p-ca", Peer: pki.Pair{Cert: "p.crt", Key: "p.key"},
+		Client: pki.Pair{Cert: "c.crt", Key: "c.key"},
 	}
 	noPeerKey := full
-	noPeerKey.PeerKey = ""
+	noPeerKey.Peer.Key = ""
 	for _, tc := range []struct {
 		name    string
 		cfg     Config

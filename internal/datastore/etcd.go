@@ -56,7 +56,8 @@ func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend,
 	dir := filepath.Join(dbDir, etcdDirName)
 	desc = "embedded etcd " + dir
 
-	for _, f := range []string{cfg.EtcdTLS.ServerCA, cfg.EtcdTLS.ServerCert, cfg.EtcdTLS.ServerKey, cfg.EtcdTLS.PeerCA, cfg.EtcdTLS.PeerCert, cfg.EtcdTLS.PeerKey, cfg.EtcdTLS.ClientCert, cfg.EtcdTLS.ClientKey} {
+	t := cfg.EtcdTLS
+	for _, f := range []string{t.ServerCA, t.Server.Cert, t.Server.Key, t.PeerCA, t.Peer.Cert, t.Peer.Key, t.Client.Cert, t.Client.Key} {
 		if _, err := os.Stat(f); err != nil {
 			return nil, "", Backend{}, fmt.Errorf("%s: TLS file: %w: the server certificates must exist before etcd starts", desc, err)
 		}
@@ -106,8 +107,8 @@ func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend,
 	return s, desc, Backend{
 		Endpoints: []string{"https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(clientPort))},
 		CAFile:    cfg.EtcdTLS.ServerCA,
-		CertFile:  cfg.EtcdTLS.ClientCert,
-		KeyFile:   cfg.EtcdTLS.ClientKey,
+		CertFile:  cfg.EtcdTLS.Client.Cert,
+		KeyFile:   cfg.EtcdTLS.Client.Key,
 	}, nil
 }
 
@@ -148,14 +149,14 @@ func etcdConfig(cfg Config, dir string, log *logrus.Entry, closing *atomic.Bool)
 	}
 
 	ec.ClientTLSInfo = transport.TLSInfo{
-		CertFile:       cfg.EtcdTLS.ServerCert,
-		KeyFile:        cfg.EtcdTLS.ServerKey,
+		CertFile:       cfg.EtcdTLS.Server.Cert,
+		KeyFile:        cfg.EtcdTLS.Server.Key,
 		TrustedCAFile:  cfg.EtcdTLS.ServerCA,
 		ClientCertAuth: true,
 	}
 	ec.PeerTLSInfo = transport.TLSInfo{
-		CertFile:       cfg.EtcdTLS.PeerCert,
-		KeyFile:        cfg.EtcdTLS.PeerKey,
+		CertFile:       cfg.EtcdTLS.Peer.Cert,
+		KeyFile:        cfg.EtcdTLS.Peer.Key,
 		TrustedCAFile:  cfg.EtcdTLS.PeerCA,
 		ClientCertAuth: true,
 	}

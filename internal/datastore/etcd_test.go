@@ -34,7 +34,7 @@ func TestEmbeddedEtcdRestartKeepsData(t *testing.T) {
 	if be.Kind != KindEtcd || len(be.Endpoints) != 1 || !strings.HasPrefix(be.Endpoints[0], "https://127.0.0.1:") {
 		t.Errorf("Backend = %+v", be)
 	}
-	if be.CAFile != tls.ServerCA || be.CertFile != tls.ClientCert || be.KeyFile != tls.ClientKey {
+	if be.CAFile != tls.ServerCA || be.CertFile != tls.Client.Cert || be.KeyFile != tls.Client.Key {
 		t.Errorf("Backend TLS files = %+v, want the server CA and the client pair", be)
 	}
 	put(t, be, "/registry/test/a", "one")
@@ -103,7 +103,7 @@ func TestEmbeddedEtcdRequiresClientCertificate(t *testing.T) {
 
 func TestEmbeddedEtcdMissingCertificate(t *testing.T) {
 	tls := etcdTestTLS(t)
-	tls.PeerKey = filepath.Join(t.TempDir(), "missing.key")
+	tls.Peer.Key = filepath.Join(t.TempDir(), "missing.key")
 	dataDir := t.TempDir()
 	_, err := Start(context.Background(), etcdTestConfig(t, dataDir, tls))
 	if err == nil || !strings.Contains(err.Error(), "missing.key") {
@@ -137,8 +137,8 @@ func TestExternalEtcdPassThrough(t *testing.T) {
 	cfg := Config{
 		Endpoint: embedded.Backend().Endpoints[0],
 		CAFile:   tls.ServerCA,
-		CertFile: tls.ClientCert,
-		KeyFile:  tls.ClientKey,
+		CertFile: tls.Client.Cert,
+		KeyFile:  tls.Client.Key,
 	}
 	d := startReady(t, cfg)
 	be := d.Backend()
@@ -155,8 +155,8 @@ func TestExternalEtcdUnreachableFailsInBoundedTime(t *testing.T) {
 	cfg := Config{
 		Endpoint:     "https://127.0.0.1:1",
 		CAFile:       tls.ServerCA,
-		CertFile:     tls.ClientCert,
-		KeyFile:      tls.ClientKey,
+		CertFile:     tls.Client.Cert,
+		KeyFile:      tls.Client.Key,
 		readyTimeout: 2 * time.Second,
 	}
 	d, err := Start(context.Background(), cfg)

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 // startReady starts a datastore, waits until it answers and closes it when
@@ -124,7 +126,7 @@ func newTestCA(t *testing.T, dir, name string) *testCA {
 var serial int64 = 100
 
 // issue writes a leaf certificate and key signed by ca and returns their paths.
-func (ca *testCA) issue(t *testing.T, dir, name string, usages []x509.ExtKeyUsage, ips ...string) (certFile, keyFile string) {
+func (ca *testCA) issue(t *testing.T, dir, name string, usages []x509.ExtKeyUsage, ips ...string) pki.Pair {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -150,11 +152,10 @@ func (ca *testCA) issue(t *testing.T, dir, name string, usages []x509.ExtKeyUsag
 	if err != nil {
 		t.Fatal(err)
 	}
-	certFile = filepath.Join(dir, name+".crt")
-	keyFile = filepath.Join(dir, name+".key")
-	writePEM(t, certFile, "CERTIFICATE", der)
-	writePEM(t, keyFile, "EC PRIVATE KEY", keyDER)
-	return certFile, keyFile
+	p := pki.Pair{Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key")}
+	writePEM(t, p.Cert, "CERTIFICATE", der)
+	writePEM(t, p.Key, "EC PRIVATE KEY", keyDER)
+	return p
 }
 
 func writePEM(t *testing.T, path, typ string, der []byte) {
@@ -172,9 +173,11 @@ func etcdTestTLS(t *testing.T) EtcdTLS {
 	dir := t.TempDir()
 	server := newTestCA(t, dir, "etcd-server-ca")
 	peer := newTestCA(t, dir, "etcd-peer-ca")
-	tls := EtcdTLS{ServerCA: server.file, PeerCA: peer.file}
-	tls.ServerCert, tls.ServerKey = server.issue(t, dir, "etcd-server", []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, "127.0.0.1")
-	tls.PeerCert, tls.PeerKey = peer.issue(t, dir, "etcd-peer", []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, "127.0.0.1")
-	tls.ClientCert, tls.ClientKey = server.issue(t, dir, "apiserver-etcd-client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth})
-	return tls
+	return EtcdTLS{
+		ServerCA: server.file,
+		Server:   server.issue(t, dir, "etcd-server", []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, "127.0.0.1"),
+		PeerCA:   peer.file,
+		Peer:     peer.issue(t, dir, "etcd-peer", []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, "127.0.0.1"),
+		Client:   server.issue(t, dir, "apiserver-etcd-client", []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}),
+	}
 }

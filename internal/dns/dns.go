@@ -84,7 +84,7 @@ func Start(cfg Config, client kubernetes.Interface) (*Server, error) {
 	instance, err := caddy.Start(input)
 	logging.RouteKlog()
 	if err != nil {
-		return nil, fmt.Errorf("dns: start CoreDNS: %w", err)
+		return nil, fmt.Errorf("start CoreDNS: %w", err)
 	}
 	s := &Server{cfg: cfg, instance: instance}
 	s.watch = component.Go("dns customisation", func(ctx context.Context) error {
@@ -96,10 +96,10 @@ func Start(cfg Config, client kubernetes.Interface) (*Server, error) {
 func writeCorefile(cfg Config, custom Custom) (caddy.CaddyfileInput, error) {
 	corefile := Corefile(cfg, custom)
 	if err := os.MkdirAll(filepath.Dir(cfg.Corefile), 0o700); err != nil {
-		return caddy.CaddyfileInput{}, fmt.Errorf("dns: %w", err)
+		return caddy.CaddyfileInput{}, fmt.Errorf("write the Corefile: %w", err)
 	}
 	if err := os.WriteFile(cfg.Corefile, []byte(corefile), 0o600); err != nil {
-		return caddy.CaddyfileInput{}, fmt.Errorf("dns: %w", err)
+		return caddy.CaddyfileInput{}, fmt.Errorf("write the Corefile: %w", err)
 	}
 	return caddy.CaddyfileInput{Contents: []byte(corefile), Filepath: cfg.Corefile, ServerTypeName: "dns"}, nil
 }
@@ -136,7 +136,7 @@ func (s *Server) Customize(custom Custom) error {
 	if err != nil {
 		// Put the file back to what runs.
 		_, _ = writeCorefile(s.cfg, s.custom)
-		return fmt.Errorf("dns: %s/%s not applied: %w", "kube-system", CustomConfigMap, err)
+		return fmt.Errorf("%s/%s not applied: %w", "kube-system", CustomConfigMap, err)
 	}
 	s.instance, s.custom = instance, custom
 	return nil
@@ -165,15 +165,15 @@ func (s *Server) Stop(ctx context.Context) error {
 
 func addAddress(ip netip.Addr) error {
 	if !ip.Is4() {
-		return fmt.Errorf("dns: cluster DNS address %s: only IPv4 is supported so far", ip)
+		return fmt.Errorf("cluster DNS address %s: only IPv4 is supported so far", ip)
 	}
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
-		return fmt.Errorf("dns: %w", err)
+		return fmt.Errorf("add the cluster DNS address to lo: %w", err)
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}, Label: AddressLabel}
 	if err := netlink.AddrAdd(lo, addr); err != nil && !errors.Is(err, syscall.EEXIST) {
-		return fmt.Errorf("dns: add %s to lo: %w", ip, err)
+		return fmt.Errorf("add the cluster DNS address %s to lo: %w", ip, err)
 	}
 	return nil
 }

@@ -111,7 +111,7 @@ type joinAPI struct {
 }
 
 func (s *joinAPI) caCerts(w http.ResponseWriter, r *http.Request) {
-	ca, err := os.ReadFile(s.cfg.Certs.ServerCA)
+	ca, err := os.ReadFile(s.cfg.Certs.ServerCA.Cert)
 	if err != nil {
 		http.Error(w, "server CA unavailable", http.StatusInternalServerError)
 		log.WithError(err).Error("read the server CA")
@@ -325,11 +325,11 @@ func (s *joinAPI) response(name string, ips []net.IP) (JoinResponse, error) {
 	if err != nil {
 		return JoinResponse{}, err
 	}
-	serverCA, err := os.ReadFile(s.cfg.Certs.ServerCA)
+	serverCA, err := os.ReadFile(s.cfg.Certs.ServerCA.Cert)
 	if err != nil {
 		return JoinResponse{}, err
 	}
-	clientCA, err := os.ReadFile(s.cfg.Certs.ClientCA)
+	clientCA, err := os.ReadFile(s.cfg.Certs.ClientCA.Cert)
 	if err != nil {
 		return JoinResponse{}, err
 	}

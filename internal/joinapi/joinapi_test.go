@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	logtest "github.com/sirupsen/logrus/hooks/test"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/testlog"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -108,6 +108,48 @@ func TestJoin(t *testing.T) {
 	}
 }
 
+// TestJoinResponseWire pins the join API's JSON: nodes and servers of
+// different kelp versions speak it, so renaming a Go field must not rename
+// a key.
+func TestJoinResponseWire(t *testing.T) {
+	pem := func(s string) pki.PEMPair { return pki.PEMPair{Cert: []byte(s + ".crt"), Key: []byte(s + ".key")} }
+	resp := JoinResponse{
+		Config: AgentConfig{
+			Servers: []string{"https://10.0.0.1:6443"}, ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16",
+			ClusterDNS: "10.43.0.10", ClusterDomain: "cluster.local", Overlay: "vxlan", DisableDNS: true, DisableNetworkPolicy: true,
+		},
+		ServerCA: []byte("server-ca"),
+		ClientCA: []byte("client-ca"),
+		Certs: pki.NodeCerts{
+			KubeletClient: pem("kc"), KubeletServing: pem("ks"), Proxy: pem("p"), DNS: pem("d"), Controller: pem("c"),
+		},
+	}
+	got, err := json.Marshal(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{
+		"config": {"servers": ["https://10.0.0.1:6443"], "clusterCIDR": "10.42.0.0/16", "serviceCIDR": "10.43.0.0/16",
+			"clusterDNS": "10.43.0.10", "clusterDomain": "cluster.local", "overlay": "vxlan", "disableDNS": true, "disableNetworkPolicy": true},
+		"serverCA": "c2VydmVyLWNh",
+		"clientCA": "Y2xpZW50LWNh",
+		"certs": {
+			"KubeletClient": {"Cert": "a2MuY3J0", "Key": "a2Mua2V5"},
+			"KubeletServing": {"Cert": "a3MuY3J0", "Key": "a3Mua2V5"},
+			"Proxy": {"Cert": "cC5jcnQ=", "Key": "cC5rZXk="},
+			"DNS": {"Cert": "ZC5jcnQ=", "Key": "ZC5rZXk="},
+			"Controller": {"Cert": "Yy5jcnQ=", "Key": "Yy5rZXk="}
+		}
+	}`
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(want)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, compact.Bytes()) {
+		t.Errorf("JoinResponse is\n%s\nwant\n%s", got, compact.Bytes())
+	}
+}
+
 // A node's name belongs to the machine that joined under it first, until
 // its Node is deleted.
 func TestJoinNodeName(t *testing.T) {
@@ -149,7 +191,7 @@ func TestPublicRoutes(t *testing.T) {
 	routes := Routes(s.cfg)
 	w := httptest.NewRecorder()
 	routes[CACertsPath].ServeHTTP(w, httptest.NewRequest(http.MethodGet, CACertsPath, nil))
-	ca, _ := os.ReadFile(s.cfg.Certs.ServerCA)
+	ca, _ := os.ReadFile(s.cfg.Certs.ServerCA.Cert)
 	if w.Code != http.StatusOK || !bytes.Equal(w.Body.Bytes(), ca) {
 		t.Errorf("/cacerts: %d, %d bytes", w.Code, w.Body.Len())
 	}
@@ -204,7 +246,7 @@ func TestJoinTokenFileMissingOrEmpty(t *testing.T) {
 			if err := damage.do(s.cfg.TokenFile); err != nil {
 				t.Fatal(err)
 			}
-			hook := captureLog(t)
+			hook := testlog.Capture(t)
 			if w := joinAs(s, "node:agent-secret", req); w.Code != http.StatusOK {
 				t.Errorf("the agent token: %d %s", w.Code, w.Body)
 			}
@@ -235,15 +277,4 @@ func TestJoinTokenFileMissingOrEmpty(t *testing.T) {
 			}
 		})
 	}
-}
-
-// captureLog records what the package logs during the test.
-func captureLog(t *testing.T) *logtest.Hook {
-	t.Helper()
-	std := logrus.StandardLogger()
-	saved := std.ReplaceHooks(make(logrus.LevelHooks))
-	t.Cleanup(func() { std.ReplaceHooks(saved) })
-	hook := new(logtest.Hook)
-	std.AddHook(hook)
-	return hook
 }

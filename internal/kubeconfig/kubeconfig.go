@@ -9,14 +9,14 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 // Client names a client certificate and the server it talks to.
 type Client struct {
-	Server   string // https://127.0.0.1:6443
-	CAFile   string
-	CertFile string
-	KeyFile  string
+	Server string // https://127.0.0.1:6443
+	CAFile string
+	Cert   pki.Pair
 }
 
 // Write writes a kubeconfig for c to path with the given mode, embedding the
@@ -27,11 +27,11 @@ func Write(path string, mode os.FileMode, c Client) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	cert, err := os.ReadFile(c.CertFile)
+	cert, err := os.ReadFile(c.Cert.Cert)
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	key, err := os.ReadFile(c.KeyFile)
+	key, err := os.ReadFile(c.Cert.Key)
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 func TestWrite(t *testing.T) {
@@ -16,7 +18,7 @@ func TestWrite(t *testing.T) {
 		}
 	}
 	c := Client{Server: "https://127.0.0.1:6443", CAFile: filepath.Join(dir, "ca.crt"),
-		CertFile: filepath.Join(dir, "c.crt"), KeyFile: filepath.Join(dir, "c.key")}
+		Cert: pki.Pair{Cert: filepath.Join(dir, "c.crt"), Key: filepath.Join(dir, "c.key")}}
 	path := filepath.Join(dir, "etc", "kelp.yaml")
 	for _, mode := range []os.FileMode{0o600, 0o644} {
 		if err := Write(path, mode, c); err != nil {
@@ -37,6 +39,9 @@ func TestWrite(t *testing.T) {
 	cl := cfg.Clusters[cfg.Contexts[cfg.CurrentContext].Cluster]
 	if cl.Server != c.Server || string(cl.CertificateAuthorityData) != "data of ca.crt" {
 		t.Errorf("cluster %+v", cl)
+	}
+	if u := cfg.AuthInfos[cfg.Contexts[cfg.CurrentContext].AuthInfo]; string(u.ClientCertificateData) != "data of c.crt" || string(u.ClientKeyData) != "data of c.key" {
+		t.Errorf("user %+v", u)
 	}
 	if err := Write(path, 0o600, Client{CAFile: filepath.Join(dir, "missing")}); err == nil {
 		t.Error("a missing certificate must be an error")

@@ -13,10 +13,9 @@ import (
 	"k8s.io/kubectl/pkg/cmd"
 	"k8s.io/kubectl/pkg/cmd/plugin"
 	"k8s.io/kubectl/pkg/cmd/util"
-)
 
-// DefaultKubeconfig is used when neither KUBECONFIG nor --kubeconfig is given.
-const DefaultKubeconfig = "/etc/kelp/kelp.yaml"
+	"github.com/kelp-dev/kelp/internal/layout"
+)
 
 // Run runs kubectl with args (without the program name). On failure it
 // prints the error and exits with kubectl's exit code, as upstream kubectl
@@ -51,10 +50,10 @@ func withDefaultKubeconfig(args []string, envKubeconfig string) []string {
 			return args
 		}
 	}
-	if _, err := os.Stat(DefaultKubeconfig); err != nil {
+	if _, err := os.Stat(layout.Kubeconfig); err != nil {
 		return args
 	}
-	return append([]string{"--kubeconfig=" + DefaultKubeconfig}, args...)
+	return append([]string{"--kubeconfig=" + layout.Kubeconfig}, args...)
 }
 
 func configFlags(streams genericiooptions.IOStreams) *genericclioptions.ConfigFlags {

@@ -4,11 +4,13 @@ import (
 	"os"
 	"reflect"
 	"testing"
+
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 func TestWithDefaultKubeconfig(t *testing.T) {
-	_, statErr := os.Stat(DefaultKubeconfig)
-	def := []string{"--kubeconfig=" + DefaultKubeconfig, "get", "pods"}
+	_, statErr := os.Stat(layout.Kubeconfig)
+	def := []string{"--kubeconfig=" + layout.Kubeconfig, "get", "pods"}
 	if statErr != nil {
 		def = []string{"get", "pods"} // no kelp server has written it on this machine
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/kubeargs"
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 // HealthzPort is where the kubelet serves /healthz, on loopback.
@@ -39,11 +40,10 @@ type Config struct {
 	Labels          []string // key=value
 	Taints          []string // key=value:Effect
 	Kubeconfig      string
-	ConfigFile      string // where the generated KubeletConfiguration goes
-	RuntimeEndpoint string // unix:///run/kelp/containerd/containerd.sock
-	ClientCA        string // verifies the apiserver's client certificate
-	ServingCert     string
-	ServingKey      string
+	ConfigFile      string   // where the generated KubeletConfiguration goes
+	RuntimeEndpoint string   // unix:///run/kelp/containerd/containerd.sock
+	ClientCA        string   // verifies the apiserver's client certificate
+	Serving         pki.Pair // the kubelet's serving certificate
 	ClusterDNS      netip.Addr
 	ClusterDomain   string
 	ResolvConf      string
@@ -71,8 +71,8 @@ func Configuration(cfg Config) *kubeletv1beta1.KubeletConfiguration {
 		ClusterDNS:               []string{cfg.ClusterDNS.String()},
 		ClusterDomain:            cfg.ClusterDomain,
 		ContainerRuntimeEndpoint: cfg.RuntimeEndpoint,
-		TLSCertFile:              cfg.ServingCert,
-		TLSPrivateKeyFile:        cfg.ServingKey,
+		TLSCertFile:              cfg.Serving.Cert,
+		TLSPrivateKeyFile:        cfg.Serving.Key,
 		HealthzBindAddress:       "127.0.0.1",
 		HealthzPort:              ptr.To[int32](HealthzPort),
 		ReadOnlyPort:             0,

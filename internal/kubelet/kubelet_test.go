@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 func baseConfig() Config {
@@ -16,8 +18,7 @@ func baseConfig() Config {
 		ConfigFile:      "/k/kubelet.yaml",
 		RuntimeEndpoint: "unix:///run/kelp/containerd/containerd.sock",
 		ClientCA:        "/k/client-ca.crt",
-		ServingCert:     "/k/serving.crt",
-		ServingKey:      "/k/serving.key",
+		Serving:         pki.Pair{Cert: "/k/serving.crt", Key: "/k/serving.key"},
 		ClusterDNS:      netip.MustParseAddr("10.43.0.10"),
 		ClusterDomain:   "cluster.local",
 		ResolvConf:      "/etc/resolv.conf",

@@ -4,16 +4,17 @@
 //
 //	/etc/kelp/config.yaml            ConfigFile (+ config.yaml.d/*.yaml)
 //	/etc/kelp/kelp.yaml              Kubeconfig, the admin kubeconfig
+//	/etc/kelp/registries.yaml        RegistriesFile: mirrors, auth and TLS
 //	<data-dir>                       DefaultDataDir: /var/lib/kelp
 //	├── data/<bundle hash>/          the staged bundle (embed.Stage)
 //	├── server/                      Server(dataDir)
-//	│   ├── tls/                     CAs and leaf certificates (pki)
+//	│   ├── tls/                     CAs and leaf certificates, named by pki.FilesIn
 //	│   ├── cred/                    kubeconfigs of the in-process clients
 //	│   ├── db/                      state.db (SQLite) or etcd/
 //	│   ├── token, agent-token       join tokens
 //	└── agent/                       Agent(dataDir)
 //	    ├── bin/                     kubectl, crictl, ctr links
-//	    ├── tls/                     a joined node's certificates
+//	    ├── tls/                     a joined node's certificates, named by pki.NodeFilesIn
 //	    ├── images/                  airgap image tarballs
 //	    ├── containerd/              containerd's root and its log
 //	    ├── etc/                     containerd, CNI, kubelet and CoreDNS config
@@ -32,6 +33,7 @@ const (
 	DefaultDataDir = "/var/lib/kelp"
 	ConfigFile     = "/etc/kelp/config.yaml"
 	Kubeconfig     = "/etc/kelp/kelp.yaml"
+	RegistriesFile = "/etc/kelp/registries.yaml"
 	RunDir         = "/run/kelp"
 	KubeletRoot    = "/var/lib/kubelet"
 	// PodLogsDir is where the kubelet keeps container logs; log shippers
@@ -44,10 +46,10 @@ const (
 )
 
 // Under /run/kelp.
-var (
-	ContainerdState   = filepath.Join(RunDir, "containerd")
-	ContainerdAddress = filepath.Join(RunDir, "containerd", "containerd.sock")
-	CNINetworks       = filepath.Join(RunDir, "cni", "networks")
+const (
+	ContainerdState   = RunDir + "/containerd"
+	ContainerdAddress = ContainerdState + "/containerd.sock"
+	CNINetworks       = RunDir + "/cni/networks"
 )
 
 // BundleDir holds the staged bundles: one directory per content hash.

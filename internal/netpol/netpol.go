@@ -50,7 +50,7 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 func run(ctx context.Context, client kubernetes.Interface, cfg Config, checkEvery time.Duration) error {
 	conn, err := nft.New()
 	if err != nil {
-		return fmt.Errorf("netpol: %w", err)
+		return err
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimPod))
 	policies := factory.Networking().V1().NetworkPolicies()
@@ -104,15 +104,15 @@ func (e *enforcer) sync(_ context.Context, resync bool) error {
 	}
 	pols, err := e.policies.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("netpol: %w", err)
+		return fmt.Errorf("list network policies: %w", err)
 	}
 	ps, err := e.pods.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("netpol: %w", err)
+		return fmt.Errorf("list pods: %w", err)
 	}
 	nss, err := e.namespaces.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("netpol: %w", err)
+		return fmt.Errorf("list namespaces: %w", err)
 	}
 	r := Compile(pols, ps, nss, e.cfg.NodeName)
 	if !e.reapply && reflect.DeepEqual(r, e.applied) {

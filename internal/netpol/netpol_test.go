@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,11 +18,7 @@ import (
 // its back, and checks it cleans up.
 func TestRun(t *testing.T) {
 	testcluster.InNewNetns(t, func() {
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
+		fd := testcluster.NetnsFD(t)
 		// Run keeps this thread; the test looks at the namespace from others.
 		c, err := nftables.New(nftables.WithNetNSFd(fd))
 		if err != nil {

@@ -75,7 +75,7 @@ func Apply(c *nftables.Conn, r Ruleset) error {
 		}
 		vmap := &nftables.Set{Table: t, Name: d.name + "-pods", IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
 		if err := c.AddSet(vmap, elems); err != nil {
-			return fmt.Errorf("netpol: %w", err)
+			return fmt.Errorf("add nftables set: %w", err)
 		}
 		maps = append(maps, vmap)
 	}
@@ -103,7 +103,7 @@ func Apply(c *nftables.Conn, r Ruleset) error {
 		}})
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("netpol: program nftables table %s: %w", Table, err)
+		return fmt.Errorf("program nftables table %s: %w", Table, err)
 	}
 	return nil
 }
@@ -114,7 +114,7 @@ func Remove(c *nftables.Conn) error {
 	c.AddTable(t) // so that the delete cannot fail if it is gone
 	c.DelTable(t)
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("netpol: remove nftables table %s: %w", Table, err)
+		return fmt.Errorf("remove nftables table %s: %w", Table, err)
 	}
 	return nil
 }
@@ -130,7 +130,7 @@ func intact(c *nftables.Conn, r Ruleset) (bool, error) {
 	}
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
 	if err != nil {
-		return false, fmt.Errorf("netpol: list nftables chains: %w", err)
+		return false, fmt.Errorf("list nftables chains: %w", err)
 	}
 	found := 0
 	for _, ch := range chains {
@@ -143,7 +143,7 @@ func intact(c *nftables.Conn, r Ruleset) (bool, error) {
 		}
 		rules, err := c.GetRules(ch.Table, ch)
 		if err != nil {
-			return false, fmt.Errorf("netpol: list rules of nftables chain %s: %w", ch.Name, err)
+			return false, fmt.Errorf("list rules of nftables chain %s: %w", ch.Name, err)
 		}
 		if len(rules) != n {
 			return false, nil
@@ -205,7 +205,7 @@ func (s peerSets) get(c *nftables.Conn, rs []Range) (*nftables.Set, error) {
 	}
 	set := &nftables.Set{Table: s.table, Name: fmt.Sprintf("peers-%d", len(s.byRanges)), KeyType: nftables.TypeIPAddr, Interval: true}
 	if err := c.AddSet(set, intervalElements(rs)); err != nil {
-		return nil, fmt.Errorf("netpol: %w", err)
+		return nil, fmt.Errorf("add nftables set: %w", err)
 	}
 	s.byRanges[key.String()] = set
 	return set, nil

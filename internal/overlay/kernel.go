@@ -45,7 +45,7 @@ type local struct {
 func program(l local, peers []Peer) error {
 	up, err := netlink.LinkByName(l.uplink)
 	if err != nil {
-		return fmt.Errorf("overlay: uplink %s: %w", l.uplink, err)
+		return fmt.Errorf("uplink %s: %w", l.uplink, err)
 	}
 	var errs []error
 	var routes []netlink.Route
@@ -76,7 +76,7 @@ func program(l local, peers []Peer) error {
 				Gw: p.IP.AsSlice(), Protocol: protocol})
 		}
 	default:
-		return fmt.Errorf("overlay: backend %q programs nothing", l.backend)
+		return fmt.Errorf("backend %q programs nothing", l.backend)
 	}
 	errs = append(errs, syncRoutes(routes))
 	return errors.Join(errs...)
@@ -97,22 +97,22 @@ func ensureDevice(l local, up netlink.Link) (netlink.Link, error) {
 	switch {
 	case errors.As(err, &notFound):
 	case err != nil:
-		return nil, fmt.Errorf("overlay: %s: %w", Device, err)
+		return nil, fmt.Errorf("%s: %w", Device, err)
 	case sameTunnel(link, want):
 		return link, fixDevice(link, want)
 	default:
 		log.WithField("device", Device).Info("re-creating the VXLAN device: its settings changed")
 		if err := netlink.LinkDel(link); err != nil {
-			return nil, fmt.Errorf("overlay: delete %s: %w", Device, err)
+			return nil, fmt.Errorf("delete %s: %w", Device, err)
 		}
 	}
 	if err := netlink.LinkAdd(want); err != nil {
-		return nil, fmt.Errorf("overlay: create VXLAN device %s: %w (is vxlan in the kernel? see `kelp check-config`)", Device, err)
+		return nil, fmt.Errorf("create VXLAN device %s: %w (is vxlan in the kernel? see `kelp check-config`)", Device, err)
 	}
 	log.WithFields(logrus.Fields{"device": Device, "mac": l.mac, "local": l.ip, "uplink": up.Attrs().Name}).Info("created VXLAN device")
 	link, err = netlink.LinkByName(Device)
 	if err != nil {
-		return nil, fmt.Errorf("overlay: %s: %w", Device, err)
+		return nil, fmt.Errorf("%s: %w", Device, err)
 	}
 	return link, fixDevice(link, want)
 }
@@ -130,17 +130,17 @@ func sameTunnel(link netlink.Link, want *netlink.Vxlan) bool {
 func fixDevice(link netlink.Link, want *netlink.Vxlan) error {
 	if link.Attrs().MTU != want.MTU {
 		if err := netlink.LinkSetMTU(link, want.MTU); err != nil {
-			return fmt.Errorf("overlay: set MTU of %s to %d: %w", Device, want.MTU, err)
+			return fmt.Errorf("set MTU of %s to %d: %w", Device, want.MTU, err)
 		}
 	}
 	if !bytes.Equal(link.Attrs().HardwareAddr, want.HardwareAddr) {
 		if err := netlink.LinkSetHardwareAddr(link, want.HardwareAddr); err != nil {
-			return fmt.Errorf("overlay: set MAC of %s: %w", Device, err)
+			return fmt.Errorf("set MAC of %s: %w", Device, err)
 		}
 	}
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		if err := netlink.LinkSetUp(link); err != nil {
-			return fmt.Errorf("overlay: set %s up: %w", Device, err)
+			return fmt.Errorf("set %s up: %w", Device, err)
 		}
 	}
 	return nil
@@ -154,7 +154,7 @@ func syncAddress(dev netlink.Link, podCIDR netip.Prefix) error {
 	want := netip.PrefixFrom(podCIDR.Addr(), 32)
 	addrs, err := retried(func() ([]netlink.Addr, error) { return netlink.AddrList(dev, netlink.FAMILY_V4) })
 	if err != nil {
-		return fmt.Errorf("overlay: addresses of %s: %w", Device, err)
+		return fmt.Errorf("addresses of %s: %w", Device, err)
 	}
 	have := false
 	for _, a := range addrs {
@@ -163,12 +163,12 @@ func syncAddress(dev netlink.Link, podCIDR netip.Prefix) error {
 			continue
 		}
 		if err := netlink.AddrDel(dev, &a); err != nil {
-			return fmt.Errorf("overlay: delete address %s of %s: %w", a.IPNet, Device, err)
+			return fmt.Errorf("delete address %s of %s: %w", a.IPNet, Device, err)
 		}
 	}
 	if !have {
 		if err := netlink.AddrAdd(dev, &netlink.Addr{IPNet: prefixNet(want)}); err != nil {
-			return fmt.Errorf("overlay: add address %s to %s: %w", want, Device, err)
+			return fmt.Errorf("add address %s to %s: %w", want, Device, err)
 		}
 	}
 	return nil
@@ -187,7 +187,7 @@ func syncFDB(dev netlink.Link, peers []Peer) error {
 	}
 	have, err := retried(func() ([]netlink.Neigh, error) { return netlink.NeighList(dev.Attrs().Index, unix.AF_BRIDGE) })
 	if err != nil {
-		return fmt.Errorf("overlay: FDB of %s: %w", Device, err)
+		return fmt.Errorf("FDB of %s: %w", Device, err)
 	}
 	var errs []error
 	for _, n := range have {
@@ -198,13 +198,13 @@ func syncFDB(dev netlink.Link, peers []Peer) error {
 		}
 		log.WithField("entry", key).Debug("deleting FDB entry")
 		if err := netlink.NeighDel(entry(n.HardwareAddr, n.IP)); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("overlay: delete FDB entry %s: %w", key, err))
+			errs = append(errs, fmt.Errorf("delete FDB entry %s: %w", key, err))
 		}
 	}
 	for key, p := range want {
 		log.WithField("entry", key).Debug("adding FDB entry")
 		if err := netlink.NeighSet(entry(p.MAC, p.IP.AsSlice())); err != nil {
-			errs = append(errs, fmt.Errorf("overlay: FDB entry for node %s (%s): %w", p.Name, key, err))
+			errs = append(errs, fmt.Errorf("FDB entry for node %s (%s): %w", p.Name, key, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -220,7 +220,7 @@ func syncNeighbours(dev netlink.Link, peers []Peer) error {
 	}
 	have, err := retried(func() ([]netlink.Neigh, error) { return netlink.NeighList(dev.Attrs().Index, netlink.FAMILY_V4) })
 	if err != nil {
-		return fmt.Errorf("overlay: neighbours of %s: %w", Device, err)
+		return fmt.Errorf("neighbours of %s: %w", Device, err)
 	}
 	var errs []error
 	for _, n := range have {
@@ -234,14 +234,14 @@ func syncNeighbours(dev netlink.Link, peers []Peer) error {
 		}
 		log.WithField("entry", key).Debug("deleting neighbour")
 		if err := netlink.NeighDel(&n); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("overlay: delete neighbour %s: %w", key, err))
+			errs = append(errs, fmt.Errorf("delete neighbour %s: %w", key, err))
 		}
 	}
 	for key, p := range want {
 		log.WithField("entry", key).Debug("adding neighbour")
 		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: dev.Attrs().Index, Family: netlink.FAMILY_V4,
 			State: netlink.NUD_PERMANENT, Type: unix.RTN_UNICAST, IP: p.PodCIDR.Addr().AsSlice(), HardwareAddr: p.MAC}); err != nil {
-			errs = append(errs, fmt.Errorf("overlay: neighbour for node %s (%s): %w", p.Name, key, err))
+			errs = append(errs, fmt.Errorf("neighbour for node %s (%s): %w", p.Name, key, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -269,7 +269,7 @@ func syncRoutes(want []netlink.Route) error {
 		case !ok:
 			log.WithField("route", r).Debug("deleting route")
 			if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
-				errs = append(errs, fmt.Errorf("overlay: delete route to %s: %w", dst, err))
+				errs = append(errs, fmt.Errorf("delete route to %s: %w", dst, err))
 			}
 		}
 	}
@@ -278,7 +278,7 @@ func syncRoutes(want []netlink.Route) error {
 		// Replace, not add: kelp's own route of another backend, or one
 		// left by a CNI used before, may already lead there.
 		if err := netlink.RouteReplace(&r); err != nil {
-			errs = append(errs, fmt.Errorf("overlay: route to %s via %s: %w", dst, r.Gw, err))
+			errs = append(errs, fmt.Errorf("route to %s via %s: %w", dst, r.Gw, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -296,7 +296,7 @@ func kelpRoutes() ([]netlink.Route, error) {
 			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("overlay: list routes: %w", err)
+		return nil, fmt.Errorf("list routes: %w", err)
 	}
 	return routes, nil
 }
@@ -310,10 +310,10 @@ func removeDevice() error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("overlay: %s: %w", Device, err)
+		return fmt.Errorf("%s: %w", Device, err)
 	}
 	if err := netlink.LinkDel(link); err != nil {
-		return fmt.Errorf("overlay: delete %s: %w", Device, err)
+		return fmt.Errorf("delete %s: %w", Device, err)
 	}
 	log.WithField("device", Device).Info("deleted VXLAN device")
 	return nil
@@ -333,7 +333,7 @@ func Remove() error {
 	var errs []error
 	for _, r := range routes {
 		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, fmt.Errorf("overlay: delete route to %s: %w", r.Dst, err))
+			errs = append(errs, fmt.Errorf("delete route to %s: %w", r.Dst, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -345,24 +345,24 @@ func uplink(cfg Config) (netlink.Link, error) {
 	if cfg.Iface != "" {
 		link, err := netlink.LinkByName(cfg.Iface)
 		if err != nil {
-			return nil, fmt.Errorf("overlay: interface %s: %w", cfg.Iface, err)
+			return nil, fmt.Errorf("interface %s: %w", cfg.Iface, err)
 		}
 		return link, nil
 	}
 	addrs, err := retried(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
-		return nil, fmt.Errorf("overlay: list addresses: %w", err)
+		return nil, fmt.Errorf("list addresses: %w", err)
 	}
 	for _, a := range addrs {
 		if netPrefix(a.IPNet).Addr() == cfg.NodeIP {
 			link, err := netlink.LinkByIndex(a.LinkIndex)
 			if err != nil {
-				return nil, fmt.Errorf("overlay: interface of %s: %w", cfg.NodeIP, err)
+				return nil, fmt.Errorf("interface of %s: %w", cfg.NodeIP, err)
 			}
 			return link, nil
 		}
 	}
-	return nil, fmt.Errorf("overlay: no interface has the node IP %s: name the interface the nodes reach each other on", cfg.NodeIP)
+	return nil, fmt.Errorf("no interface has the node IP %s: name the interface the nodes reach each other on", cfg.NodeIP)
 }
 
 // MTU returns the MTU to give pods: the uplink's, less the encapsulation

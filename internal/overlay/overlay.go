@@ -67,16 +67,16 @@ func (cfg Config) Validate() error {
 	switch cfg.Backend {
 	case BackendVXLAN, BackendHostGW, BackendNone:
 	default:
-		return fmt.Errorf("overlay: unknown backend %q: use %s, %s or %s", cfg.Backend, BackendVXLAN, BackendHostGW, BackendNone)
+		return fmt.Errorf("unknown overlay backend %q: use %s, %s or %s", cfg.Backend, BackendVXLAN, BackendHostGW, BackendNone)
 	}
 	if cfg.NodeName == "" {
-		return errors.New("overlay: no node name")
+		return errors.New("no node name")
 	}
 	if !cfg.NodeIP.Is4() {
-		return fmt.Errorf("overlay: node IP %v: only IPv4 node IPs are supported so far", cfg.NodeIP)
+		return fmt.Errorf("node IP %v: only IPv4 node IPs are supported so far", cfg.NodeIP)
 	}
 	if !cfg.ClusterCIDR.Addr().Is4() {
-		return fmt.Errorf("overlay: cluster CIDR %v: only IPv4 cluster networks are supported so far", cfg.ClusterCIDR)
+		return fmt.Errorf("cluster CIDR %v: only IPv4 cluster networks are supported so far", cfg.ClusterCIDR)
 	}
 	return nil
 }
@@ -167,7 +167,7 @@ func (o *overlay) sync(ctx context.Context, resync bool) error {
 	podCIDR = podCIDR.Masked()
 	all, err := o.nodes.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("overlay: %w", err)
+		return fmt.Errorf("list nodes: %w", err)
 	}
 	peers := Peers(all, o.cfg)
 	if !resync && o.clean && podCIDR == o.podCIDR && reflect.DeepEqual(peers, o.peers) {
@@ -241,10 +241,10 @@ func publish(ctx context.Context, client kubernetes.Interface, node *corev1.Node
 	}
 	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": patch}})
 	if err != nil {
-		return fmt.Errorf("overlay: %w", err)
+		return err
 	}
 	if _, err := client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, data, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("overlay: patch annotations of node %s: %w", node.Name, err)
+		return fmt.Errorf("patch annotations of node %s: %w", node.Name, err)
 	}
 	log.WithFields(logrus.Fields{"backend": cfg.Backend, "public-ip": cfg.NodeIP}).Info("published the node's overlay annotations")
 	return nil

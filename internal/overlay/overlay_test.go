@@ -28,8 +28,8 @@ func TestValidate(t *testing.T) {
 	}{
 		{change: func(*Config) {}},
 		{change: func(c *Config) { c.Backend = BackendNone }},
-		{change: func(c *Config) { c.Backend = "" }, err: `unknown backend ""`},
-		{change: func(c *Config) { c.Backend = "wireguard" }, err: `unknown backend "wireguard"`},
+		{change: func(c *Config) { c.Backend = "" }, err: `unknown overlay backend ""`},
+		{change: func(c *Config) { c.Backend = "wireguard" }, err: `unknown overlay backend "wireguard"`},
 		{change: func(c *Config) { c.NodeName = "" }, err: "no node name"},
 		{change: func(c *Config) { c.NodeIP = netip.Addr{} }, err: "node IP invalid IP"},
 		{change: func(c *Config) { c.NodeIP = netip.MustParseAddr("fd00::2") }, err: "only IPv4 node IPs"},
@@ -110,11 +110,7 @@ func TestRun(t *testing.T) {
 		if err := addUplink("10.99.0.2/24"); err != nil {
 			t.Fatal(err)
 		}
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
+		fd := testcluster.NetnsFD(t)
 		b := node("node-b", "10.42.1.0/24", BackendVXLAN, "10.99.0.3")
 		client := fake.NewClientset(
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: self}},

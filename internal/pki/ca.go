@@ -16,20 +16,19 @@ type authority struct {
 	key  crypto.Signer
 }
 
-// ensureCA loads the CA at certPath/keyPath, creating it only when neither
-// file exists. Every node and credential in the cluster trusts a CA, so a
-// damaged one is an error for the operator to resolve, never a reason to
-// make a new one.
-func (is issuer) ensureCA(name, certPath, keyPath string) (*authority, error) {
-	certPEM, err := readOptional(certPath)
+// ensureCA loads the CA in ca, creating it only when neither file exists.
+// Every node and credential in the cluster trusts a CA, so a damaged one is
+// an error for the operator to resolve, never a reason to make a new one.
+func (is issuer) ensureCA(name string, ca Pair) (*authority, error) {
+	certPEM, err := readOptional(ca.Cert)
 	if err != nil {
 		return nil, err
 	}
-	keyPEM, err := readOptional(keyPath)
+	keyPEM, err := readOptional(ca.Key)
 	if err != nil {
 		return nil, err
 	}
-	moveAside := fmt.Sprintf("or move %s and %s aside to create a new CA, after which every node and kubeconfig must be set up again", certPath, keyPath)
+	moveAside := fmt.Sprintf("or move %s and %s aside to create a new CA, after which every node and kubeconfig must be set up again", ca.Cert, ca.Key)
 
 	switch {
 	case certPEM == nil && keyPEM == nil:
@@ -44,51 +43,51 @@ func (is issuer) ensureCA(name, certPath, keyPath string) (*authority, error) {
 		// Key first: a crash between the two writes leaves a key without a
 		// certificate, which the next start completes (below), rather than
 		// a certificate without a key, which it must refuse.
-		if err := writeFile(keyPath, keyPEM); err != nil {
+		if err := writeFile(ca.Key, keyPEM); err != nil {
 			return nil, err
 		}
-		a, err := is.writeCACert(name, certPath, key)
+		a, err := is.writeCACert(name, ca.Cert, key)
 		if err != nil {
 			return nil, err
 		}
-		is.log.WithField("cert", certPath).Info("created certificate authority")
+		is.log.WithField("cert", ca.Cert).Info("created certificate authority")
 		return a, nil
 
 	case certPEM == nil:
 		key, err := parseKey(keyPEM)
 		if err != nil {
-			return nil, fmt.Errorf("pki: CA key %s is unreadable (%v) and its certificate %s is missing; restore both from backup, %s", keyPath, err, certPath, moveAside)
+			return nil, fmt.Errorf("pki: CA key %s is unreadable (%v) and its certificate %s is missing; restore both from backup, %s", ca.Key, err, ca.Cert, moveAside)
 		}
-		a, err := is.writeCACert(name, certPath, key)
+		a, err := is.writeCACert(name, ca.Cert, key)
 		if err != nil {
 			return nil, err
 		}
-		is.log.WithFields(logrus.Fields{"cert": certPath, "reason": "certificate missing, key present"}).Info("created certificate authority from existing key")
+		is.log.WithFields(logrus.Fields{"cert": ca.Cert, "reason": "certificate missing, key present"}).Info("created certificate authority from existing key")
 		return a, nil
 
 	case keyPEM == nil:
-		return nil, fmt.Errorf("pki: CA certificate %s exists but its key %s is missing; restore the key from backup, %s", certPath, keyPath, moveAside)
+		return nil, fmt.Errorf("pki: CA certificate %s exists but its key %s is missing; restore the key from backup, %s", ca.Cert, ca.Key, moveAside)
 	}
 
 	cert, err := parseCert(certPEM)
 	if err != nil {
-		return nil, fmt.Errorf("pki: CA certificate %s is unparseable (%v); restore it from backup, %s", certPath, err, moveAside)
+		return nil, fmt.Errorf("pki: CA certificate %s is unparseable (%v); restore it from backup, %s", ca.Cert, err, moveAside)
 	}
 	if !cert.IsCA {
-		return nil, fmt.Errorf("pki: %s is not a CA certificate; restore the CA from backup, %s", certPath, moveAside)
+		return nil, fmt.Errorf("pki: %s is not a CA certificate; restore the CA from backup, %s", ca.Cert, moveAside)
 	}
 	key, err := parseKey(keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("pki: CA key %s is unreadable (%v); restore it from backup, %s", keyPath, err, moveAside)
+		return nil, fmt.Errorf("pki: CA key %s is unreadable (%v); restore it from backup, %s", ca.Key, err, moveAside)
 	}
 	if !samePublicKey(cert.PublicKey, key.Public()) {
-		return nil, fmt.Errorf("pki: CA key %s does not match certificate %s; restore the matching pair from backup, %s", keyPath, certPath, moveAside)
+		return nil, fmt.Errorf("pki: CA key %s does not match certificate %s; restore the matching pair from backup, %s", ca.Key, ca.Cert, moveAside)
 	}
 	if !is.now.Before(cert.NotAfter) {
-		return nil, fmt.Errorf("pki: CA certificate %s expired on %s; install a renewed certificate for the same key, %s", certPath, cert.NotAfter.Format(time.DateOnly), moveAside)
+		return nil, fmt.Errorf("pki: CA certificate %s expired on %s; install a renewed certificate for the same key, %s", ca.Cert, cert.NotAfter.Format(time.DateOnly), moveAside)
 	}
 	if left := cert.NotAfter.Sub(is.now); left < renewBefore {
-		is.log.WithField("cert", certPath).Warnf("certificate authority expires in %d days; kelp never replaces a CA, install a renewed certificate for the same key", int(left.Hours()/24))
+		is.log.WithField("cert", ca.Cert).Warnf("certificate authority expires in %d days; kelp never replaces a CA, install a renewed certificate for the same key", int(left.Hours()/24))
 	}
 	return &authority{cert: cert, key: key}, nil
 }

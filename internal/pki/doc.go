@@ -8,4 +8,9 @@
 // Ensure stops with an error that says which file and what to do. Leaf
 // certificates are cheap and are reissued whenever they are close to expiry
 // or no longer match what the node needs, and are otherwise left untouched.
+//
+// IssueNode signs the credentials of a node that joins, which travel as
+// PEMPairs (contents) and land, by NodeFiles.Write, at Pairs (paths).
+// internal/layout says where the TLS directories are; the names of the
+// files in them are spelled here only, in FilesIn and NodeFilesIn.
 package pki

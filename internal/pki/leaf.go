@@ -16,20 +16,20 @@ import (
 
 // leafSpec is what one leaf certificate must look like.
 type leafSpec struct {
-	ca        *authority
-	cert, key string
-	cn        string
-	orgs      []string
-	usages    []x509.ExtKeyUsage
-	sans      []string // normalized, see normalizeSANs
+	ca     *authority
+	files  Pair
+	cn     string
+	orgs   []string
+	usages []x509.ExtKeyUsage
+	sans   []string // normalized, see normalizeSANs
 }
 
 func (is issuer) ensureLeaf(l leafSpec) error {
-	certPEM, err := readOptional(l.cert)
+	certPEM, err := readOptional(l.files.Cert)
 	if err != nil {
 		return err
 	}
-	keyPEM, err := readOptional(l.key)
+	keyPEM, err := readOptional(l.files.Key)
 	if err != nil {
 		return err
 	}
@@ -52,17 +52,17 @@ func (is issuer) ensureLeaf(l leafSpec) error {
 	}
 	// A crash between the two writes leaves a key that does not match the
 	// certificate, which the next start detects and reissues.
-	if err := writeFile(l.key, newKeyPEM); err != nil {
+	if err := writeFile(l.files.Key, newKeyPEM); err != nil {
 		return err
 	}
-	if err := writeFile(l.cert, encodeCert(der)); err != nil {
+	if err := writeFile(l.files.Cert, encodeCert(der)); err != nil {
 		return err
 	}
 	msg := "reissued certificate"
 	if certPEM == nil {
 		msg = "created certificate"
 	}
-	is.log.WithFields(logrus.Fields{"cert": l.cert, "reason": reason}).Info(msg)
+	is.log.WithFields(logrus.Fields{"cert": l.files.Cert, "reason": reason}).Info(msg)
 	return nil
 }
 
@@ -146,7 +146,7 @@ func (is issuer) sign(l leafSpec, key *ecdsa.PrivateKey) ([]byte, error) {
 	}
 	der, err := x509.CreateCertificate(nil, tmpl, l.ca.cert, key.Public(), l.ca.key)
 	if err != nil {
-		return nil, fmt.Errorf("pki: sign %s: %w", l.cert, err)
+		return nil, fmt.Errorf("pki: sign %s: %w", l.files.Cert, err)
 	}
 	return der, nil
 }

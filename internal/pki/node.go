@@ -3,36 +3,101 @@ package pki
 import (
 	"fmt"
 	"net"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
 )
 
-// KeyPair is a PEM certificate and its PEM key.
-type KeyPair struct {
+// PEMPair is a PEM certificate and its PEM key, as the join API sends them;
+// Pair says where they are on disk.
+type PEMPair struct {
 	Cert, Key []byte
 }
 
 // NodeCerts are the credentials of a node that joins the cluster, the same
-// identities the server's own node has.
+// identities the server's own node has. The join API sends them as JSON
+// with these field names.
 type NodeCerts struct {
-	KubeletClient  KeyPair // system:node:<name> in system:nodes
-	KubeletServing KeyPair // the kubelet's serving certificate
-	Proxy          KeyPair // system:kube-proxy
-	DNS            KeyPair // system:kelp-dns
-	Controller     KeyPair // system:kelp-controller
+	KubeletClient  PEMPair // system:node:<name> in system:nodes
+	KubeletServing PEMPair // the kubelet's serving certificate
+	Proxy          PEMPair // system:kube-proxy
+	DNS            PEMPair // system:kelp-dns
+	Controller     PEMPair // system:kelp-controller
+}
+
+// NodeFiles are where a node's credentials are on disk: NodeCerts and the
+// certificates of the CAs that go with them.
+type NodeFiles struct {
+	ServerCA       string // verifies the apiserver
+	ClientCA       string // verifies the kubelet's clients (the apiserver)
+	KubeletClient  Pair
+	KubeletServing Pair
+	Proxy          Pair
+	DNS            Pair
+	Controller     Pair
+}
+
+// Node returns the files of the server's own node.
+func (f Files) Node() NodeFiles {
+	return NodeFiles{
+		ServerCA:       f.ServerCA.Cert,
+		ClientCA:       f.ClientCA.Cert,
+		KubeletClient:  f.KubeletClient,
+		KubeletServing: f.KubeletServing,
+		Proxy:          f.KubeProxy,
+		DNS:            f.DNS,
+		Controller:     f.Controller,
+	}
+}
+
+// NodeFilesIn names the files of a node that joined in dir. They have the
+// names the server gives its own node's, so a node's files are found by one
+// rule whichever way it got them.
+func NodeFilesIn(dir string) NodeFiles { return FilesIn(dir).Node() }
+
+// Write saves a joined node's credentials and the CA certificates serverCA
+// and clientCA in f. It writes nothing unless every one of them is there.
+func (f NodeFiles) Write(serverCA, clientCA []byte, certs NodeCerts) error {
+	files := map[string][]byte{f.ServerCA: serverCA, f.ClientCA: clientCA}
+	for _, c := range []struct {
+		files Pair
+		pem   PEMPair
+	}{
+		{f.KubeletClient, certs.KubeletClient},
+		{f.KubeletServing, certs.KubeletServing},
+		{f.Proxy, certs.Proxy},
+		{f.DNS, certs.DNS},
+		{f.Controller, certs.Controller},
+	} {
+		files[c.files.Cert], files[c.files.Key] = c.pem.Cert, c.pem.Key
+	}
+	for path, data := range files {
+		if len(data) == 0 {
+			return fmt.Errorf("pki: no %s to write", filepath.Base(path))
+		}
+	}
+	for path, data := range files {
+		if err := ensurePrivateDir(filepath.Dir(path)); err != nil {
+			return err
+		}
+		if err := writeFile(path, data); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // IssueNode signs new credentials for the node name with the addresses
 // ips, with the CAs in f.
 func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
 	is := issuer{now: time.Now().UTC(), log: logrus.WithField("component", "pki")}
-	serverCA, err := loadAuthority(f.ServerCA, f.ServerCAKey)
+	serverCA, err := loadAuthority(f.ServerCA)
 	if err != nil {
 		return NodeCerts{}, err
 	}
-	clientCA, err := loadAuthority(f.ClientCA, f.ClientCAKey)
+	clientCA, err := loadAuthority(f.ClientCA)
 	if err != nil {
 		return NodeCerts{}, err
 	}
@@ -44,7 +109,7 @@ func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
 	var out NodeCerts
 	for _, l := range []struct {
 		spec leafSpec
-		dst  *KeyPair
+		dst  *PEMPair
 	}{
 		{leafSpec{ca: clientCA, cn: "system:node:" + name, orgs: []string{"system:nodes"}, usages: clientAuth}, &out.KubeletClient},
 		{leafSpec{ca: serverCA, cn: name, usages: serverAuth, sans: normalizeSANs(sans)}, &out.KubeletServing},
@@ -52,7 +117,7 @@ func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
 		{leafSpec{ca: clientCA, cn: "system:kelp-dns", usages: clientAuth}, &out.DNS},
 		{leafSpec{ca: clientCA, cn: "system:kelp-controller", usages: clientAuth}, &out.Controller},
 	} {
-		l.spec.cert = l.spec.cn // names the certificate in errors
+		l.spec.files.Cert = l.spec.cn // names the certificate in errors
 		key, err := newKey()
 		if err != nil {
 			return NodeCerts{}, err
@@ -65,31 +130,31 @@ func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
 		if err != nil {
 			return NodeCerts{}, err
 		}
-		*l.dst = KeyPair{Cert: encodeCert(der), Key: keyPEM}
+		*l.dst = PEMPair{Cert: encodeCert(der), Key: keyPEM}
 	}
 	return out, nil
 }
 
 // loadAuthority reads a CA the server made before.
-func loadAuthority(certPath, keyPath string) (*authority, error) {
-	certPEM, err := readOptional(certPath)
+func loadAuthority(ca Pair) (*authority, error) {
+	certPEM, err := readOptional(ca.Cert)
 	if err != nil {
 		return nil, err
 	}
-	keyPEM, err := readOptional(keyPath)
+	keyPEM, err := readOptional(ca.Key)
 	if err != nil {
 		return nil, err
 	}
 	if certPEM == nil || keyPEM == nil {
-		return nil, fmt.Errorf("pki: CA %s or its key is missing", certPath)
+		return nil, fmt.Errorf("pki: CA %s or its key is missing", ca.Cert)
 	}
 	cert, err := parseCert(certPEM)
 	if err != nil {
-		return nil, fmt.Errorf("pki: CA %s: %w", certPath, err)
+		return nil, fmt.Errorf("pki: CA %s: %w", ca.Cert, err)
 	}
 	key, err := parseKey(keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("pki: CA key %s: %w", keyPath, err)
+		return nil, fmt.Errorf("pki: CA key %s: %w", ca.Key, err)
 	}
 	return &authority{cert: cert, key: key}, nil
 }

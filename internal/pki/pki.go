@@ -65,81 +65,86 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// Pair is where a certificate and its private key are on disk; PEMPair
+// holds their contents.
+type Pair struct {
+	Cert, Key string
+}
+
 // Files holds the absolute paths of everything Ensure manages. It is derived
 // state: hand it to the components that need it, never write it back into a
 // config.
 type Files struct {
 	// Certificate authorities.
-	ServerCA, ServerCAKey               string // signs the apiserver's serving certificate
-	ClientCA, ClientCAKey               string // signs client certificates the apiserver accepts
-	RequestHeaderCA, RequestHeaderCAKey string // signs the aggregator's front-proxy client
-	EtcdServerCA, EtcdServerCAKey       string // signs etcd's serving and client certificates
-	EtcdPeerCA, EtcdPeerCAKey           string // signs etcd's peer certificates
+	ServerCA        Pair // signs the apiserver's and the kubelets' serving certificates
+	ClientCA        Pair // signs client certificates the apiserver accepts
+	RequestHeaderCA Pair // signs the aggregator's front-proxy client
+	EtcdServerCA    Pair // signs etcd's serving and client certificates
+	EtcdPeerCA      Pair // signs etcd's peer certificates
 
 	// Service-account token signing key pair.
 	ServiceAccountKey, ServiceAccountPub string
 
-	APIServerCert, APIServerKey                           string // serving, signed by ServerCA
-	AdminCert, AdminKey                                   string // system:admin
-	ControllerManagerCert, ControllerManagerKey           string
-	SchedulerCert, SchedulerKey                           string
-	APIServerKubeletClientCert, APIServerKubeletClientKey string // the apiserver's client to kubelets
-	KubeletClientCert, KubeletClientKey                   string // system:node:<hostname>, the server's own node
-	KubeletServingCert, KubeletServingKey                 string // signed by ServerCA, so the apiserver verifies it
-	KubeProxyCert, KubeProxyKey                           string // system:kube-proxy, the node's Service proxy
-	DNSCert, DNSKey                                       string // system:kelp-dns, the node's DNS server
-	ControllerCert, ControllerKey                         string // system:kelp-controller, the node's NetworkPolicy controller
-	AuthProxyCert, AuthProxyKey                           string // signed by RequestHeaderCA
+	APIServer              Pair // serving, signed by ServerCA
+	Admin                  Pair // system:admin
+	ControllerManager      Pair
+	Scheduler              Pair
+	APIServerKubeletClient Pair // the apiserver's client to kubelets
+	KubeletClient          Pair // system:node:<hostname>, the server's own node
+	KubeletServing         Pair // signed by ServerCA, so the apiserver verifies it
+	KubeProxy              Pair // system:kube-proxy, the node's Service proxy
+	DNS                    Pair // system:kelp-dns, the node's DNS server
+	Controller             Pair // system:kelp-controller, the node's NetworkPolicy controller
+	AuthProxy              Pair // signed by RequestHeaderCA
 
-	EtcdServerCert, EtcdServerKey string // serving and client, signed by EtcdServerCA
-	EtcdClientCert, EtcdClientKey string // the apiserver's client to etcd
-	EtcdPeerCert, EtcdPeerKey     string // signed by EtcdPeerCA
+	EtcdServer Pair // serving and client, signed by EtcdServerCA
+	EtcdClient Pair // the apiserver's client to etcd
+	EtcdPeer   Pair // signed by EtcdPeerCA
 }
 
 // FilesIn names the files Ensure keeps in dir, for code that reads them
 // without running Ensure (kelp token, tests). The names follow k3s so that
 // its operators find files where they expect.
 func FilesIn(dir string) Files {
-	p := func(name string) string { return filepath.Join(dir, name) }
+	pair := func(name string) Pair {
+		return Pair{Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key")}
+	}
 	return Files{
-		ServerCA: p("server-ca.crt"), ServerCAKey: p("server-ca.key"),
-		ClientCA: p("client-ca.crt"), ClientCAKey: p("client-ca.key"),
-		RequestHeaderCA: p("request-header-ca.crt"), RequestHeaderCAKey: p("request-header-ca.key"),
-		EtcdServerCA: p("etcd/server-ca.crt"), EtcdServerCAKey: p("etcd/server-ca.key"),
-		EtcdPeerCA: p("etcd/peer-ca.crt"), EtcdPeerCAKey: p("etcd/peer-ca.key"),
-		ServiceAccountKey: p("service.key"), ServiceAccountPub: p("service.pub"),
-		APIServerCert: p("serving-kube-apiserver.crt"), APIServerKey: p("serving-kube-apiserver.key"),
-		AdminCert: p("client-admin.crt"), AdminKey: p("client-admin.key"),
-		ControllerManagerCert: p("client-controller.crt"), ControllerManagerKey: p("client-controller.key"),
-		SchedulerCert: p("client-scheduler.crt"), SchedulerKey: p("client-scheduler.key"),
-		APIServerKubeletClientCert: p("client-kube-apiserver.crt"), APIServerKubeletClientKey: p("client-kube-apiserver.key"),
-		KubeletClientCert: p("client-kubelet.crt"), KubeletClientKey: p("client-kubelet.key"),
-		KubeletServingCert: p("serving-kubelet.crt"), KubeletServingKey: p("serving-kubelet.key"),
-		KubeProxyCert: p("client-kube-proxy.crt"), KubeProxyKey: p("client-kube-proxy.key"),
-		DNSCert: p("client-kelp-dns.crt"), DNSKey: p("client-kelp-dns.key"),
-		ControllerCert: p("client-kelp-controller.crt"), ControllerKey: p("client-kelp-controller.key"),
-		AuthProxyCert: p("client-auth-proxy.crt"), AuthProxyKey: p("client-auth-proxy.key"),
-		EtcdServerCert: p("etcd/server-client.crt"), EtcdServerKey: p("etcd/server-client.key"),
-		EtcdClientCert: p("etcd/client.crt"), EtcdClientKey: p("etcd/client.key"),
-		EtcdPeerCert: p("etcd/peer-server-client.crt"), EtcdPeerKey: p("etcd/peer-server-client.key"),
+		ServerCA:               pair("server-ca"),
+		ClientCA:               pair("client-ca"),
+		RequestHeaderCA:        pair("request-header-ca"),
+		EtcdServerCA:           pair("etcd/server-ca"),
+		EtcdPeerCA:             pair("etcd/peer-ca"),
+		ServiceAccountKey:      filepath.Join(dir, "service.key"),
+		ServiceAccountPub:      filepath.Join(dir, "service.pub"),
+		APIServer:              pair("serving-kube-apiserver"),
+		Admin:                  pair("client-admin"),
+		ControllerManager:      pair("client-controller"),
+		Scheduler:              pair("client-scheduler"),
+		APIServerKubeletClient: pair("client-kube-apiserver"),
+		KubeletClient:          pair("client-kubelet"),
+		KubeletServing:         pair("serving-kubelet"),
+		KubeProxy:              pair("client-kube-proxy"),
+		DNS:                    pair("client-kelp-dns"),
+		Controller:             pair("client-kelp-controller"),
+		AuthProxy:              pair("client-auth-proxy"),
+		EtcdServer:             pair("etcd/server-client"),
+		EtcdClient:             pair("etcd/client"),
+		EtcdPeer:               pair("etcd/peer-server-client"),
 	}
 }
 
 func (f Files) all() []string {
-	return []string{
-		f.ServerCA, f.ServerCAKey, f.ClientCA, f.ClientCAKey, f.RequestHeaderCA, f.RequestHeaderCAKey,
-		f.EtcdServerCA, f.EtcdServerCAKey, f.EtcdPeerCA, f.EtcdPeerCAKey,
-		f.ServiceAccountKey, f.ServiceAccountPub,
-		f.APIServerCert, f.APIServerKey,
-		f.AdminCert, f.AdminKey, f.ControllerManagerCert, f.ControllerManagerKey,
-		f.SchedulerCert, f.SchedulerKey,
-		f.APIServerKubeletClientCert, f.APIServerKubeletClientKey,
-		f.KubeletClientCert, f.KubeletClientKey, f.KubeletServingCert, f.KubeletServingKey,
-		f.KubeProxyCert, f.KubeProxyKey, f.DNSCert, f.DNSKey, f.ControllerCert, f.ControllerKey,
-		f.AuthProxyCert, f.AuthProxyKey,
-		f.EtcdServerCert, f.EtcdServerKey, f.EtcdClientCert, f.EtcdClientKey,
-		f.EtcdPeerCert, f.EtcdPeerKey,
+	out := []string{f.ServiceAccountKey, f.ServiceAccountPub}
+	for _, p := range []Pair{
+		f.ServerCA, f.ClientCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA,
+		f.APIServer, f.Admin, f.ControllerManager, f.Scheduler, f.APIServerKubeletClient,
+		f.KubeletClient, f.KubeletServing, f.KubeProxy, f.DNS, f.Controller, f.AuthProxy,
+		f.EtcdServer, f.EtcdClient, f.EtcdPeer,
+	} {
+		out = append(out, p.Cert, p.Key)
 	}
+	return out
 }
 
 var (
@@ -185,17 +190,17 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 
 	var serverCA, clientCA, requestHeaderCA, etcdServerCA, etcdPeerCA *authority
 	for _, ca := range []struct {
-		name      string
-		cert, key string
-		dst       **authority
+		name  string
+		files Pair
+		dst   **authority
 	}{
-		{"kelp-server-ca", f.ServerCA, f.ServerCAKey, &serverCA},
-		{"kelp-client-ca", f.ClientCA, f.ClientCAKey, &clientCA},
-		{"kelp-request-header-ca", f.RequestHeaderCA, f.RequestHeaderCAKey, &requestHeaderCA},
-		{"kelp-etcd-server-ca", f.EtcdServerCA, f.EtcdServerCAKey, &etcdServerCA},
-		{"kelp-etcd-peer-ca", f.EtcdPeerCA, f.EtcdPeerCAKey, &etcdPeerCA},
+		{"kelp-server-ca", f.ServerCA, &serverCA},
+		{"kelp-client-ca", f.ClientCA, &clientCA},
+		{"kelp-request-header-ca", f.RequestHeaderCA, &requestHeaderCA},
+		{"kelp-etcd-server-ca", f.EtcdServerCA, &etcdServerCA},
+		{"kelp-etcd-peer-ca", f.EtcdPeerCA, &etcdPeerCA},
 	} {
-		a, err := is.ensureCA(ca.name, ca.cert, ca.key)
+		a, err := is.ensureCA(ca.name, ca.files)
 		if err != nil {
 			return Files{}, err
 		}
@@ -209,20 +214,20 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 	apiserverSANs := cfg.apiserverSANs()
 	nodeSANs := cfg.nodeSANs()
 	for _, l := range []leafSpec{
-		{ca: serverCA, cert: f.APIServerCert, key: f.APIServerKey, cn: "kube-apiserver", usages: serverAuth, sans: apiserverSANs},
-		{ca: clientCA, cert: f.AdminCert, key: f.AdminKey, cn: "system:admin", orgs: []string{"system:masters"}, usages: clientAuth},
-		{ca: clientCA, cert: f.ControllerManagerCert, key: f.ControllerManagerKey, cn: "system:kube-controller-manager", usages: clientAuth},
-		{ca: clientCA, cert: f.SchedulerCert, key: f.SchedulerKey, cn: "system:kube-scheduler", usages: clientAuth},
-		{ca: clientCA, cert: f.APIServerKubeletClientCert, key: f.APIServerKubeletClientKey, cn: "system:kube-apiserver", orgs: []string{"system:masters"}, usages: clientAuth},
-		{ca: clientCA, cert: f.KubeletClientCert, key: f.KubeletClientKey, cn: "system:node:" + strings.ToLower(cfg.Hostname), orgs: []string{"system:nodes"}, usages: clientAuth},
-		{ca: serverCA, cert: f.KubeletServingCert, key: f.KubeletServingKey, cn: strings.ToLower(cfg.Hostname), usages: serverAuth, sans: nodeSANs},
-		{ca: clientCA, cert: f.KubeProxyCert, key: f.KubeProxyKey, cn: "system:kube-proxy", usages: clientAuth},
-		{ca: clientCA, cert: f.DNSCert, key: f.DNSKey, cn: "system:kelp-dns", usages: clientAuth},
-		{ca: clientCA, cert: f.ControllerCert, key: f.ControllerKey, cn: "system:kelp-controller", usages: clientAuth},
-		{ca: requestHeaderCA, cert: f.AuthProxyCert, key: f.AuthProxyKey, cn: "system:auth-proxy", usages: clientAuth},
-		{ca: etcdServerCA, cert: f.EtcdServerCert, key: f.EtcdServerKey, cn: "etcd-server", usages: serverClientAuth, sans: nodeSANs},
-		{ca: etcdServerCA, cert: f.EtcdClientCert, key: f.EtcdClientKey, cn: "etcd-client", usages: clientAuth},
-		{ca: etcdPeerCA, cert: f.EtcdPeerCert, key: f.EtcdPeerKey, cn: "etcd-peer", usages: serverClientAuth, sans: nodeSANs},
+		{ca: serverCA, files: f.APIServer, cn: "kube-apiserver", usages: serverAuth, sans: apiserverSANs},
+		{ca: clientCA, files: f.Admin, cn: "system:admin", orgs: []string{"system:masters"}, usages: clientAuth},
+		{ca: clientCA, files: f.ControllerManager, cn: "system:kube-controller-manager", usages: clientAuth},
+		{ca: clientCA, files: f.Scheduler, cn: "system:kube-scheduler", usages: clientAuth},
+		{ca: clientCA, files: f.APIServerKubeletClient, cn: "system:kube-apiserver", orgs: []string{"system:masters"}, usages: clientAuth},
+		{ca: clientCA, files: f.KubeletClient, cn: "system:node:" + strings.ToLower(cfg.Hostname), orgs: []string{"system:nodes"}, usages: clientAuth},
+		{ca: serverCA, files: f.KubeletServing, cn: strings.ToLower(cfg.Hostname), usages: serverAuth, sans: nodeSANs},
+		{ca: clientCA, files: f.KubeProxy, cn: "system:kube-proxy", usages: clientAuth},
+		{ca: clientCA, files: f.DNS, cn: "system:kelp-dns", usages: clientAuth},
+		{ca: clientCA, files: f.Controller, cn: "system:kelp-controller", usages: clientAuth},
+		{ca: requestHeaderCA, files: f.AuthProxy, cn: "system:auth-proxy", usages: clientAuth},
+		{ca: etcdServerCA, files: f.EtcdServer, cn: "etcd-server", usages: serverClientAuth, sans: nodeSANs},
+		{ca: etcdServerCA, files: f.EtcdClient, cn: "etcd-client", usages: clientAuth},
+		{ca: etcdPeerCA, files: f.EtcdPeer, cn: "etcd-peer", usages: serverClientAuth, sans: nodeSANs},
 	} {
 		if err := is.ensureLeaf(l); err != nil {
 			return Files{}, err

@@ -138,31 +138,31 @@ func loadKey(t *testing.T, path string) *ecdsa.PrivateKey {
 }
 
 type leafCase struct {
-	name      string
-	cert, key string
-	ca        string
-	usages    []x509.ExtKeyUsage
-	cn        string
-	orgs      []string
+	name   string
+	files  Pair
+	ca     string
+	usages []x509.ExtKeyUsage
+	cn     string
+	orgs   []string
 }
 
 func leafCases(f Files) []leafCase {
 	masters := []string{"system:masters"}
 	return []leafCase{
-		{"apiserver", f.APIServerCert, f.APIServerKey, f.ServerCA, serverAuth, "kube-apiserver", nil},
-		{"admin", f.AdminCert, f.AdminKey, f.ClientCA, clientAuth, "system:admin", masters},
-		{"controller-manager", f.ControllerManagerCert, f.ControllerManagerKey, f.ClientCA, clientAuth, "system:kube-controller-manager", nil},
-		{"scheduler", f.SchedulerCert, f.SchedulerKey, f.ClientCA, clientAuth, "system:kube-scheduler", nil},
-		{"apiserver-kubelet-client", f.APIServerKubeletClientCert, f.APIServerKubeletClientKey, f.ClientCA, clientAuth, "system:kube-apiserver", masters},
-		{"kubelet-client", f.KubeletClientCert, f.KubeletClientKey, f.ClientCA, clientAuth, "system:node:node-1", []string{"system:nodes"}},
-		{"kubelet-serving", f.KubeletServingCert, f.KubeletServingKey, f.ServerCA, serverAuth, "node-1", nil},
-		{"kube-proxy", f.KubeProxyCert, f.KubeProxyKey, f.ClientCA, clientAuth, "system:kube-proxy", nil},
-		{"dns", f.DNSCert, f.DNSKey, f.ClientCA, clientAuth, "system:kelp-dns", nil},
-		{"controller", f.ControllerCert, f.ControllerKey, f.ClientCA, clientAuth, "system:kelp-controller", nil},
-		{"auth-proxy", f.AuthProxyCert, f.AuthProxyKey, f.RequestHeaderCA, clientAuth, "system:auth-proxy", nil},
-		{"etcd-server", f.EtcdServerCert, f.EtcdServerKey, f.EtcdServerCA, serverClientAuth, "etcd-server", nil},
-		{"etcd-client", f.EtcdClientCert, f.EtcdClientKey, f.EtcdServerCA, clientAuth, "etcd-client", nil},
-		{"etcd-peer", f.EtcdPeerCert, f.EtcdPeerKey, f.EtcdPeerCA, serverClientAuth, "etcd-peer", nil},
+		{"apiserver", f.APIServer, f.ServerCA.Cert, serverAuth, "kube-apiserver", nil},
+		{"admin", f.Admin, f.ClientCA.Cert, clientAuth, "system:admin", masters},
+		{"controller-manager", f.ControllerManager, f.ClientCA.Cert, clientAuth, "system:kube-controller-manager", nil},
+		{"scheduler", f.Scheduler, f.ClientCA.Cert, clientAuth, "system:kube-scheduler", nil},
+		{"apiserver-kubelet-client", f.APIServerKubeletClient, f.ClientCA.Cert, clientAuth, "system:kube-apiserver", masters},
+		{"kubelet-client", f.KubeletClient, f.ClientCA.Cert, clientAuth, "system:node:node-1", []string{"system:nodes"}},
+		{"kubelet-serving", f.KubeletServing, f.ServerCA.Cert, serverAuth, "node-1", nil},
+		{"kube-proxy", f.KubeProxy, f.ClientCA.Cert, clientAuth, "system:kube-proxy", nil},
+		{"dns", f.DNS, f.ClientCA.Cert, clientAuth, "system:kelp-dns", nil},
+		{"controller", f.Controller, f.ClientCA.Cert, clientAuth, "system:kelp-controller", nil},
+		{"auth-proxy", f.AuthProxy, f.RequestHeaderCA.Cert, clientAuth, "system:auth-proxy", nil},
+		{"etcd-server", f.EtcdServer, f.EtcdServerCA.Cert, serverClientAuth, "etcd-server", nil},
+		{"etcd-client", f.EtcdClient, f.EtcdServerCA.Cert, clientAuth, "etcd-client", nil},
+		{"etcd-peer", f.EtcdPeer, f.EtcdPeerCA.Cert, serverClientAuth, "etcd-peer", nil},
 	}
 }
 
@@ -220,24 +220,24 @@ func TestEnsureCreatesEverything(t *testing.T) {
 		}
 	}
 
-	for _, ca := range []string{f.ServerCA, f.ClientCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA} {
-		cert := loadCert(t, ca)
-		key := loadKey(t, strings.TrimSuffix(ca, ".crt")+".key")
+	for _, ca := range []Pair{f.ServerCA, f.ClientCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA} {
+		cert := loadCert(t, ca.Cert)
+		key := loadKey(t, ca.Key)
 		if !cert.IsCA || cert.CheckSignatureFrom(cert) != nil {
-			t.Errorf("%s is not a self-signed CA", ca)
+			t.Errorf("%s is not a self-signed CA", ca.Cert)
 		}
 		if !samePublicKey(cert.PublicKey, key.Public()) {
-			t.Errorf("%s does not match its key", ca)
+			t.Errorf("%s does not match its key", ca.Cert)
 		}
 		if got, want := cert.NotAfter, t0.Add(caValidity); !got.Equal(want) {
-			t.Errorf("%s NotAfter = %v, want %v", ca, got, want)
+			t.Errorf("%s NotAfter = %v, want %v", ca.Cert, got, want)
 		}
 	}
 
 	for _, tc := range leafCases(f) {
 		t.Run(tc.name, func(t *testing.T) {
-			cert := loadCert(t, tc.cert)
-			key := loadKey(t, tc.key)
+			cert := loadCert(t, tc.files.Cert)
+			key := loadKey(t, tc.files.Key)
 			if !samePublicKey(cert.PublicKey, key.Public()) {
 				t.Error("key does not match certificate")
 			}
@@ -291,7 +291,7 @@ func TestEnsureSANs(t *testing.T) {
 	}{
 		{
 			name: "apiserver",
-			cert: f.APIServerCert,
+			cert: f.APIServer.Cert,
 			wantDNS: []string{
 				"node-1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
 				"kubernetes.default.svc.cluster.local", "kelp.example.com",
@@ -300,18 +300,18 @@ func TestEnsureSANs(t *testing.T) {
 		},
 		{
 			name:    "etcd-server",
-			cert:    f.EtcdServerCert,
+			cert:    f.EtcdServer.Cert,
 			wantDNS: []string{"node-1", "localhost"},
 			wantIPs: []string{"127.0.0.1", "::1", "192.168.1.10", "fd00::10"},
 		},
 		{
 			name:    "etcd-peer",
-			cert:    f.EtcdPeerCert,
+			cert:    f.EtcdPeer.Cert,
 			wantDNS: []string{"node-1", "localhost"},
 			wantIPs: []string{"127.0.0.1", "::1", "192.168.1.10", "fd00::10"},
 		},
-		{name: "admin", cert: f.AdminCert},
-		{name: "etcd-client", cert: f.EtcdClientCert},
+		{name: "admin", cert: f.Admin.Cert},
+		{name: "etcd-client", cert: f.EtcdClient.Cert},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -330,8 +330,8 @@ func TestEnsureSANs(t *testing.T) {
 
 	// The serving cert must verify for every name clients use.
 	roots := x509.NewCertPool()
-	roots.AddCert(loadCert(t, f.ServerCA))
-	cert := loadCert(t, f.APIServerCert)
+	roots.AddCert(loadCert(t, f.ServerCA.Cert))
+	cert := loadCert(t, f.APIServer.Cert)
 	for _, name := range []string{"kubernetes.default.svc.cluster.local", "kelp.example.com", "10.43.0.1", "203.0.113.7", "localhost"} {
 		opts := x509.VerifyOptions{Roots: roots, CurrentTime: t0, DNSName: name}
 		if _, err := cert.Verify(opts); err != nil {
@@ -382,7 +382,7 @@ func TestEnsureRenewsNearExpiry(t *testing.T) {
 			var wantChanged []string
 			if tc.reissued {
 				for _, l := range leafCases(f) {
-					wantChanged = append(wantChanged, l.cert, l.key)
+					wantChanged = append(wantChanged, l.files.Cert, l.files.Key)
 				}
 			}
 			if got, want := changed(before, snapshot(t, f)), sorted(wantChanged...); !slices.Equal(got, want) {
@@ -398,7 +398,7 @@ func TestEnsureRenewsNearExpiry(t *testing.T) {
 				}
 			}
 			if tc.reissued {
-				cert := loadCert(t, f.APIServerCert)
+				cert := loadCert(t, f.APIServer.Cert)
 				if got, want := cert.NotAfter, now.Add(leafValidity); !got.Equal(want) {
 					t.Errorf("renewed NotAfter = %v, want %v", got, want)
 				}
@@ -415,8 +415,8 @@ func TestEnsureLeafNeverOutlivesCA(t *testing.T) {
 	late := t0.Add(caValidity - 70*24*time.Hour)
 
 	_, hook := run(t, at(cfg, late))
-	caEnd := loadCert(t, f.ServerCA).NotAfter
-	if got := loadCert(t, f.APIServerCert).NotAfter; !got.Equal(caEnd) {
+	caEnd := loadCert(t, f.ServerCA.Cert).NotAfter
+	if got := loadCert(t, f.APIServer.Cert).NotAfter; !got.Equal(caEnd) {
 		t.Errorf("leaf NotAfter = %v, want the CA's %v", got, caEnd)
 	}
 	warned := false
@@ -453,25 +453,25 @@ func TestEnsureReissuesOnlyWhatChanged(t *testing.T) {
 		{
 			name:        "extra IP SAN added",
 			mutate:      func(c *Config) { c.ExtraSANs = append(c.ExtraSANs, "10.0.0.5") },
-			wantChanged: []string{f.APIServerCert, f.APIServerKey},
+			wantChanged: []string{f.APIServer.Cert, f.APIServer.Key},
 			wantReason:  "SANs changed: added 10.0.0.5",
 		},
 		{
 			name:        "extra DNS SAN replaced",
 			mutate:      func(c *Config) { c.ExtraSANs = []string{"203.0.113.7", "api.example.org"} },
-			wantChanged: []string{f.APIServerCert, f.APIServerKey},
+			wantChanged: []string{f.APIServer.Cert, f.APIServer.Key},
 			wantReason:  "SANs changed: added api.example.org; removed kelp.example.com",
 		},
 		{
 			name:        "node IP changed",
 			mutate:      func(c *Config) { c.IPs = []net.IP{net.ParseIP("192.168.1.11")} },
-			wantChanged: []string{f.APIServerCert, f.APIServerKey, f.EtcdServerCert, f.EtcdServerKey, f.EtcdPeerCert, f.EtcdPeerKey, f.KubeletServingCert, f.KubeletServingKey},
+			wantChanged: []string{f.APIServer.Cert, f.APIServer.Key, f.EtcdServer.Cert, f.EtcdServer.Key, f.EtcdPeer.Cert, f.EtcdPeer.Key, f.KubeletServing.Cert, f.KubeletServing.Key},
 			wantReason:  "SANs changed: added 192.168.1.11; removed 192.168.1.10, fd00::10",
 		},
 		{
 			name:        "cluster domain changed",
 			mutate:      func(c *Config) { c.ClusterDomain = "example.internal" },
-			wantChanged: []string{f.APIServerCert, f.APIServerKey},
+			wantChanged: []string{f.APIServer.Cert, f.APIServer.Key},
 			wantReason:  "SANs changed: added kubernetes.default.svc.example.internal; removed kubernetes.default.svc.cluster.local",
 		},
 	}
@@ -520,27 +520,27 @@ func TestEnsureRepairsDamagedLeaf(t *testing.T) {
 	}{
 		{
 			name:       "cert missing",
-			damage:     func(t *testing.T, f Files) { remove(t, f.APIServerCert) },
+			damage:     func(t *testing.T, f Files) { remove(t, f.APIServer.Cert) },
 			wantReason: "missing",
 		},
 		{
 			name:       "key missing",
-			damage:     func(t *testing.T, f Files) { remove(t, f.APIServerKey) },
+			damage:     func(t *testing.T, f Files) { remove(t, f.APIServer.Key) },
 			wantReason: "key missing",
 		},
 		{
 			name:       "key does not match",
-			damage:     func(t *testing.T, f Files) { write(t, f.APIServerKey, otherKeyPEM) },
+			damage:     func(t *testing.T, f Files) { write(t, f.APIServer.Key, otherKeyPEM) },
 			wantReason: "key does not match certificate",
 		},
 		{
 			name: "cert truncated",
 			damage: func(t *testing.T, f Files) {
-				data, err := os.ReadFile(f.APIServerCert)
+				data, err := os.ReadFile(f.APIServer.Cert)
 				if err != nil {
 					t.Fatal(err)
 				}
-				write(t, f.APIServerCert, data[:len(data)/2])
+				write(t, f.APIServer.Cert, data[:len(data)/2])
 			},
 			wantReason: "certificate unparseable: no CERTIFICATE PEM block",
 		},
@@ -548,8 +548,8 @@ func TestEnsureRepairsDamagedLeaf(t *testing.T) {
 			name: "signed by another CA",
 			// A client-ca leaf is no good in the server-ca's place.
 			damage: func(t *testing.T, f Files) {
-				copyFile(t, f.SchedulerCert, f.APIServerCert)
-				copyFile(t, f.SchedulerKey, f.APIServerKey)
+				copyFile(t, f.Scheduler.Cert, f.APIServer.Cert)
+				copyFile(t, f.Scheduler.Key, f.APIServer.Key)
 			},
 			wantReason: "not signed by the current CA",
 		},
@@ -567,15 +567,15 @@ func TestEnsureRepairsDamagedLeaf(t *testing.T) {
 				t.Fatalf("logged %v, want one entry with reason %q", entries, tc.wantReason)
 			}
 			roots := x509.NewCertPool()
-			roots.AddCert(loadCert(t, f.ServerCA))
-			cert := loadCert(t, f.APIServerCert)
+			roots.AddCert(loadCert(t, f.ServerCA.Cert))
+			cert := loadCert(t, f.APIServer.Cert)
 			if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: t0}); err != nil {
 				t.Errorf("repaired cert does not verify: %v", err)
 			}
-			if !samePublicKey(cert.PublicKey, loadKey(t, f.APIServerKey).Public()) {
+			if !samePublicKey(cert.PublicKey, loadKey(t, f.APIServer.Key).Public()) {
 				t.Error("repaired cert does not match its key")
 			}
-			if got, want := changed(before, snapshot(t, f)), sorted(f.APIServerCert, f.APIServerKey); !slices.Equal(got, want) {
+			if got, want := changed(before, snapshot(t, f)), sorted(f.APIServer.Cert, f.APIServer.Key); !slices.Equal(got, want) {
 				t.Errorf("changed %v, want %v", got, want)
 			}
 		})
@@ -591,37 +591,37 @@ func TestEnsureNeverReplacesCA(t *testing.T) {
 	}{
 		{
 			name:     "key missing",
-			damage:   func(t *testing.T, f Files) { remove(t, f.ServerCAKey) },
-			wantFile: func(f Files) string { return f.ServerCAKey },
+			damage:   func(t *testing.T, f Files) { remove(t, f.ServerCA.Key) },
+			wantFile: func(f Files) string { return f.ServerCA.Key },
 			wantText: "is missing",
 		},
 		{
 			name:     "key of another CA",
-			damage:   func(t *testing.T, f Files) { copyFile(t, f.ClientCAKey, f.ServerCAKey) },
-			wantFile: func(f Files) string { return f.ServerCAKey },
+			damage:   func(t *testing.T, f Files) { copyFile(t, f.ClientCA.Key, f.ServerCA.Key) },
+			wantFile: func(f Files) string { return f.ServerCA.Key },
 			wantText: "does not match certificate",
 		},
 		{
 			name:     "key garbage",
-			damage:   func(t *testing.T, f Files) { write(t, f.EtcdPeerCAKey, []byte("not a key")) },
-			wantFile: func(f Files) string { return f.EtcdPeerCAKey },
+			damage:   func(t *testing.T, f Files) { write(t, f.EtcdPeerCA.Key, []byte("not a key")) },
+			wantFile: func(f Files) string { return f.EtcdPeerCA.Key },
 			wantText: "is unreadable",
 		},
 		{
 			name: "cert garbage",
 			damage: func(t *testing.T, f Files) {
-				write(t, f.RequestHeaderCA, []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"))
+				write(t, f.RequestHeaderCA.Cert, []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"))
 			},
-			wantFile: func(f Files) string { return f.RequestHeaderCA },
+			wantFile: func(f Files) string { return f.RequestHeaderCA.Cert },
 			wantText: "is unparseable",
 		},
 		{
 			name: "cert is a leaf",
 			damage: func(t *testing.T, f Files) {
-				copyFile(t, f.AdminCert, f.ClientCA)
-				copyFile(t, f.AdminKey, f.ClientCAKey)
+				copyFile(t, f.Admin.Cert, f.ClientCA.Cert)
+				copyFile(t, f.Admin.Key, f.ClientCA.Key)
 			},
-			wantFile: func(f Files) string { return f.ClientCA },
+			wantFile: func(f Files) string { return f.ClientCA.Cert },
 			wantText: "is not a CA certificate",
 		},
 		{
@@ -669,22 +669,22 @@ func TestEnsureNeverReplacesCA(t *testing.T) {
 func TestEnsureCompletesCAFromExistingKey(t *testing.T) {
 	cfg := testConfig(t)
 	f, _ := run(t, cfg)
-	keyBefore, err := os.ReadFile(f.ServerCAKey)
+	keyBefore, err := os.ReadFile(f.ServerCA.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	remove(t, f.ServerCA)
+	remove(t, f.ServerCA.Cert)
 
 	run(t, cfg)
-	keyAfter, err := os.ReadFile(f.ServerCAKey)
+	keyAfter, err := os.ReadFile(f.ServerCA.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(keyBefore, keyAfter) {
 		t.Error("CA key was replaced")
 	}
-	ca := loadCert(t, f.ServerCA)
-	if !ca.IsCA || !samePublicKey(ca.PublicKey, loadKey(t, f.ServerCAKey).Public()) {
+	ca := loadCert(t, f.ServerCA.Cert)
+	if !ca.IsCA || !samePublicKey(ca.PublicKey, loadKey(t, f.ServerCA.Key).Public()) {
 		t.Error("recreated CA certificate does not match the existing key")
 	}
 }
@@ -695,20 +695,20 @@ func TestEnsureReissuesLeavesOfReplacedCA(t *testing.T) {
 	f, _ := run(t, cfg)
 
 	other, _ := run(t, testConfig(t))
-	copyFile(t, other.ServerCA, f.ServerCA)
-	copyFile(t, other.ServerCAKey, f.ServerCAKey)
+	copyFile(t, other.ServerCA.Cert, f.ServerCA.Cert)
+	copyFile(t, other.ServerCA.Key, f.ServerCA.Key)
 	before := snapshot(t, f)
 
 	_, hook := run(t, cfg)
-	if got, want := changed(before, snapshot(t, f)), sorted(f.APIServerCert, f.APIServerKey, f.KubeletServingCert, f.KubeletServingKey); !slices.Equal(got, want) {
+	if got, want := changed(before, snapshot(t, f)), sorted(f.APIServer.Cert, f.APIServer.Key, f.KubeletServing.Cert, f.KubeletServing.Key); !slices.Equal(got, want) {
 		t.Errorf("changed %v, want %v", got, want)
 	}
 	if e := infoEntries(hook); len(e) != 2 || e[0].Data["reason"] != "not signed by the current CA" {
 		t.Errorf("logged %v", e)
 	}
 	roots := x509.NewCertPool()
-	roots.AddCert(loadCert(t, other.ServerCA))
-	if _, err := loadCert(t, f.APIServerCert).Verify(x509.VerifyOptions{Roots: roots, CurrentTime: t0}); err != nil {
+	roots.AddCert(loadCert(t, other.ServerCA.Cert))
+	if _, err := loadCert(t, f.APIServer.Cert).Verify(x509.VerifyOptions{Roots: roots, CurrentTime: t0}); err != nil {
 		t.Errorf("serving cert does not verify against the installed CA: %v", err)
 	}
 }
@@ -809,8 +809,8 @@ func TestFilesIn(t *testing.T) {
 	if got := FilesIn(cfg.Dir); got != f {
 		t.Errorf("FilesIn = %+v, want what Ensure returned, %+v", got, f)
 	}
-	if got, want := FilesIn("/tls").ServerCA, "/tls/server-ca.crt"; got != want {
-		t.Errorf("ServerCA = %s, want %s", got, want)
+	if got, want := FilesIn("/tls").ServerCA, (Pair{Cert: "/tls/server-ca.crt", Key: "/tls/server-ca.key"}); got != want {
+		t.Errorf("ServerCA = %+v, want %+v", got, want)
 	}
 }
 

@@ -26,7 +26,7 @@ func TestEnsureModesIgnoreUmask(t *testing.T) {
 	}
 
 	// A mode loosened by hand is tightened without touching the content.
-	if err := os.Chmod(f.ServerCAKey, 0o644); err != nil {
+	if err := os.Chmod(f.ServerCA.Key, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(cfg.Dir, 0o755); err != nil {
@@ -34,7 +34,7 @@ func TestEnsureModesIgnoreUmask(t *testing.T) {
 	}
 	before := snapshot(t, f)
 	run(t, cfg)
-	for path, want := range map[string]os.FileMode{f.ServerCAKey: 0o600, cfg.Dir: 0o700} {
+	for path, want := range map[string]os.FileMode{f.ServerCA.Key: 0o600, cfg.Dir: 0o700} {
 		st, err := os.Stat(path)
 		if err != nil {
 			t.Fatal(err)

@@ -55,7 +55,7 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 func run(ctx context.Context, client kubernetes.Interface, cfg Config, tamperCheck time.Duration) error {
 	conn, err := nft.New()
 	if err != nil {
-		return fmt.Errorf("proxy: %w", err)
+		return err
 	}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	services := factory.Core().V1().Services()
@@ -112,15 +112,15 @@ func (p *proxy) sync(_ context.Context, resync bool) error {
 	}
 	svcs, err := p.services.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("proxy: %w", err)
+		return fmt.Errorf("list services: %w", err)
 	}
 	eps, err := p.endpointSlices.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("proxy: %w", err)
+		return fmt.Errorf("list endpoint slices: %w", err)
 	}
 	nodePods, err := p.pods.List(labels.Everything())
 	if err != nil {
-		return fmt.Errorf("proxy: %w", err)
+		return fmt.Errorf("list pods: %w", err)
 	}
 	ports := append(Ports(svcs, eps, p.cfg.NodeName, p.cfg.ClusterDNS), HostPorts(nodePods)...)
 	if p.applied == nil || !reflect.DeepEqual(ports, p.applied) {

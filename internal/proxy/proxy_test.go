@@ -239,11 +239,7 @@ func TestPortsTrafficPolicies(t *testing.T) {
 // back, and checks it leaves the table in place.
 func TestRun(t *testing.T) {
 	testcluster.InNewNetns(t, func() {
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
+		fd := testcluster.NetnsFD(t)
 		// Run keeps this thread; the test looks at the namespace from others.
 		c, err := nftables.New(nftables.WithNetNSFd(fd))
 		if err != nil {

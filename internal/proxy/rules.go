@@ -102,13 +102,13 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 		}
 	}
 	if err := c.AddSet(serviceIPs, ipElems); err != nil {
-		return fmt.Errorf("proxy: %w", err)
+		return fmt.Errorf("add nftables set: %w", err)
 	}
 	if err := c.AddSet(nodePorts, nodePortElems); err != nil {
-		return fmt.Errorf("proxy: %w", err)
+		return fmt.Errorf("add nftables set: %w", err)
 	}
 	if err := c.AddSet(noEndpoints, noEndpointElems); err != nil {
-		return fmt.Errorf("proxy: %w", err)
+		return fmt.Errorf("add nftables set: %w", err)
 	}
 	// A Service without endpoints refuses at once, wherever the
 	// connection comes from, instead of letting it time out. (Reject is
@@ -158,7 +158,7 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 		&expr.Masq{},
 	}})
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("proxy: program nftables table %s: %w", Table, err)
+		return fmt.Errorf("program nftables table %s: %w", Table, err)
 	}
 	return nil
 }
@@ -177,7 +177,7 @@ func addPortChains(c *nftables.Conn, t *nftables.Table, name string, clusterCIDR
 		if p.Affinity > 0 {
 			ec.affinity = &nftables.Set{Table: t, Name: affinitySetName(p, ep), KeyType: nftables.TypeIPAddr, HasTimeout: true, Dynamic: true, Timeout: p.Affinity}
 			if err := c.AddSet(ec.affinity, affinity[ec.affinity.Name]); err != nil {
-				return "", "", fmt.Errorf("proxy: %w", err)
+				return "", "", fmt.Errorf("add nftables set: %w", err)
 			}
 		}
 		addEndpointChain(c, t, ec, p, ep)

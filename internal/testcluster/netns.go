@@ -28,3 +28,16 @@ func InNewNetns(t *testing.T, fn func()) {
 	}()
 	<-done
 }
+
+// NetnsFD opens the calling thread's network namespace (in InNewNetns: the
+// test's own), for handles that look at it from other threads. It is
+// closed when the test ends.
+func NetnsFD(t *testing.T) int {
+	t.Helper()
+	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return fd
+}

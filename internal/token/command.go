@@ -3,7 +3,6 @@ package token
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -140,8 +139,7 @@ func tokenContext(c *cli.Context) (kubernetes.Interface, string, error) {
 }
 
 func caHash(dataDir string) (string, error) {
-	path := filepath.Join(layout.Server(dataDir).TLS, "server-ca.crt")
-	ca, err := os.ReadFile(path)
+	ca, err := os.ReadFile(pki.FilesIn(layout.Server(dataDir).TLS).ServerCA.Cert)
 	if err != nil {
 		return "", fmt.Errorf("read the cluster CA: %w (run kelp token on a server, with its --data-dir)", err)
 	}

@@ -7,7 +7,8 @@ import (
 	"testing"
 
 	"github.com/sirupsen/logrus"
-	logtest "github.com/sirupsen/logrus/hooks/test"
+
+	"github.com/kelp-dev/kelp/internal/testlog"
 )
 
 func TestParse(t *testing.T) {
@@ -84,7 +85,7 @@ func TestEnsureEmptyFile(t *testing.T) {
 		{"empty, no --token", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hook := captureLog(t)
+			hook := testlog.Capture(t)
 			path := filepath.Join(t.TempDir(), "token")
 			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {
 				t.Fatal(err)
@@ -109,15 +110,4 @@ func TestEnsureEmptyFile(t *testing.T) {
 			}
 		})
 	}
-}
-
-// captureLog records what the package logs during the test.
-func captureLog(t *testing.T) *logtest.Hook {
-	t.Helper()
-	std := logrus.StandardLogger()
-	saved := std.ReplaceHooks(make(logrus.LevelHooks))
-	t.Cleanup(func() { std.ReplaceHooks(saved) })
-	hook := new(logtest.Hook)
-	std.AddHook(hook)
-	return hook
 }
