@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 )
 
@@ -23,13 +23,8 @@ func linkTools(dir, self string) error {
 		if target, err := os.Readlink(link); err == nil && target == self {
 			continue
 		}
-		tmp := link + ".tmp"
-		_ = os.Remove(tmp)
-		if err := os.Symlink(self, tmp); err != nil {
-			return fmt.Errorf("link %s: %w", name, err)
-		}
-		if err := os.Rename(tmp, link); err != nil {
-			return fmt.Errorf("link %s: %w", name, err)
+		if err := atomicfile.Symlink(self, link); err != nil {
+			return err
 		}
 	}
 	return nil

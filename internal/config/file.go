@@ -12,10 +12,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 	"gopkg.in/yaml.v3"
-)
 
-// DefaultConfigFile is read when neither --config nor KELP_CONFIG_FILE names one.
-const DefaultConfigFile = "/etc/kelp/config.yaml"
+	"github.com/kelp-dev/kelp/internal/layout"
+)
 
 // configFileEnv names the config file like --config does.
 const configFileEnv = "KELP_CONFIG_FILE"
@@ -83,7 +82,7 @@ func configPath(args []string) (path string, explicit bool) {
 	if v := os.Getenv(configFileEnv); v != "" {
 		return v, true
 	}
-	return DefaultConfigFile, false
+	return layout.ConfigFile, false
 }
 
 // readConfigFiles reads path and then path.d/*.yaml in lexical order. Later

@@ -43,7 +43,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 	return []cli.Flag{
 		// Read by WithFileArgs before the flags are parsed; defined here so
 		// that --help shows it and the parser accepts it.
-		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, EnvVars: []string{configFileEnv}, Value: DefaultConfigFile,
+		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, EnvVars: []string{configFileEnv}, Value: layout.ConfigFile,
 			Usage: "config file (YAML, keys are long flag names); FILE.d/*.yaml are read after it"},
 		&cli.BoolFlag{Name: "debug", Aliases: []string{"v"}, EnvVars: env("debug"), Destination: &in.node.Debug, Usage: "log at debug level, including the Kubernetes components"},
 		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: env("data-dir"), Value: layout.DefaultDataDir, Destination: &in.node.DataDir, Usage: "directory for state, certificates and the unpacked bundle"},
@@ -52,7 +52,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 		&cli.StringSliceFlag{Name: "node-external-ip", EnvVars: env("node-external-ip"), Destination: &in.nodeExternalIPs, Usage: "external IP address of this node (its ExternalIP); repeatable"},
 		&cli.StringSliceFlag{Name: "node-label", EnvVars: env("node-label"), Destination: &in.nodeLabels, Usage: "label to register the node with, key=value"},
 		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
-		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: "/etc/kelp/registries.yaml", Destination: &in.node.PrivateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
+		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: layout.RegistriesFile, Destination: &in.node.PrivateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
 		&cli.StringFlag{Name: "overlay-iface", EnvVars: env("overlay-iface"), Destination: &in.node.OverlayIface, Usage: "interface the overlay uses (default: the one with the node IP)"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 	}

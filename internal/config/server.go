@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // Server is the validated configuration of `kelp server`.
@@ -94,7 +96,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "service-node-port-range", EnvVars: env("service-node-port-range"), Value: "30000-32767", Destination: &in.serviceNodePortRange, Usage: "port range for NodePort Services"},
 		&cli.StringFlag{Name: "cluster-dns", EnvVars: env("cluster-dns"), Destination: &in.clusterDNS, Usage: "cluster DNS Service IP (default: the 10th address of --service-cidr)"},
 		&cli.StringFlag{Name: "cluster-domain", EnvVars: env("cluster-domain"), Value: "cluster.local", Destination: &in.clusterDomain, Usage: "cluster DNS domain"},
-		&cli.StringFlag{Name: "write-kubeconfig", Aliases: []string{"o"}, EnvVars: env("write-kubeconfig"), Value: "/etc/kelp/kelp.yaml", Destination: &in.writeKubeconfig, Usage: "where to write the admin kubeconfig"},
+		&cli.StringFlag{Name: "write-kubeconfig", Aliases: []string{"o"}, EnvVars: env("write-kubeconfig"), Value: layout.Kubeconfig, Destination: &in.writeKubeconfig, Usage: "where to write the admin kubeconfig"},
 		&cli.StringFlag{Name: "write-kubeconfig-mode", EnvVars: env("write-kubeconfig-mode"), Value: "0600", Destination: &in.writeKubeconfigMode, Usage: "file mode of the admin kubeconfig, octal"},
 		&cli.BoolFlag{Name: "cluster-init", EnvVars: env("cluster-init"), Destination: &in.clusterInit, Usage: "store cluster state in embedded etcd instead of SQLite"},
 		&cli.StringFlag{Name: "datastore-endpoint", EnvVars: env("datastore-endpoint"), Destination: &in.datastoreEndpoint, Usage: "external datastore: postgres://, mysql:// or https:// (etcd)"},

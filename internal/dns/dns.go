@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/logging"
 )
@@ -98,7 +99,7 @@ func writeCorefile(cfg Config, custom Custom) (caddy.CaddyfileInput, error) {
 	if err := os.MkdirAll(filepath.Dir(cfg.Corefile), 0o700); err != nil {
 		return caddy.CaddyfileInput{}, fmt.Errorf("write the Corefile: %w", err)
 	}
-	if err := os.WriteFile(cfg.Corefile, []byte(corefile), 0o600); err != nil {
+	if err := atomicfile.Write(cfg.Corefile, []byte(corefile), 0o600); err != nil {
 		return caddy.CaddyfileInput{}, fmt.Errorf("write the Corefile: %w", err)
 	}
 	return caddy.CaddyfileInput{Contents: []byte(corefile), Filepath: cfg.Corefile, ServerTypeName: "dns"}, nil
