@@ -2,17 +2,18 @@ package dns
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"strings"
 
 	"github.com/sirupsen/logrus"
-	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 // CustomConfigMap in kube-system customizes every node's DNS: its "hosts"
@@ -39,27 +40,30 @@ func CustomOf(data map[string]string) Custom {
 }
 
 // watchCustom applies CustomConfigMap whenever it changes, until ctx ends.
+// A ConfigMap CoreDNS refuses is logged, not fatal: DNS keeps what it
+// served, and the user's next edit is tried again.
 func (s *Server) watchCustom(ctx context.Context, client kubernetes.Interface) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace("kube-system"),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", CustomConfigMap).String()
 		}))
-	apply := func(data map[string]string) {
-		if err := s.Customize(CustomOf(data)); err != nil {
-			log.WithError(err).Error("fix the ConfigMap; DNS keeps its previous configuration")
-		}
-	}
-	_, err := factory.Core().V1().ConfigMaps().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { apply(o.(*corev1.ConfigMap).Data) },
-		UpdateFunc: func(_, o any) { apply(o.(*corev1.ConfigMap).Data) },
-		DeleteFunc: func(any) { apply(nil) },
-	})
-	if err != nil {
-		return fmt.Errorf("watch %s: %w", CustomConfigMap, err)
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	<-ctx.Done()
-	return nil
+	configMaps := factory.Core().V1().ConfigMaps()
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{"configmaps": configMaps.Informer()},
+		Sync: func(context.Context, bool) error {
+			var data map[string]string
+			cm, err := configMaps.Lister().ConfigMaps("kube-system").Get(CustomConfigMap)
+			switch {
+			case err == nil:
+				data = cm.Data
+			case !apierrors.IsNotFound(err):
+				return err
+			}
+			if err := s.Customize(CustomOf(data)); err != nil {
+				log.WithError(err).Error("fix the ConfigMap; DNS keeps its previous configuration")
+			}
+			return nil
+		},
+	}.Run(ctx)
 }
