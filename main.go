@@ -22,6 +22,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/kubectl"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/logging"
+	"github.com/kelp-dev/kelp/internal/snapshot"
 	"github.com/kelp-dev/kelp/internal/token"
 	"github.com/kelp-dev/kelp/internal/version"
 	"github.com/kelp-dev/kelp/server"
@@ -90,6 +91,7 @@ func newApp() *cli.App {
 				Action: func(c *cli.Context) error { return runAgent(c, &agentInput) },
 			},
 			token.Command(),
+			snapshot.Command(),
 			{
 				Name:  "check-config",
 				Usage: "check that this host's kernel and system can run a kelp node, and say how to fix what is missing",

@@ -11,6 +11,7 @@
 //	│   ├── tls/                     CAs and leaf certificates, named by pki.FilesIn
 //	│   ├── cred/                    kubeconfigs of the in-process clients
 //	│   ├── db/                      state.db (SQLite) or etcd/
+//	│   │   └── snapshots/           kelp snapshot save
 //	│   ├── token, agent-token       join tokens
 //	└── agent/                       Agent(dataDir)
 //	    ├── bin/                     kubectl, crictl, ctr links
@@ -60,6 +61,7 @@ type ServerPaths struct {
 	Dir        string
 	TLS        string // pki's directory
 	DB         string // the datastore's directory
+	Snapshots  string // kelp snapshot's default directory
 	Token      string // joins servers and agents
 	AgentToken string // joins agents only
 	// Kubeconfigs of the in-process clients.
@@ -75,6 +77,7 @@ func Server(dataDir string) ServerPaths {
 		Dir:                         dir,
 		TLS:                         tls,
 		DB:                          filepath.Join(dir, "db"),
+		Snapshots:                   filepath.Join(dir, "db", "snapshots"),
 		Token:                       filepath.Join(dir, "token"),
 		AgentToken:                  filepath.Join(dir, "agent-token"),
 		AdminKubeconfig:             filepath.Join(cred, "admin.kubeconfig"),

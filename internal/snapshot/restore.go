@@ -1,0 +1,135 @@
+package snapshot
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/datastore"
+)
+
+// Restored says what Restore did.
+type Restored struct {
+	// Backup is where the replaced database went; empty when there was none.
+	Backup string
+	DB     string
+}
+
+// Restore puts the named SQLite snapshot in place of the server's
+// database, which must be stopped. It checks the snapshot's checksum, its
+// datastore kind and, unless force, that it comes from this cluster,
+// before it changes anything. The replaced database is kept beside it as
+// state.db.before-restore-<time>.
+func (d Dir) Restore(name string, force bool) (Restored, error) {
+	if err := checkName(name); err != nil {
+		return Restored{}, err
+	}
+	path := filepath.Join(d.path(), name)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return Restored{}, fmt.Errorf("snapshot %s: %w: kelp snapshot ls shows the snapshots", name, err)
+	}
+	meta, err := readSidecar(path, name, fi.Size())
+	if err != nil {
+		return Restored{}, fmt.Errorf("snapshot %s is incomplete (%v) and cannot be restored: pick another one", path, err)
+	}
+	if meta.Datastore == datastore.KindEtcd {
+		return Restored{}, fmt.Errorf("snapshot %s is of embedded etcd: restoring etcd snapshots is not supported yet (kelp server --cluster-reset-restore-path is not built); nothing was changed", name)
+	}
+	if meta.Datastore != datastore.KindSQLite {
+		return Restored{}, fmt.Errorf("snapshot %s is of a %q datastore, which kelp cannot restore", name, meta.Datastore)
+	}
+	if kind := datastore.LocalKind(d.DataDir); kind == datastore.KindEtcd {
+		return Restored{}, fmt.Errorf("the data dir %s holds an embedded etcd datastore and %s is a SQLite snapshot: kelp does not restore one into the other", d.DataDir, name)
+	}
+	if !force {
+		hash, err := serverCAHash(d.DataDir)
+		if err != nil {
+			return Restored{}, fmt.Errorf("%w; or pass --force to restore a snapshot without checking that it comes from this cluster", err)
+		}
+		if hash != meta.CAHash {
+			return Restored{}, fmt.Errorf("snapshot %s comes from another cluster (its CA hash is %s, this server's is %s): its certificates and tokens would not match this data dir; pass --force to restore it anyway", name, meta.CAHash, hash)
+		}
+	}
+
+	db := datastore.SQLitePath(d.DataDir)
+	if err := os.MkdirAll(filepath.Dir(db), 0o700); err != nil {
+		return Restored{}, fmt.Errorf("create datastore directory: %w", err)
+	}
+	release, err := datastore.Lock(d.DataDir)
+	if err != nil {
+		return Restored{}, fmt.Errorf("%w: a snapshot is restored while kelp server is stopped", err)
+	}
+	defer release()
+
+	tmp, err := copyVerified(path, filepath.Dir(db), meta.SHA256)
+	if err != nil {
+		return Restored{}, err
+	}
+	defer os.Remove(tmp) // gone once renamed
+
+	r := Restored{DB: db}
+	backup := db + ".before-restore-" + time.Now().UTC().Format(timeFormat)
+	// The WAL and shared-memory files belong to the database beside them;
+	// moved together, the backup stays a database SQLite can open.
+	for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
+		err := os.Rename(db+suffix, backup+suffix)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return Restored{}, fmt.Errorf("move %s aside: %w", db+suffix, err)
+		}
+		if suffix == "" {
+			r.Backup = backup
+		}
+	}
+	if err := os.Rename(tmp, db); err != nil {
+		return Restored{}, fmt.Errorf("put the snapshot in place as %s: %w; the previous database is %s", db, err, backup)
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(db)); err != nil {
+		return Restored{}, err
+	}
+	return r, nil
+}
+
+// copyVerified copies the snapshot at src into a synced temporary file in
+// dir and returns its name, if its sha256 is want.
+func copyVerified(src, dir, want string) (_ string, rerr error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	out, err := os.CreateTemp(dir, ".restore"+tempInfix+"*")
+	if err != nil {
+		return "", fmt.Errorf("copy snapshot into %s: %w", dir, err)
+	}
+	defer func() {
+		out.Close()
+		if rerr != nil {
+			os.Remove(out.Name())
+		}
+	}()
+	if err := out.Chmod(0o600); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(out, h), in); err != nil {
+		return "", fmt.Errorf("copy snapshot %s into %s: %w", src, dir, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want {
+		return "", fmt.Errorf("snapshot %s is corrupt: its sha256 is %s, its metadata says %s; nothing was changed: restore another snapshot", src, got, want)
+	}
+	if err := out.Sync(); err != nil {
+		return "", fmt.Errorf("sync %s: %w", out.Name(), err)
+	}
+	return out.Name(), out.Close()
+}

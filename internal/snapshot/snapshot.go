@@ -1,0 +1,409 @@
+package snapshot
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	// The pure-Go SQLite driver kine uses in kelp, registered as "sqlite".
+	_ "modernc.org/sqlite"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/version"
+)
+
+const (
+	// DefaultName starts the file name of a snapshot saved without --name.
+	DefaultName = "kelp-snapshot"
+	sidecarExt  = ".json"
+	timeFormat  = "20060102T150405Z"
+	// staleAfter is how old an incomplete snapshot or a temporary file must
+	// be before prune removes it: younger ones may belong to a save that is
+	// still running.
+	staleAfter = 10 * time.Minute
+	// busyTimeout is how long the SQLite copy waits for a lock the server
+	// holds, such as during a WAL checkpoint.
+	busyTimeout = 10 * time.Second
+	tempInfix   = ".tmp-"
+	// etcdAnswerTimeout bounds the wait for the local etcd member to answer
+	// before its snapshot is asked for.
+	etcdAnswerTimeout = 10 * time.Second
+)
+
+// kelpName matches the names Save gives: <name>[-<node>]-<UTC time>.
+var kelpName = regexp.MustCompile(`-[0-9]{8}T[0-9]{6}Z$`)
+
+// Metadata is a snapshot's sidecar.
+type Metadata struct {
+	Name        string    `json:"name"`
+	KelpVersion string    `json:"kelpVersion"`
+	Datastore   string    `json:"datastore"` // datastore.KindSQLite or KindEtcd
+	CAHash      string    `json:"caHash"`    // pki.CAHash of the server CA
+	SHA256      string    `json:"sha256"`
+	Size        int64     `json:"size"`
+	Created     time.Time `json:"created"`
+	Node        string    `json:"node,omitempty"`
+}
+
+// Snapshot is a snapshot file in a Dir.
+type Snapshot struct {
+	Name string
+	Path string
+	Size int64
+	// Meta is nil for an incomplete snapshot, and Problem says why.
+	Meta    *Metadata
+	Problem string
+	modTime time.Time
+}
+
+// Dir is the snapshot directory of the server whose data dir is DataDir.
+type Dir struct {
+	DataDir string
+	// Path is --snapshot-dir; empty means <data-dir>/server/db/snapshots.
+	Path string
+}
+
+func (d Dir) path() string {
+	if d.Path == "" {
+		return layout.Server(d.DataDir).Snapshots
+	}
+	return d.Path
+}
+
+// Save takes a snapshot of the server's datastore, which may be running,
+// and returns its metadata. The file is complete once it has its name, and
+// a snapshot once its sidecar is written.
+func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
+	if name == "" {
+		name = DefaultName
+	}
+	if err := checkName(name); err != nil {
+		return Metadata{}, err
+	}
+	kind := datastore.LocalKind(d.DataDir)
+	if kind == "" {
+		return Metadata{}, fmt.Errorf("no SQLite or embedded etcd datastore in %s: run kelp snapshot on a server, with its --data-dir; %s", layout.Server(d.DataDir).DB, externalHint)
+	}
+	caHash, err := serverCAHash(d.DataDir)
+	if err != nil {
+		return Metadata{}, err
+	}
+	dir := d.path()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Metadata{}, fmt.Errorf("create snapshot directory %s: %w", dir, err)
+	}
+	now := time.Now().UTC()
+	node, _ := os.Hostname()
+	if node != "" {
+		name += "-" + node
+	}
+	name += "-" + now.Format(timeFormat)
+
+	tmp, err := os.CreateTemp(dir, "."+name+tempInfix+"*")
+	if err != nil {
+		return Metadata{}, fmt.Errorf("create snapshot in %s: %w", dir, err)
+	}
+	tmpPath := tmp.Name()
+	done := false
+	defer func() {
+		if !done {
+			os.Remove(tmpPath)
+		}
+	}()
+	switch kind {
+	case datastore.KindSQLite:
+		// VACUUM INTO wants a path that does not exist or is empty.
+		tmp.Close()
+		err = saveSQLite(ctx, datastore.SQLitePath(d.DataDir), tmpPath)
+	case datastore.KindEtcd:
+		err = saveEtcd(ctx, d.DataDir, tmp)
+		tmp.Close()
+	}
+	if err != nil {
+		return Metadata{}, err
+	}
+	sum, size, err := syncAndHash(tmpPath)
+	if err != nil {
+		return Metadata{}, err
+	}
+	path := filepath.Join(dir, name)
+	if err := unix.Renameat2(unix.AT_FDCWD, tmpPath, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return Metadata{}, fmt.Errorf("a snapshot named %s exists already: wait a second or pick another --name", name)
+		}
+		return Metadata{}, fmt.Errorf("rename snapshot to %s: %w", path, err)
+	}
+	done = true
+	if err := atomicfile.SyncDir(dir); err != nil {
+		return Metadata{}, err
+	}
+	meta := Metadata{
+		Name:        name,
+		KelpVersion: version.Version,
+		Datastore:   kind,
+		CAHash:      caHash,
+		SHA256:      sum,
+		Size:        size,
+		Created:     now,
+		Node:        node,
+	}
+	b, err := json.MarshalIndent(meta, "", "  ")
+	if err != nil {
+		return Metadata{}, err
+	}
+	if err := atomicfile.Write(path+sidecarExt, append(b, '\n'), 0o600); err != nil {
+		return Metadata{}, fmt.Errorf("snapshot %s is saved but its metadata is not, so it cannot be restored: %w", path, err)
+	}
+	return meta, nil
+}
+
+const externalHint = "an external datastore (--datastore-endpoint) is backed up with that database's own tools (pg_dump, mysqldump, etcdctl snapshot save)"
+
+// saveSQLite copies the live database at db to dst with VACUUM INTO, which
+// reads one consistent transaction, while the server goes on writing. A
+// read-only connection cannot change or checkpoint the server's database.
+func saveSQLite(ctx context.Context, db, dst string) error {
+	dsn := (&url.URL{Scheme: "file", Path: db, RawQuery: fmt.Sprintf("mode=ro&_pragma=busy_timeout(%d)", busyTimeout.Milliseconds())}).String()
+	conn, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return fmt.Errorf("open SQLite datastore %s: %w", db, err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "VACUUM INTO ?", dst); err != nil {
+		return fmt.Errorf("copy SQLite datastore %s: %w", db, err)
+	}
+	return nil
+}
+
+// saveEtcd streams a snapshot from the local etcd member into f.
+func saveEtcd(ctx context.Context, dataDir string, f *os.File) error {
+	cli, err := datastore.LocalEtcdClient(dataDir)
+	if err != nil {
+		return fmt.Errorf("connect to embedded etcd: %w", err)
+	}
+	defer cli.Close()
+	// The snapshot stream waits for a connection without end; a member
+	// that does not answer a status request soon is not running.
+	probe, cancel := context.WithTimeout(ctx, etcdAnswerTimeout)
+	_, err = cli.Status(probe, cli.Endpoints()[0])
+	cancel()
+	if err != nil {
+		return fmt.Errorf("embedded etcd at %s does not answer (%w): is kelp server running on this host?", cli.Endpoints()[0], err)
+	}
+	rc, err := cli.Snapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("embedded etcd snapshot: %w: is kelp server running on this host?", err)
+	}
+	defer rc.Close()
+	if _, err := io.Copy(f, rc); err != nil {
+		return fmt.Errorf("embedded etcd snapshot: %w: is kelp server running on this host?", err)
+	}
+	return nil
+}
+
+// syncAndHash makes path durable and returns its sha256 and size.
+func syncAndHash(path string) (sum string, size int64, err error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	if err := f.Chmod(0o600); err != nil {
+		return "", 0, err
+	}
+	h := sha256.New()
+	size, err = io.Copy(h, f)
+	if err != nil {
+		return "", 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return "", 0, fmt.Errorf("sync %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), size, nil
+}
+
+func serverCAHash(dataDir string) (string, error) {
+	path := pki.FilesIn(layout.Server(dataDir).TLS).ServerCA.Cert
+	ca, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read the cluster CA: %w: run kelp snapshot on a server, with its --data-dir", err)
+	}
+	return pki.CAHash(ca), nil
+}
+
+func checkName(name string) error {
+	if name == "" || strings.ContainsRune(name, '/') || strings.HasPrefix(name, ".") || strings.HasSuffix(name, sidecarExt) {
+		return fmt.Errorf("snapshot name %q: use a name without '/', not starting with '.' and not ending in %s", name, sidecarExt)
+	}
+	return nil
+}
+
+// List returns the snapshots in the directory, newest first; incomplete
+// ones (no valid sidecar) are listed too, after the complete ones.
+func (d Dir) List() ([]Snapshot, error) {
+	dir := d.path()
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot directory %s: %w", dir, err)
+	}
+	var list []Snapshot
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || strings.HasPrefix(name, ".") || strings.HasSuffix(name, sidecarExt) {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		s := Snapshot{Name: name, Path: filepath.Join(dir, name), Size: fi.Size(), modTime: fi.ModTime()}
+		s.Meta, err = readSidecar(s.Path, name, fi.Size())
+		if err != nil {
+			s.Problem = err.Error()
+		}
+		list = append(list, s)
+	}
+	sort.SliceStable(list, func(i, j int) bool {
+		a, b := list[i], list[j]
+		if (a.Meta == nil) != (b.Meta == nil) {
+			return a.Meta != nil
+		}
+		if a.Meta == nil {
+			return a.modTime.After(b.modTime)
+		}
+		return a.Meta.Created.After(b.Meta.Created)
+	})
+	return list, nil
+}
+
+// readSidecar returns the metadata of the snapshot at path, or why it has
+// none that can be trusted.
+func readSidecar(path, name string, size int64) (*Metadata, error) {
+	b, err := os.ReadFile(path + sidecarExt)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errors.New("no metadata")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	var m Metadata
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("unreadable metadata: %w", err)
+	}
+	switch {
+	case m.Name != name:
+		return nil, fmt.Errorf("metadata names %q", m.Name)
+	case m.SHA256 == "" || m.Datastore == "" || m.Created.IsZero():
+		return nil, errors.New("metadata incomplete")
+	case m.Size != size:
+		return nil, fmt.Errorf("file is %d bytes, metadata says %d", size, m.Size)
+	}
+	return &m, nil
+}
+
+// Delete removes the named snapshots and their sidecars.
+func (d Dir) Delete(names ...string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	dir := d.path()
+	for _, name := range names {
+		name = strings.TrimSuffix(name, sidecarExt)
+		if err := checkName(name); err != nil {
+			return err
+		}
+		path := filepath.Join(dir, name)
+		gone := 0
+		for _, p := range []string{path, path + sidecarExt} {
+			err := os.Remove(p)
+			if errors.Is(err, fs.ErrNotExist) {
+				gone++
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("delete snapshot %s: %w", p, err)
+			}
+		}
+		if gone == 2 {
+			return fmt.Errorf("no snapshot named %s in %s: kelp snapshot ls shows them", name, dir)
+		}
+	}
+	return atomicfile.SyncDir(dir)
+}
+
+// Prune keeps the retention newest complete snapshots and removes the older
+// ones, as well as incomplete snapshots with the names Save gives and
+// leftover temporary files, once they are older than a running save could
+// be. It returns the names it removed.
+func (d Dir) Prune(retention int) ([]string, error) {
+	if retention < 1 {
+		return nil, errors.New("--retention must be at least 1: use kelp snapshot delete to remove every snapshot")
+	}
+	list, err := d.List()
+	if err != nil {
+		return nil, err
+	}
+	var remove []string
+	kept := 0
+	for _, s := range list {
+		switch {
+		case s.Meta != nil && kept < retention:
+			kept++
+		case s.Meta != nil:
+			remove = append(remove, s.Name)
+		case kelpName.MatchString(s.Name) && time.Since(s.modTime) > staleAfter:
+			remove = append(remove, s.Name)
+		}
+	}
+	if err := d.Delete(remove...); err != nil {
+		return nil, err
+	}
+	temps, err := d.removeStaleTemps()
+	return append(remove, temps...), err
+}
+
+func (d Dir) removeStaleTemps() ([]string, error) {
+	dir := d.path()
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot directory %s: %w", dir, err)
+	}
+	var removed []string
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") || !strings.Contains(e.Name(), tempInfix) {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil || time.Since(fi.ModTime()) <= staleAfter {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return removed, fmt.Errorf("remove leftover %s: %w", e.Name(), err)
+		}
+		removed = append(removed, e.Name())
+	}
+	return removed, nil
+}

@@ -1,0 +1,84 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// TestSnapshotRestore takes a snapshot of a running SQLite server with
+// `kelp snapshot save`, deletes a namespace full of objects, and brings
+// them back with `kelp snapshot restore` while the server is stopped.
+func TestSnapshotRestore(t *testing.T) {
+	n := testcluster.NewNode(t)
+	n.Start("--disable-agent")
+	n.WaitReady(startTimeout)
+	ctx := context.Background()
+	c := n.Client()
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "precious"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const count = 50
+	for i := range count {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i)}, Data: map[string]string{"i": fmt.Sprint(i)}}
+		if _, err := c.CoreV1().ConfigMaps("precious").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := n.RunKelp(time.Minute, "snapshot", "save", "--data-dir", n.DataDir, "--name", "before-delete")
+	if err != nil {
+		t.Fatalf("snapshot save: %v\n%s", err, out)
+	}
+	out, err = n.RunKelp(time.Minute, "snapshot", "ls", "--data-dir", n.DataDir)
+	if err != nil || !strings.Contains(out, "before-delete-") || !strings.Contains(out, "sqlite") {
+		t.Fatalf("snapshot ls: %v\n%s", err, out)
+	}
+	name := ""
+	for _, f := range strings.Fields(out) {
+		if strings.HasPrefix(f, "before-delete-") {
+			name = f
+		}
+	}
+	if err := c.CoreV1().Namespaces().Delete(ctx, "precious", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "namespace precious gone", func() (bool, error) {
+		_, err := c.CoreV1().Namespaces().Get(ctx, "precious", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+
+	out, err = n.RunKelp(time.Minute, "snapshot", "restore", "--data-dir", n.DataDir, name)
+	if err == nil || !strings.Contains(out, "in use by another kelp server") {
+		t.Errorf("restore while the server runs must be refused: %v\n%s", err, out)
+	}
+	t.Logf("stopped in %s", n.Stop())
+	out, err = n.RunKelp(time.Minute, "snapshot", "restore", "--data-dir", n.DataDir, name)
+	if err != nil {
+		t.Fatalf("snapshot restore: %v\n%s", err, out)
+	}
+	n.Start("--disable-agent")
+	n.WaitReady(startTimeout)
+	c = n.Client()
+	list, err := c.CoreV1().ConfigMaps("precious").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for _, cm := range list.Items {
+		if strings.HasPrefix(cm.Name, "cm-") {
+			got++
+		}
+	}
+	if got != count {
+		t.Errorf("after restore: %d of %d ConfigMaps", got, count)
+	}
+	t.Logf("stopped in %s", n.Stop())
+}
