@@ -259,12 +259,9 @@ func checkName(name string) error {
 // ones (no valid sidecar) are listed too, after the complete ones.
 func (d Dir) List() ([]Snapshot, error) {
 	dir := d.path()
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	entries, err := d.entries()
 	if err != nil {
-		return nil, fmt.Errorf("read snapshot directory %s: %w", dir, err)
+		return nil, err
 	}
 	var list []Snapshot
 	for _, e := range entries {
@@ -382,14 +379,23 @@ func (d Dir) Prune(retention int) ([]string, error) {
 	return append(remove, temps...), err
 }
 
-func (d Dir) removeStaleTemps() ([]string, error) {
-	dir := d.path()
-	entries, err := os.ReadDir(dir)
+// entries lists the snapshot directory; one not made yet is empty.
+func (d Dir) entries() ([]os.DirEntry, error) {
+	entries, err := os.ReadDir(d.path())
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read snapshot directory %s: %w", dir, err)
+		return nil, fmt.Errorf("read snapshot directory %s: %w", d.path(), err)
+	}
+	return entries, nil
+}
+
+func (d Dir) removeStaleTemps() ([]string, error) {
+	dir := d.path()
+	entries, err := d.entries()
+	if err != nil {
+		return nil, err
 	}
 	var removed []string
 	for _, e := range entries {
