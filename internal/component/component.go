@@ -37,18 +37,16 @@ var _ Component = (*Running)(nil)
 
 // Running is a blocking function run by Go.
 type Running struct {
+	*Readiness
+
 	name   string
 	opts   options
 	cancel context.CancelFunc
-	ready  chan struct{}
 	done   chan struct{} // closed when the function returned, after err is set
 	errc   chan error
 	err    error
 
 	stopOnce sync.Once
-
-	mu        sync.Mutex
-	lastProbe error
 }
 
 // Option changes how Go runs its function.
@@ -85,7 +83,7 @@ func LeaveRunning() Option {
 // If fn returns before Stop, that is a failure reported on Err.
 func Go(name string, fn func(context.Context) error, opts ...Option) *Running {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Running{name: name, cancel: cancel, ready: make(chan struct{}), done: make(chan struct{}), errc: make(chan error, 1)}
+	r := &Running{name: name, cancel: cancel, done: make(chan struct{}), errc: make(chan error, 1)}
 	for _, o := range opts {
 		o(&r.opts)
 	}
@@ -101,51 +99,15 @@ func Go(name string, fn func(context.Context) error, opts ...Option) *Running {
 		}
 		r.errc <- err
 	}()
-	if r.opts.probe == nil {
-		close(r.ready)
-	} else {
-		go r.poll(ctx)
-	}
+	r.Readiness = PollReady(r.opts.probe, r.done)
 	return r
-}
-
-func (r *Running) poll(ctx context.Context) {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := r.opts.probe(ctx)
-		if err == nil {
-			close(r.ready)
-			return
-		}
-		r.mu.Lock()
-		r.lastProbe = err
-		r.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.done:
-			return
-		case <-tick.C:
-		}
-	}
 }
 
 // Name is the name given to Go.
 func (r *Running) Name() string { return r.name }
 
-// Ready is closed once the probe given with ReadyWhen succeeded.
-func (r *Running) Ready() <-chan struct{} { return r.ready }
-
 // Err delivers the failure of a function that returned on its own.
 func (r *Running) Err() <-chan error { return r.errc }
-
-// NotReady is the probe's last answer.
-func (r *Running) NotReady() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.lastProbe
-}
 
 // Stop cancels the function and waits for it until ctx ends.
 func (r *Running) Stop(ctx context.Context) error {
@@ -154,7 +116,7 @@ func (r *Running) Stop(ctx context.Context) error {
 	}
 	if r.opts.stopAfterReady {
 		select {
-		case <-r.ready:
+		case <-r.Ready():
 		case <-r.done:
 		case <-ctx.Done():
 		}

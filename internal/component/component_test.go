@@ -84,7 +84,10 @@ func TestReadyWhenGetOK(t *testing.T) {
 
 	never := Go("api", func(ctx context.Context) error { <-ctx.Done(); return nil }, ReadyWhen(GetOK(srv.URL+"/nothing", nil)))
 	defer never.Stop(context.Background())
-	time.Sleep(300 * time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for never.NotReady() == nil && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err := never.NotReady(); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("the probe's last answer must say why: %v", err)
 	}

@@ -161,7 +161,7 @@ func TestGroupStopIsBoundedAndKeepsTheReserve(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "stop stuck:") {
 		t.Errorf("got %v", err)
 	}
-	if storeHad < 800*time.Millisecond {
+	if storeHad < 500*time.Millisecond { // without the reserve: nothing
 		t.Errorf("the first piece had %s left to stop, want about its 1s reserve", storeHad)
 	}
 }

@@ -34,17 +34,17 @@ var _ component.Component = (*Supervisor)(nil)
 // with backoff when it dies, until Stop. It is ready once containerd
 // answers; a crash is not a failure of the node, so Err never delivers.
 type Supervisor struct {
+	*component.Readiness
+
 	args     []string
 	env      []string
 	logPath  string
-	ready    chan struct{}
 	stop     chan struct{}
 	stopOnce sync.Once
 	done     chan struct{}
 
-	mu        sync.Mutex
-	proc      *os.Process // the current containerd
-	lastProbe error
+	mu   sync.Mutex
+	proc *os.Process // the current containerd
 }
 
 // Supervise starts `<self> containerd --config <configPath>` and keeps it
@@ -54,7 +54,6 @@ func Supervise(self, configPath, logPath string, env []string) (*Supervisor, err
 		args:    []string{self, "containerd", "--config", configPath},
 		env:     env,
 		logPath: logPath,
-		ready:   make(chan struct{}),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
@@ -68,51 +67,36 @@ func Supervise(self, configPath, logPath string, env []string) (*Supervisor, err
 	}
 	s.proc = proc
 	go s.run()
-	go s.probe(layout.ContainerdAddress)
+	s.Readiness = component.PollReady(answers(layout.ContainerdAddress), s.stop)
 	return s, nil
 }
 
 // Name names containerd in the node's lifecycle.
 func (s *Supervisor) Name() string { return "containerd" }
 
-// Ready is closed once containerd first answers on its socket.
-func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
-
 // Err never delivers: containerd is restarted rather than reported.
 func (s *Supervisor) Err() <-chan error { return nil }
 
 // NotReady says why containerd does not answer yet.
 func (s *Supervisor) NotReady() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.lastProbe == nil {
-		return nil
+	if err := s.Readiness.NotReady(); err != nil {
+		return fmt.Errorf("%w; see %s", err, s.logPath)
 	}
-	return fmt.Errorf("%w; see %s", s.lastProbe, s.logPath)
+	return nil
 }
 
-// probe polls address until containerd answers or Stop.
-func (s *Supervisor) probe(address string) {
-	for {
+// answers is a probe: containerd answers on address.
+func answers(address string) func(context.Context) error {
+	return func(ctx context.Context) error {
 		c, err := client.New(address, client.WithTimeout(time.Second))
-		if err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, err = c.Version(ctx)
-			cancel()
-			c.Close()
-			if err == nil {
-				close(s.ready)
-				return
-			}
+		if err != nil {
+			return err
 		}
-		s.mu.Lock()
-		s.lastProbe = err
-		s.mu.Unlock()
-		select {
-		case <-s.stop:
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err = c.Version(ctx)
+		return err
 	}
 }
 
