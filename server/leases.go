@@ -7,7 +7,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // leaderLeases are the leader election leases of the in-process components.
@@ -19,15 +18,7 @@ var leaderLeases = []string{"kube-controller-manager", "kube-scheduler"}
 // election identities are "<hostname>_<uuid>"; only one kelp server runs
 // per machine (it holds the apiserver port), so a lease held under this
 // hostname belongs to a process that is gone.
-func releaseOwnLeases(ctx context.Context, kubeconfig, hostname string) error {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return fmt.Errorf("release leader leases: %w", err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("release leader leases: %w", err)
-	}
+func releaseOwnLeases(ctx context.Context, client kubernetes.Interface, hostname string) error {
 	leases := client.CoordinationV1().Leases(metav1.NamespaceSystem)
 	for _, name := range leaderLeases {
 		lease, err := leases.Get(ctx, name, metav1.GetOptions{})

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/embed"
@@ -21,8 +23,10 @@ import (
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/nodeaddress"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/scheduler"
+	"github.com/kelp-dev/kelp/internal/servicelb"
 	"github.com/kelp-dev/kelp/internal/systemobjects"
 )
 
@@ -106,7 +110,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	}
 	if !single {
 		hostname, _ := os.Hostname()
-		if err := releaseOwnLeases(ctx, paths.AdminKubeconfig, hostname); err != nil {
+		if err := releaseOwnLeases(ctx, admin, hostname); err != nil {
 			log.WithError(err).Warn("the controller-manager and the scheduler wait for their previous leases to expire")
 		}
 	}
@@ -132,11 +136,11 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 
 	// Nodes get their addresses, and lose the taint that keeps pods off a
 	// node without them, from this controller.
-	if err := g.Start(startNodeAddresses(paths.AdminKubeconfig)); err != nil {
+	if err := g.Go("node addresses", func(ctx context.Context) error { return nodeaddress.Run(ctx, admin) }); err != nil {
 		return err
 	}
 	if !cfg.Disable.ServiceLB {
-		if err := g.Start(startServiceLB(paths.AdminKubeconfig)); err != nil {
+		if err := g.Go("servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, admin) }); err != nil {
 			return err
 		}
 	}
@@ -206,4 +210,12 @@ func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) error {
 		return fmt.Errorf("%w (choose another path with --write-kubeconfig)", err)
 	}
 	return nil
+}
+
+func adminClient(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", kubeconfig, err)
+	}
+	return kubernetes.NewForConfig(rc)
 }

@@ -30,7 +30,10 @@ func tempPrefix(path string) string { return "." + filepath.Base(path) + tempInf
 // Write replaces path with data and mode. The directory must exist.
 func Write(path string, data []byte, mode os.FileMode) error {
 	dir := filepath.Dir(path)
-	tmp, err := writeTemp(dir, tempPrefix(path), data, mode)
+	tmp, err := Temp(dir, tempPrefix(path), mode, func(f *os.File) error {
+		_, err := f.Write(data)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
@@ -44,8 +47,12 @@ func Write(path string, data []byte, mode os.FileMode) error {
 	return nil
 }
 
-// writeTemp writes data to a new synced file in dir and returns its name.
-func writeTemp(dir, prefix string, data []byte, mode os.FileMode) (name string, err error) {
+// Temp is the first half of a durable write, for a caller that renames
+// the file into place itself (one that must not replace another file, or
+// moves the old one aside first): it makes a new file in dir, named prefix
+// and random characters, with mode, lets fill write it, syncs it and
+// returns its name. On error nothing is left behind.
+func Temp(dir, prefix string, mode os.FileMode, fill func(*os.File) error) (name string, err error) {
 	f, err := os.CreateTemp(dir, prefix+"*")
 	if err != nil {
 		return "", err
@@ -61,7 +68,7 @@ func writeTemp(dir, prefix string, data []byte, mode os.FileMode) (name string, 
 	if err := f.Chmod(mode); err != nil {
 		return "", err
 	}
-	if _, err := f.Write(data); err != nil {
+	if err := fill(f); err != nil {
 		return "", err
 	}
 	if err := f.Sync(); err != nil {

@@ -102,34 +102,24 @@ func (d Dir) Restore(name string, force bool) (Restored, error) {
 
 // copyVerified copies the snapshot at src into a synced temporary file in
 // dir and returns its name, if its sha256 is want.
-func copyVerified(src, dir, want string) (_ string, rerr error) {
+func copyVerified(src, dir, want string) (string, error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return "", err
 	}
 	defer in.Close()
-	out, err := os.CreateTemp(dir, ".restore"+tempInfix+"*")
-	if err != nil {
-		return "", fmt.Errorf("copy snapshot into %s: %w", dir, err)
-	}
-	defer func() {
-		out.Close()
-		if rerr != nil {
-			os.Remove(out.Name())
+	tmp, err := atomicfile.Temp(dir, ".restore"+tempInfix, 0o600, func(out *os.File) error {
+		h := sha256.New()
+		if _, err := io.Copy(io.MultiWriter(out, h), in); err != nil {
+			return fmt.Errorf("copy snapshot %s into %s: %w", src, dir, err)
 		}
-	}()
-	if err := out.Chmod(0o600); err != nil {
+		if got := hex.EncodeToString(h.Sum(nil)); got != want {
+			return fmt.Errorf("snapshot %s is corrupt: its sha256 is %s, its metadata says %s; nothing was changed: restore another snapshot", src, got, want)
+		}
+		return nil
+	})
+	if err != nil {
 		return "", err
 	}
-	h := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(out, h), in); err != nil {
-		return "", fmt.Errorf("copy snapshot %s into %s: %w", src, dir, err)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != want {
-		return "", fmt.Errorf("snapshot %s is corrupt: its sha256 is %s, its metadata says %s; nothing was changed: restore another snapshot", src, got, want)
-	}
-	if err := out.Sync(); err != nil {
-		return "", fmt.Errorf("sync %s: %w", out.Name(), err)
-	}
-	return out.Name(), out.Close()
+	return tmp, nil
 }

@@ -116,30 +116,23 @@ func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
 	}
 	name += "-" + now.Format(timeFormat)
 
-	tmp, err := os.CreateTemp(dir, "."+name+tempInfix+"*")
+	tmpPath, err := atomicfile.Temp(dir, "."+name+tempInfix, 0o600, func(tmp *os.File) error {
+		if kind == datastore.KindEtcd {
+			return saveEtcd(ctx, d.DataDir, tmp)
+		}
+		// VACUUM INTO writes the empty file it is given in place.
+		return saveSQLite(ctx, datastore.SQLitePath(d.DataDir), tmp.Name())
+	})
 	if err != nil {
 		return Metadata{}, fmt.Errorf("create snapshot in %s: %w", dir, err)
 	}
-	tmpPath := tmp.Name()
 	done := false
 	defer func() {
 		if !done {
 			os.Remove(tmpPath)
 		}
 	}()
-	switch kind {
-	case datastore.KindSQLite:
-		// VACUUM INTO wants a path that does not exist or is empty.
-		tmp.Close()
-		err = saveSQLite(ctx, datastore.SQLitePath(d.DataDir), tmpPath)
-	case datastore.KindEtcd:
-		err = saveEtcd(ctx, d.DataDir, tmp)
-		tmp.Close()
-	}
-	if err != nil {
-		return Metadata{}, err
-	}
-	sum, size, err := syncAndHash(tmpPath)
+	sum, size, err := hashFile(tmpPath)
 	if err != nil {
 		return Metadata{}, err
 	}
@@ -218,23 +211,17 @@ func saveEtcd(ctx context.Context, dataDir string, f *os.File) error {
 	return nil
 }
 
-// syncAndHash makes path durable and returns its sha256 and size.
-func syncAndHash(path string) (sum string, size int64, err error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+// hashFile returns the sha256 and size of the file at path.
+func hashFile(path string) (sum string, size int64, err error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return "", 0, err
 	}
 	defer f.Close()
-	if err := f.Chmod(0o600); err != nil {
-		return "", 0, err
-	}
 	h := sha256.New()
 	size, err = io.Copy(h, f)
 	if err != nil {
 		return "", 0, fmt.Errorf("read %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return "", 0, fmt.Errorf("sync %s: %w", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), size, nil
 }
