@@ -37,8 +37,11 @@ func WithFileArgs(app *cli.App, args []string) ([]string, error) {
 	if cmd == nil || lookupFlag(cmd.Flags, "config") == nil {
 		return args, nil
 	}
-	path, explicit := configPath(args[cmdIndex+1:])
-	settings, err := readConfigFiles(path, explicit)
+	path, explicit := configPath(args[cmdIndex+1:], os.Getenv)
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	settings, err := readConfigFiles(os.DirFS("/"), path, explicit)
 	if err != nil {
 		return nil, err
 	}
@@ -63,9 +66,29 @@ func findCommand(app *cli.App, args []string) (int, *cli.Command) {
 	return 0, nil
 }
 
+// FileDataDir is the data-dir that the config files of a `kelp server` or
+// `kelp agent` set, found as WithFileArgs finds them: args follow the
+// subcommand, getenv reads the process's environment, a relative --config
+// is taken from cwd, and fsys is the file system at "/". It is "" where
+// the files set none. `kelp killall` reads other processes with it.
+func FileDataDir(fsys fs.FS, args []string, getenv func(string) string, cwd string) (string, error) {
+	path, explicit := configPath(args, getenv)
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(cwd, path)
+	}
+	settings, err := readConfigFiles(fsys, filepath.Clean(path), explicit)
+	if err != nil {
+		return "", err
+	}
+	if v := settings["data-dir"].values; len(v) > 0 {
+		return v[len(v)-1], nil
+	}
+	return "", nil
+}
+
 // configPath finds --config/-c in the subcommand's arguments, then the
 // environment, then falls back to the default file (which may be absent).
-func configPath(args []string) (path string, explicit bool) {
+func configPath(args []string, getenv func(string) string) (path string, explicit bool) {
 	for i, a := range args {
 		if a == "--" {
 			break
@@ -79,38 +102,42 @@ func configPath(args []string) (path string, explicit bool) {
 			}
 		}
 	}
-	if v := os.Getenv(configFileEnv); v != "" {
+	if v := getenv(configFileEnv); v != "" {
 		return v, true
 	}
 	return layout.ConfigFile, false
 }
 
-// readConfigFiles reads path and then path.d/*.yaml in lexical order. Later
-// files override scalars of earlier ones and extend their lists.
-func readConfigFiles(path string, explicit bool) (map[string]fileValue, error) {
+// readConfigFiles reads path (absolute, in fsys at "/") and then
+// path.d/*.yaml in lexical order. Later files override scalars of earlier
+// ones and extend their lists.
+func readConfigFiles(fsys fs.FS, path string, explicit bool) (map[string]fileValue, error) {
 	settings := map[string]fileValue{}
-	if _, err := os.Stat(path); err == nil {
-		if err := readConfigFile(path, settings); err != nil {
+	if _, err := fs.Stat(fsys, inFS(path)); err == nil {
+		if err := readConfigFile(fsys, path, settings); err != nil {
 			return nil, err
 		}
 	} else if explicit || !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	dropIns, err := filepath.Glob(path + ".d/*.yaml")
+	dropIns, err := fs.Glob(fsys, inFS(path)+".d/*.yaml")
 	if err != nil {
 		return nil, fmt.Errorf("config directory %s.d: %w", path, err)
 	}
 	sort.Strings(dropIns)
 	for _, f := range dropIns {
-		if err := readConfigFile(f, settings); err != nil {
+		if err := readConfigFile(fsys, "/"+f, settings); err != nil {
 			return nil, err
 		}
 	}
 	return settings, nil
 }
 
-func readConfigFile(path string, settings map[string]fileValue) error {
-	data, err := os.ReadFile(path)
+// inFS names an absolute path in a file system rooted at "/".
+func inFS(path string) string { return strings.TrimPrefix(path, "/") }
+
+func readConfigFile(fsys fs.FS, path string, settings map[string]fileValue) error {
+	data, err := fs.ReadFile(fsys, inFS(path))
 	if err != nil {
 		return fmt.Errorf("config file %s: %w", path, err)
 	}

@@ -7,11 +7,9 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 
-	"gopkg.in/yaml.v3"
-
+	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/layout"
 )
 
@@ -27,11 +25,8 @@ const shimBinary = "containerd-shim-runc-v2"
 // process runs was replaced (an upgrade, a rebuild) or removed.
 const deleted = " (deleted)"
 
-// The environment variables kelp reads its data dir and config file from.
-const (
-	dataDirEnv    = "KELP_DATA_DIR"
-	configFileEnv = "KELP_CONFIG_FILE"
-)
+// dataDirEnv is the environment variable kelp reads its data dir from.
+const dataDirEnv = "KELP_DATA_DIR"
 
 // A process is one row of the process table, as /proc shows it.
 type process struct {
@@ -192,56 +187,14 @@ func (c classifier) dataDirOf(p process, args []string) (string, error) {
 	if dir, ok := getenv(p.environ, dataDirEnv); ok {
 		return dir, nil
 	}
-	// As config.WithFileArgs finds the file: the first --config, then the
-	// environment, then the default, which alone may be missing.
-	path, explicit := layout.ConfigFile, true
-	if v := flagValues(args, "--config", "-config", "-c"); len(v) > 0 {
-		path = v[0]
-	} else if v, _ := getenv(p.environ, configFileEnv); v != "" {
-		path = v
-	} else {
-		explicit = false
-	}
-	if !filepath.IsAbs(path) {
-		path = filepath.Join(p.cwd, path)
-	}
-	dir, err := c.configDataDir(filepath.Clean(path), explicit)
+	dir, err := config.FileDataDir(c.root, args, func(key string) string {
+		v, _ := getenv(p.environ, key)
+		return v
+	}, p.cwd)
 	if err != nil || dir != "" {
 		return dir, err
 	}
 	return layout.DefaultDataDir, nil
-}
-
-// configDataDir is the data-dir that the config file at path and its
-// drop-ins (path.d/*.yaml, later ones win) set, or "".
-func (c classifier) configDataDir(path string, explicit bool) (string, error) {
-	name := strings.TrimPrefix(path, "/")
-	files := []string{name}
-	if _, err := fs.Stat(c.root, name); errors.Is(err, fs.ErrNotExist) && !explicit {
-		files = nil
-	}
-	dropIns, err := fs.Glob(c.root, name+".d/*.yaml")
-	if err != nil {
-		return "", fmt.Errorf("config directory %s.d: %w", path, err)
-	}
-	sort.Strings(dropIns)
-	var dir string
-	for _, f := range append(files, dropIns...) {
-		data, err := fs.ReadFile(c.root, f)
-		if err != nil {
-			return "", fmt.Errorf("read config file /%s: %w", f, err)
-		}
-		var doc struct {
-			DataDir *string `yaml:"data-dir"`
-		}
-		if err := yaml.Unmarshal(data, &doc); err != nil {
-			return "", fmt.Errorf("config file /%s: %w", f, err)
-		}
-		if doc.DataDir != nil {
-			dir = *doc.DataDir
-		}
-	}
-	return dir, nil
 }
 
 // flagValues returns the values args give a flag spelled one of spellings

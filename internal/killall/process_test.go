@@ -192,7 +192,7 @@ func TestPlan(t *testing.T) {
 			dataDir: "/var/lib/kelp",
 			procs:   machine(kelp(200, 1, "server", "--config", "/etc/kelp/gone.yaml"), node[1]),
 			kill:    []int{201},
-			err:     "kelp server (pid 200): read config file /etc/kelp/gone.yaml",
+			err:     "kelp server (pid 200): config file /etc/kelp/gone.yaml",
 		},
 		{
 			name:    "a data dir reached through a symlink",
