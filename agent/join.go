@@ -3,13 +3,9 @@ package agent
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -68,7 +64,7 @@ func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 	// The CA pinned at the first join is the one the node's credentials
 	// trust from then on.
 	files := pki.NodeFilesIn(p.TLS)
-	resp, err := bootstrap(ctx, cfg.Server, tok, req, files.ServerCA, p.SavedJoin)
+	resp, err := bootstrap(ctx, joinapi.Client{Server: cfg.Server, Token: tok, CAFile: files.ServerCA}, req, p.SavedJoin)
 	if err != nil {
 		return err
 	}
@@ -125,14 +121,10 @@ func serverAddresses(joined string, servers []string) []string {
 	return out
 }
 
-// errRefused is a join the server answered with no: trying again cannot
-// help.
-var errRefused = errors.New("the server refused this node")
-
 // bootstrap gets the node's credentials from the server, trying again
 // with backoff while it does not answer. Without the server, a node that
 // joined before goes on with what it saved then.
-func bootstrap(ctx context.Context, server string, tok token.Token, req joinapi.JoinRequest, caPath, savedPath string) (joinapi.JoinResponse, error) {
+func bootstrap(ctx context.Context, c joinapi.Client, req joinapi.JoinRequest, savedPath string) (joinapi.JoinResponse, error) {
 	var saved *joinapi.JoinResponse
 	if data, err := os.ReadFile(savedPath); err == nil {
 		var r joinapi.JoinResponse
@@ -141,7 +133,7 @@ func bootstrap(ctx context.Context, server string, tok token.Token, req joinapi.
 		}
 	}
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		resp, err := joinOnce(ctx, server, tok, req, caPath)
+		resp, err := joinOnce(ctx, c, req)
 		if err == nil {
 			data, err := json.Marshal(resp)
 			if err == nil {
@@ -149,7 +141,7 @@ func bootstrap(ctx context.Context, server string, tok token.Token, req joinapi.
 			}
 			return resp, err
 		}
-		if errors.Is(err, errRefused) {
+		if errors.Is(err, joinapi.ErrRefused) {
 			return joinapi.JoinResponse{}, err
 		}
 		if saved != nil {
@@ -159,90 +151,23 @@ func bootstrap(ctx context.Context, server string, tok token.Token, req joinapi.
 		log.WithError(err).Warnf("cannot join yet; trying again in %s", wait)
 		select {
 		case <-ctx.Done():
-			return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", server, ctx.Err())
+			return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", c.Server, ctx.Err())
 		case <-time.After(wait):
 		}
 	}
 }
 
-// joinOnce asks the server once. The CA is the one pinned at a previous
-// join, or the server's if it matches the token's hash, or with a short
-// token, trusted on first use.
-func joinOnce(ctx context.Context, server string, tok token.Token, req joinapi.JoinRequest, caPath string) (joinapi.JoinResponse, error) {
-	ca, err := os.ReadFile(caPath)
-	if err != nil {
-		if ca, err = fetchCA(ctx, server); err != nil {
-			return joinapi.JoinResponse{}, err
-		}
-		if tok.CAHash == "" {
-			log.Warn("the token has no CA hash: trusting the server's CA on first use; use the full token from <data-dir>/server/token to pin it")
-		}
-	}
-	if tok.CAHash != "" && pki.CAHash(ca) != tok.CAHash {
-		return joinapi.JoinResponse{}, fmt.Errorf("%w: its CA does not match the token's hash; the token is from another cluster, or something between this machine and %s is not the server", errRefused, server)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return joinapi.JoinResponse{}, fmt.Errorf("%w: the server's CA is not a PEM certificate", errRefused)
-	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return joinapi.JoinResponse{}, err
-	}
-	r, err := http.NewRequestWithContext(ctx, http.MethodPost, server+joinapi.JoinPath, bytes.NewReader(body))
-	if err != nil {
-		return joinapi.JoinResponse{}, err
-	}
-	r.Header.Set(joinapi.TokenHeader, tok.User+":"+tok.Secret)
-	r.Header.Set("Content-Type", "application/json")
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	resp, err := client.Do(r)
-	if err != nil {
-		return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", server, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", server, err)
-	}
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusUnauthorized, http.StatusConflict, http.StatusBadRequest:
-		return joinapi.JoinResponse{}, fmt.Errorf("%w: %s", errRefused, strings.TrimSpace(string(data)))
-	default:
-		return joinapi.JoinResponse{}, fmt.Errorf("join %s: %s: %s", server, resp.Status, strings.TrimSpace(string(data)))
-	}
+// joinOnce asks the server once.
+func joinOnce(ctx context.Context, c joinapi.Client, req joinapi.JoinRequest) (joinapi.JoinResponse, error) {
 	var out joinapi.JoinResponse
-	if err := json.Unmarshal(data, &out); err != nil {
-		return joinapi.JoinResponse{}, fmt.Errorf("join %s: malformed answer: %w", server, err)
+	ca, err := c.Post(ctx, joinapi.JoinPath, req, &out)
+	if err != nil {
+		return joinapi.JoinResponse{}, err
 	}
 	if !bytes.Equal(out.ServerCA, ca) {
-		return joinapi.JoinResponse{}, fmt.Errorf("join %s: the server sent a CA other than the one it serves", server)
+		return joinapi.JoinResponse{}, fmt.Errorf("join %s: the server sent a CA other than the one it serves", c.Server)
 	}
 	return out, nil
-}
-
-// fetchCA reads the server's CA without verifying the server: the caller
-// checks it against the token's hash.
-func fetchCA(ctx context.Context, server string) ([]byte, error) {
-	r, err := http.NewRequestWithContext(ctx, http.MethodGet, server+joinapi.CACertsPath, nil)
-	if err != nil {
-		return nil, err
-	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	resp, err := client.Do(r)
-	if err != nil {
-		return nil, fmt.Errorf("reach %s: %w", server, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, fmt.Errorf("get the CA of %s: %w", server, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("get the CA of %s: %s: %s", server, resp.Status, strings.TrimSpace(string(data)))
-	}
-	return data, nil
 }
 
 // nodePassword is the node's own secret, made at its first join. A file

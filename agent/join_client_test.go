@@ -79,7 +79,7 @@ func nodeToken(caHash string) token.Token {
 func TestJoinPinsCAByTokenHash(t *testing.T) {
 	s := newJoinServer(t, http.StatusOK, http.StatusOK)
 	caPath, savedPath := joinFiles(t)
-	resp, err := bootstrap(t.Context(), s.URL, nodeToken(pki.CAHash(s.ca)), joinReq, caPath, savedPath)
+	resp, err := bootstrap(t.Context(), joinapi.Client{Server: s.URL, Token: nodeToken(pki.CAHash(s.ca)), CAFile: caPath}, joinReq, savedPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestJoinPinsCAByTokenHash(t *testing.T) {
 	if err := os.WriteFile(caPath, s.ca, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := joinOnce(t.Context(), s.URL, nodeToken(""), joinReq, caPath); err != nil {
+	if _, err := joinOnce(t.Context(), joinapi.Client{Server: s.URL, Token: nodeToken(""), CAFile: caPath}, joinReq); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.caRequests.Load(); got != 1 {
@@ -111,8 +111,8 @@ func TestJoinPinsCAByTokenHash(t *testing.T) {
 func TestJoinRefusesCAOfAnotherCluster(t *testing.T) {
 	s := newJoinServer(t, http.StatusOK, http.StatusOK)
 	caPath, savedPath := joinFiles(t)
-	_, err := bootstrap(t.Context(), s.URL, nodeToken(strings.Repeat("0", 64)), joinReq, caPath, savedPath)
-	if !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "does not match the token's hash") {
+	_, err := bootstrap(t.Context(), joinapi.Client{Server: s.URL, Token: nodeToken(strings.Repeat("0", 64)), CAFile: caPath}, joinReq, savedPath)
+	if !errors.Is(err, joinapi.ErrRefused) || !strings.Contains(err.Error(), "does not match the token's hash") {
 		t.Errorf("bootstrap: %v, want a refusal for the CA", err)
 	}
 	if got := s.joins.Load(); got != 0 {
@@ -127,8 +127,8 @@ func TestJoinRefusedToken(t *testing.T) {
 	if err := os.WriteFile(savedPath, []byte(`{"config":{"clusterCIDR":"10.42.0.0/16"}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := bootstrap(t.Context(), s.URL, nodeToken(pki.CAHash(s.ca)), joinReq, caPath, savedPath)
-	if !errors.Is(err, errRefused) || !strings.Contains(err.Error(), "not valid for this cluster") {
+	_, err := bootstrap(t.Context(), joinapi.Client{Server: s.URL, Token: nodeToken(pki.CAHash(s.ca)), CAFile: caPath}, joinReq, savedPath)
+	if !errors.Is(err, joinapi.ErrRefused) || !strings.Contains(err.Error(), "not valid for this cluster") {
 		t.Errorf("bootstrap: %v, want the server's refusal", err)
 	}
 	if got := s.joins.Load(); got != 1 {
@@ -160,7 +160,7 @@ func TestJoinFallsBackToSavedJoin(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		got, err := bootstrap(t.Context(), s.URL, nodeToken(pki.CAHash(ca)), joinReq, caPath, savedPath)
+		got, err := bootstrap(t.Context(), joinapi.Client{Server: s.URL, Token: nodeToken(pki.CAHash(ca)), CAFile: caPath}, joinReq, savedPath)
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("pinned CA %v: %+v, %v; want the saved join", pinned, got.Config, err)
 		}
@@ -174,7 +174,7 @@ func TestJoinWaitsForServer(t *testing.T) {
 	caPath, savedPath := joinFiles(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
-	_, err := bootstrap(ctx, s.URL, nodeToken(""), joinReq, caPath, savedPath)
+	_, err := bootstrap(ctx, joinapi.Client{Server: s.URL, Token: nodeToken(""), CAFile: caPath}, joinReq, savedPath)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("bootstrap: %v, want the context's end", err)
 	}
@@ -182,9 +182,10 @@ func TestJoinWaitsForServer(t *testing.T) {
 
 func TestFetchCAFailure(t *testing.T) {
 	s := newJoinServer(t, http.StatusOK, http.StatusInternalServerError)
-	_, err := fetchCA(t.Context(), s.URL)
+	caPath, _ := joinFiles(t)
+	_, err := joinapi.Client{Server: s.URL, Token: nodeToken(""), CAFile: caPath}.Post(t.Context(), joinapi.JoinPath, joinReq, &joinapi.JoinResponse{})
 	if err == nil || !strings.Contains(err.Error(), "500") || !strings.Contains(err.Error(), "server CA unavailable") || strings.Contains(err.Error(), "nil") {
-		t.Errorf("fetchCA: %v, want the status and the server's message", err)
+		t.Errorf("fetch the CA: %v, want the status and the server's message", err)
 	}
 }
 

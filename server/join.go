@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"os"
@@ -24,26 +25,41 @@ func tokenPaths(dataDir string) tokenFiles {
 }
 
 // ensureTokens keeps the join tokens in <data-dir>/server: token (joins
-// anything) and, with --agent-token, agent-token (joins agents only), each
-// pinned to the server CA.
-func ensureTokens(cfg config.Server, certs pki.Files) (tokenFiles, error) {
+// anything) and, with --agent-token or the cluster's agent token a joining
+// server got (clusterAgent), agent-token (joins agents only), each pinned
+// to the server CA.
+func ensureTokens(cfg config.Server, certs pki.Files, clusterAgent string) (tokenFiles, error) {
 	ca, err := os.ReadFile(certs.ServerCA.Cert)
 	if err != nil {
 		return tokenFiles{}, fmt.Errorf("read server CA: %w", err)
 	}
 	hash := pki.CAHash(ca)
 	files := tokenPaths(cfg.DataDir)
-	if _, err := token.Ensure(files.server, token.ServerUser, cfg.Token, hash); err != nil {
+	secret := cfg.Token
+	if cfg.JoinServer != "" {
+		// A joining server was given the whole token, or its secret.
+		tok, err := token.Parse(cfg.Token, token.ServerUser)
+		if err != nil {
+			return tokenFiles{}, fmt.Errorf("--token: %w", err)
+		}
+		secret = tok.Secret
+	}
+	if _, err := token.Ensure(files.server, token.ServerUser, secret, hash); err != nil {
 		return tokenFiles{}, err
 	}
-	if cfg.AgentToken == "" {
+	agentSecret := cmp.Or(cfg.AgentToken, clusterAgent)
+	if agentSecret == "" && cfg.JoinServer != "" {
+		// The agent token came from the cluster when this server joined.
+		return files, nil
+	}
+	if agentSecret == "" {
 		// An agent token given once and dropped since must stop working.
 		if err := os.Remove(files.agent); err != nil && !os.IsNotExist(err) {
 			return tokenFiles{}, fmt.Errorf("remove %s: %w", files.agent, err)
 		}
 		return files, nil
 	}
-	if _, err := token.Ensure(files.agent, token.NodeUser, cfg.AgentToken, hash); err != nil {
+	if _, err := token.Ensure(files.agent, token.NodeUser, agentSecret, hash); err != nil {
 		return tokenFiles{}, err
 	}
 	return files, nil

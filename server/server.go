@@ -20,6 +20,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/controllermanager"
 	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/etcdmembers"
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -27,6 +28,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/scheduler"
 	"github.com/kelp-dev/kelp/internal/servicelb"
+	"github.com/kelp-dev/kelp/internal/snapshot"
 	"github.com/kelp-dev/kelp/internal/systemobjects"
 )
 
@@ -61,18 +63,29 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		return err
 	}
 	log.WithField("dir", staged.Dir).Debug("bundle staged")
+	cluster, err := joinCluster(ctx, cfg)
+	if err != nil {
+		return err
+	}
 	certs, err := pki.Ensure(pkiConfig(cfg))
 	if err != nil {
 		return err
 	}
-	tokens, err := ensureTokens(cfg, certs)
+	tokens, err := ensureTokens(cfg, certs, cluster.agentToken)
 	if err != nil {
 		return err
 	}
 
-	store, err := datastore.Start(ctx, datastoreConfig(cfg, certs))
+	dc := datastoreConfig(cfg, certs)
+	dc.InitialCluster = cluster.initialCluster
+	store, err := datastore.Start(ctx, dc)
 	if err := g.Start(store, err); err != nil {
 		return err
+	}
+	// A nil *Members in the interface would look like a member list.
+	var members joinapi.Members
+	if m := store.Members(); m != nil {
+		members = m
 	}
 	// Nothing else can ever use a SQLite datastore: one server, so no
 	// elections and no bookkeeping of other apiservers.
@@ -94,6 +107,8 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		AgentTokenFile:  tokens.agent,
 		AdminKubeconfig: paths.AdminKubeconfig,
 		Agent:           agentConfig(cfg),
+		Datastore:       store.Backend().Kind,
+		Members:         members,
 	}))); err != nil {
 		return err
 	}
@@ -139,8 +154,20 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err := g.Go("node addresses", func(ctx context.Context) error { return nodeaddress.Run(ctx, admin) }); err != nil {
 		return err
 	}
+	if m := store.Members(); m != nil {
+		if err := g.Go("etcd members", func(ctx context.Context) error { return etcdmembers.Run(ctx, admin, m) }); err != nil {
+			return err
+		}
+	}
 	if !cfg.Disable.ServiceLB {
 		if err := g.Go("servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, admin) }); err != nil {
+			return err
+		}
+	}
+	if !cfg.Snapshots.Disabled && cfg.Datastore.Endpoint == "" {
+		if err := g.Go("snapshots", func(ctx context.Context) error {
+			return snapshot.Schedule(ctx, snapshot.ScheduleConfig{Snapshots: cfg.Snapshots, DataDir: cfg.DataDir, Node: cfg.NodeName})
+		}); err != nil {
 			return err
 		}
 	}
@@ -176,7 +203,7 @@ func datastoreConfig(cfg config.Server, certs pki.Files) datastore.Config {
 		CAFile:      cfg.Datastore.CAFile,
 		CertFile:    cfg.Datastore.CertFile,
 		KeyFile:     cfg.Datastore.KeyFile,
-		ClusterInit: cfg.ClusterInit,
+		ClusterInit: cfg.EmbeddedEtcd(),
 		Name:        cfg.NodeName,
 		AdvertiseIP: cfg.AdvertiseAddress.String(),
 		EtcdTLS: datastore.EtcdTLS{

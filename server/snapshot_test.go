@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,12 +16,19 @@ import (
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
-// TestSnapshotRestore takes a snapshot of a running SQLite server with
-// `kelp snapshot save`, deletes a namespace full of objects, and brings
-// them back with `kelp snapshot restore` while the server is stopped.
+// TestSnapshotRestore takes a snapshot of a running server with `kelp
+// snapshot save`, deletes a namespace full of objects, and brings them back
+// while the server is stopped: with `kelp snapshot restore` on SQLite, with
+// `kelp server --cluster-reset --cluster-reset-restore-path` on embedded
+// etcd, which refuses a corrupt copy first.
 func TestSnapshotRestore(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { testSnapshotRestore(t, "sqlite") })
+	t.Run("etcd", func(t *testing.T) { testSnapshotRestore(t, "etcd", "--cluster-init") })
+}
+
+func testSnapshotRestore(t *testing.T, kind string, args ...string) {
 	n := testcluster.NewNode(t)
-	n.Start("--disable-agent")
+	n.Start(args...)
 	n.WaitReady(startTimeout)
 	ctx := context.Background()
 	c := n.Client()
@@ -38,7 +47,7 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Fatalf("snapshot save: %v\n%s", err, out)
 	}
 	out, err = n.RunKelp(time.Minute, "snapshot", "ls", "--data-dir", n.DataDir)
-	if err != nil || !strings.Contains(out, "before-delete-") || !strings.Contains(out, "sqlite") {
+	if err != nil || !strings.Contains(out, "before-delete-") || !strings.Contains(out, kind) {
 		t.Fatalf("snapshot ls: %v\n%s", err, out)
 	}
 	name := ""
@@ -55,16 +64,21 @@ func TestSnapshotRestore(t *testing.T) {
 		return apierrors.IsNotFound(err), nil
 	})
 
-	out, err = n.RunKelp(time.Minute, "snapshot", "restore", "--data-dir", n.DataDir, name)
-	if err == nil || !strings.Contains(out, "in use by another kelp server") {
-		t.Errorf("restore while the server runs must be refused: %v\n%s", err, out)
+	if kind == "sqlite" {
+		out, err = n.RunKelp(time.Minute, "snapshot", "restore", "--data-dir", n.DataDir, name)
+		if err == nil || !strings.Contains(out, "in use by another kelp server") {
+			t.Errorf("restore while the server runs must be refused: %v\n%s", err, out)
+		}
+		t.Logf("stopped in %s", n.Stop())
+		out, err = n.RunKelp(time.Minute, "snapshot", "restore", "--data-dir", n.DataDir, name)
+		if err != nil {
+			t.Fatalf("snapshot restore: %v\n%s", err, out)
+		}
+	} else {
+		t.Logf("stopped in %s", n.Stop())
+		restoreEtcd(t, n, name, args)
 	}
-	t.Logf("stopped in %s", n.Stop())
-	out, err = n.RunKelp(time.Minute, "snapshot", "restore", "--data-dir", n.DataDir, name)
-	if err != nil {
-		t.Fatalf("snapshot restore: %v\n%s", err, out)
-	}
-	n.Start("--disable-agent")
+	n.Start(args...)
 	n.WaitReady(startTimeout)
 	c = n.Client()
 	list, err := c.CoreV1().ConfigMaps("precious").List(ctx, metav1.ListOptions{})
@@ -81,4 +95,29 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Errorf("after restore: %d of %d ConfigMaps", got, count)
 	}
 	t.Logf("stopped in %s", n.Stop())
+}
+
+// restoreEtcd refuses a corrupt copy of the snapshot, then restores it.
+func restoreEtcd(t *testing.T, n *testcluster.Node, name string, args []string) {
+	t.Helper()
+	dir := filepath.Join(n.DataDir, "server", "db", "snapshots")
+	corrupt := filepath.Join(t.TempDir(), name)
+	data, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	if err := os.WriteFile(corrupt, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, filepath.Join(dir, name+".json"), corrupt+".json")
+	reset := func(path string) (string, error) {
+		return n.RunKelp(2*time.Minute, n.ServerArgs(append(args, "--cluster-reset", "--cluster-reset-restore-path", path)...)...)
+	}
+	if out, err := reset(corrupt); err == nil || !strings.Contains(out, "is corrupt") {
+		t.Errorf("restoring a corrupt snapshot: %v, want a refusal\n%s", err, out)
+	}
+	if out, err := reset(name); err != nil || !strings.Contains(out, "Restored the embedded etcd") {
+		t.Fatalf("kelp server --cluster-reset-restore-path: %v\n%s", err, out)
+	}
 }

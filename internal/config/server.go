@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -41,6 +42,23 @@ type Server struct {
 	// Overlay is how pods on different nodes reach each other: "vxlan",
 	// "host-gw" or "none".
 	Overlay string
+	// Snapshots are the scheduled snapshots of the datastore.
+	Snapshots Snapshots
+	// JoinServer is --server: the URL of a server of the cluster this one
+	// joins, with Token; empty for a cluster's first server.
+	JoinServer string
+	// ClusterReset is --cluster-reset: make the embedded etcd member a
+	// cluster of one, keeping its data (or the snapshot at
+	// ClusterResetRestorePath), then exit.
+	ClusterReset            bool
+	ClusterResetRestorePath string
+}
+
+// EmbeddedEtcd says whether the server keeps its state in embedded etcd:
+// the first server of such a cluster, one that joins it, or one being
+// reset.
+func (s Server) EmbeddedEtcd() bool {
+	return s.ClusterInit || s.ClusterReset || (s.JoinServer != "" && s.Datastore.Endpoint == "")
 }
 
 // Datastore selects the storage behind the apiserver.
@@ -73,20 +91,21 @@ func (s Server) FirstServiceIP() netip.Addr {
 // validates them. Its zero value is ready for ServerFlags.
 type ServerInput struct {
 	nodeInput
-	bindAddress, advertiseAddress                               string
-	clusterCIDR, serviceCIDR, clusterDNS, clusterDomain         string
-	serviceNodePortRange                                        string
-	writeKubeconfig, writeKubeconfigMode                        string
-	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey string
-	token, agentToken, overlay                                  string
-	httpsPort                                                   int
-	clusterInit, disableAgent, disableNetworkPolicy             bool
-	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable      cli.StringSlice
+	snapshotInput
+	bindAddress, advertiseAddress                                 string
+	clusterCIDR, serviceCIDR, clusterDNS, clusterDomain           string
+	serviceNodePortRange                                          string
+	writeKubeconfig, writeKubeconfigMode                          string
+	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey   string
+	token, agentToken, overlay, joinServer, restorePath           string
+	httpsPort                                                     int
+	clusterInit, clusterReset, disableAgent, disableNetworkPolicy bool
+	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable        cli.StringSlice
 }
 
 // ServerFlags returns the flags of `kelp server`, bound to in.
 func ServerFlags(in *ServerInput) []cli.Flag {
-	return append(nodeFlags(&in.nodeInput), []cli.Flag{
+	return slices.Concat(nodeFlags(&in.nodeInput), snapshotFlags(&in.snapshotInput), []cli.Flag{
 		&cli.StringFlag{Name: "bind-address", EnvVars: env("bind-address"), Value: "0.0.0.0", Destination: &in.bindAddress, Usage: "address the apiserver listens on"},
 		&cli.IntFlag{Name: "https-listen-port", EnvVars: env("https-listen-port"), Value: 6443, Destination: &in.httpsPort, Usage: "port of the apiserver"},
 		&cli.StringFlag{Name: "advertise-address", EnvVars: env("advertise-address"), Destination: &in.advertiseAddress, Usage: "address other members reach this server at (default: the node IP)"},
@@ -98,7 +117,10 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "cluster-domain", EnvVars: env("cluster-domain"), Value: "cluster.local", Destination: &in.clusterDomain, Usage: "cluster DNS domain"},
 		&cli.StringFlag{Name: "write-kubeconfig", Aliases: []string{"o"}, EnvVars: env("write-kubeconfig"), Value: layout.Kubeconfig, Destination: &in.writeKubeconfig, Usage: "where to write the admin kubeconfig"},
 		&cli.StringFlag{Name: "write-kubeconfig-mode", EnvVars: env("write-kubeconfig-mode"), Value: "0600", Destination: &in.writeKubeconfigMode, Usage: "file mode of the admin kubeconfig, octal"},
-		&cli.BoolFlag{Name: "cluster-init", EnvVars: env("cluster-init"), Destination: &in.clusterInit, Usage: "store cluster state in embedded etcd instead of SQLite"},
+		&cli.BoolFlag{Name: "cluster-init", EnvVars: env("cluster-init"), Destination: &in.clusterInit, Usage: "store cluster state in embedded etcd instead of SQLite, so that more servers can join"},
+		&cli.StringFlag{Name: "server", Aliases: []string{"s"}, EnvVars: []string{"KELP_URL"}, Destination: &in.joinServer, Usage: "join the control plane of the cluster this server belongs to, https://<server>:6443 (with --token: the server token)"},
+		&cli.BoolFlag{Name: "cluster-reset", EnvVars: env("cluster-reset"), Destination: &in.clusterReset, Usage: "make this server's embedded etcd a cluster of one member, keeping its data, then exit (recovers from the loss of a majority of servers)"},
+		&cli.StringFlag{Name: "cluster-reset-restore-path", EnvVars: env("cluster-reset-restore-path"), Destination: &in.restorePath, Usage: "with --cluster-reset: start from this etcd snapshot (a file, or the name of one in the snapshot dir or on S3)"},
 		&cli.StringFlag{Name: "datastore-endpoint", EnvVars: env("datastore-endpoint"), Destination: &in.datastoreEndpoint, Usage: "external datastore: postgres://, mysql:// or https:// (etcd)"},
 		&cli.StringFlag{Name: "datastore-cafile", EnvVars: env("datastore-cafile"), Destination: &in.datastoreCA, Usage: "CA bundle to verify the external datastore"},
 		&cli.StringFlag{Name: "datastore-certfile", EnvVars: env("datastore-certfile"), Destination: &in.datastoreCert, Usage: "client certificate for the external datastore"},
@@ -112,7 +134,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-scheduler-arg", EnvVars: env("kube-scheduler-arg"), Destination: &in.schedulerArgs, Usage: "extra kube-scheduler flag, name=value"},
-	}...)
+	})
 }
 
 // env names the environment variable of a flag: data-dir → KELP_DATA_DIR.
@@ -130,18 +152,22 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		}
 	}
 	s := Server{
-		Node:                 in.nodeInput.parse(host, check),
-		HTTPSPort:            in.httpsPort,
-		TLSSANs:              in.tlsSANs.Value(),
-		ServiceNodePortRange: in.serviceNodePortRange,
-		ClusterDomain:        in.clusterDomain,
-		WriteKubeconfig:      in.writeKubeconfig,
-		ClusterInit:          in.clusterInit,
-		DisableAgent:         in.disableAgent,
-		Disable:              Disable{NetworkPolicy: in.disableNetworkPolicy},
-		Token:                in.token,
-		AgentToken:           in.agentToken,
-		Overlay:              in.overlay,
+		Node:                    in.nodeInput.parse(host, check),
+		HTTPSPort:               in.httpsPort,
+		TLSSANs:                 in.tlsSANs.Value(),
+		ServiceNodePortRange:    in.serviceNodePortRange,
+		ClusterDomain:           in.clusterDomain,
+		WriteKubeconfig:         in.writeKubeconfig,
+		ClusterInit:             in.clusterInit,
+		DisableAgent:            in.disableAgent,
+		Disable:                 Disable{NetworkPolicy: in.disableNetworkPolicy},
+		Token:                   strings.TrimSpace(in.token),
+		JoinServer:              strings.TrimRight(in.joinServer, "/"),
+		ClusterReset:            in.clusterReset,
+		ClusterResetRestorePath: in.restorePath,
+		AgentToken:              in.agentToken,
+		Overlay:                 in.overlay,
+		Snapshots:               in.snapshotInput.parse(check),
 		Datastore: Datastore{
 			Endpoint: in.datastoreEndpoint,
 			CAFile:   in.datastoreCA,
@@ -165,9 +191,10 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		}
 	}
 	check(checkOverlay(in.overlay))
-	if strings.Contains(in.token, "::") || strings.Contains(in.agentToken, "::") {
-		check(errors.New("--token and --agent-token take the secret alone, not a full KELP1… token"))
+	if (in.joinServer == "" && strings.Contains(in.token, "::")) || strings.Contains(in.agentToken, "::") {
+		check(errors.New("--token and --agent-token take the secret alone, not a full KELP1… token (a full token is for joining, with --server)"))
 	}
+	check(checkJoin(s, in))
 	var err error
 	s.BindAddress, err = parseIP("--bind-address", in.bindAddress)
 	check(err)
@@ -214,6 +241,26 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		return Server{}, errors.Join(errs...)
 	}
 	return s, nil
+}
+
+// checkJoin checks --server and --cluster-reset against the rest.
+func checkJoin(s Server, in *ServerInput) error {
+	switch {
+	case in.restorePath != "" && !in.clusterReset:
+		return errors.New("--cluster-reset-restore-path is only used with --cluster-reset")
+	case in.clusterReset && in.datastoreEndpoint != "":
+		return errors.New("--cluster-reset resets embedded etcd; with --datastore-endpoint the datastore is external: reset it with its own tools")
+	case in.joinServer == "":
+		return nil
+	case in.clusterInit:
+		return errors.New("--server and --cluster-init exclude each other: --cluster-init starts a new cluster, --server joins one")
+	case s.Token == "":
+		return errors.New("--server needs --token: the server token, from <data-dir>/server/token on a server of the cluster")
+	}
+	if u, err := url.Parse(s.JoinServer); err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" {
+		return fmt.Errorf("--server %q: want https://<server>:6443", in.joinServer)
+	}
+	return nil
 }
 
 func checkOverlay(backend string) error {

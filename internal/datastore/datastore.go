@@ -29,6 +29,9 @@ const (
 	// readyTimeout bounds how long the backend may take to answer its first
 	// etcd request after Start; after that the datastore is reported failed.
 	readyTimeout = 30 * time.Second
+	// joinReadyTimeout replaces it for a member joining a cluster: it is
+	// ready once promoted, after it caught up with the leader.
+	joinReadyTimeout = 2 * time.Minute
 	// probeAttemptTimeout bounds one readiness request.
 	probeAttemptTimeout = 5 * time.Second
 	probeInterval       = 500 * time.Millisecond
@@ -48,8 +51,16 @@ type Config struct {
 	// CAFile, CertFile and KeyFile are --datastore-cafile/certfile/keyfile: TLS
 	// to an external datastore.
 	CAFile, CertFile, KeyFile string
-	// ClusterInit is --cluster-init: run an embedded etcd (single member for now).
+	// ClusterInit runs an embedded etcd: --cluster-init on the first
+	// server, or a server that joins one.
 	ClusterInit bool
+	// InitialCluster is etcd's --initial-cluster for a server joining an
+	// embedded etcd cluster, "name=peerURL,…" as the server it joined
+	// through added it. It is used only while the member has no data yet.
+	InitialCluster string
+	// ForceNewCluster is --cluster-reset: the member makes itself the only
+	// one of its cluster, keeping its data.
+	ForceNewCluster bool
 	// Name is the etcd member name, normally the node's hostname; empty means
 	// the hostname.
 	Name string
@@ -226,6 +237,9 @@ func Start(ctx context.Context, cfg Config) (*Datastore, error) {
 	be.Kind = kind
 
 	timeout := orDefault(cfg.readyTimeout, readyTimeout)
+	if cfg.InitialCluster != "" {
+		timeout = max(timeout, joinReadyTimeout)
+	}
 	probeCtx, probeCancel := context.WithTimeout(context.Background(), timeout)
 	d := &Datastore{
 		desc:         desc,

@@ -1,6 +1,7 @@
 package datastore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -46,6 +47,12 @@ type etcdEngine struct {
 	stopping chan struct{}
 	// closing tells the logger that listener errors are part of Close.
 	closing *atomic.Bool
+	// removed is set by the logger when etcd stops because the cluster
+	// removed this member.
+	removed *atomic.Bool
+	dir     string
+	// stopPromote ends the learner promotion.
+	stopPromote context.CancelFunc
 }
 
 func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend, rerr error) {
@@ -83,14 +90,17 @@ func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend,
 	if sqlitePath := filepath.Join(dbDir, stateDBName); !wal.Exist(filepath.Join(dir, "member", "wal")) && nonEmpty(sqlitePath) {
 		return nil, "", Backend{}, fmt.Errorf("%s: a SQLite datastore exists at %s and kelp does not migrate it to etcd: start without --cluster-init to use it, or move it away to start an empty etcd cluster", desc, sqlitePath)
 	}
-	closing := &atomic.Bool{}
-	ec, err := etcdConfig(cfg, dir, log, closing)
+	closing, removed := &atomic.Bool{}, &atomic.Bool{}
+	ec, err := etcdConfig(cfg, dir, log, closing, removed)
 	if err != nil {
 		return nil, "", Backend{}, fmt.Errorf("%s: %w", desc, err)
 	}
 	// StartEtcd opens the backend and replays the WAL before it returns, and
 	// closes whatever it started when it fails.
 	e, err := embed.StartEtcd(ec)
+	if err != nil && removed.Load() {
+		return nil, "", Backend{}, errMemberRemoved(dir)
+	}
 	if err != nil {
 		hint := "check the etcd messages logged above"
 		if errors.Is(err, syscall.EADDRINUSE) {
@@ -101,18 +111,21 @@ func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend,
 		return nil, "", Backend{}, fmt.Errorf("%s: %w: %s", desc, err, hint)
 	}
 
-	s := &etcdEngine{etcd: e, lock: lock, failc: make(chan error, 1), stopping: make(chan struct{}), closing: closing}
-	go s.watch()
 	clientPort := orDefault(cfg.clientPort, defaultEtcdClientPort)
-	return s, desc, Backend{
+	be := Backend{
 		Endpoints: []string{"https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(clientPort))},
 		CAFile:    cfg.EtcdTLS.ServerCA,
 		CertFile:  cfg.EtcdTLS.Client.Cert,
 		KeyFile:   cfg.EtcdTLS.Client.Key,
-	}, nil
+	}
+	promoteCtx, stopPromote := context.WithCancel(context.Background())
+	s := &etcdEngine{etcd: e, lock: lock, failc: make(chan error, 1), stopping: make(chan struct{}), closing: closing, removed: removed, dir: dir, stopPromote: stopPromote}
+	go s.watch()
+	go promoteLearners(promoteCtx, be, log)
+	return s, desc, be, nil
 }
 
-func etcdConfig(cfg Config, dir string, log *logrus.Entry, closing *atomic.Bool) (*embed.Config, error) {
+func etcdConfig(cfg Config, dir string, log *logrus.Entry, closing, removed *atomic.Bool) (*embed.Config, error) {
 	name := cfg.Name
 	if name == "" {
 		host, err := os.Hostname()
@@ -144,8 +157,19 @@ func etcdConfig(cfg Config, dir string, log *logrus.Entry, closing *atomic.Bool)
 	// A member with a WAL restarts from it; saying "existing" makes sure it
 	// never bootstraps a second, new cluster over its own data.
 	ec.ClusterState = embed.ClusterStateFlagNew
-	if wal.Exist(filepath.Join(dir, "member", "wal")) {
+	hasData := wal.Exist(filepath.Join(dir, "member", "wal"))
+	switch {
+	case hasData:
 		ec.ClusterState = embed.ClusterStateFlagExisting
+	case cfg.InitialCluster != "":
+		ec.ClusterState = embed.ClusterStateFlagExisting
+		ec.InitialCluster = cfg.InitialCluster
+	}
+	if cfg.ForceNewCluster {
+		if !hasData {
+			return nil, fmt.Errorf("--cluster-reset: %s holds no etcd member to reset", dir)
+		}
+		ec.ForceNewCluster = true
 	}
 
 	ec.ClientTLSInfo = transport.TLSInfo{
@@ -172,6 +196,7 @@ func etcdConfig(cfg Config, dir string, log *logrus.Entry, closing *atomic.Bool)
 		LevelEnabler: zapcore.WarnLevel,
 		entry:        log.WithField("backend", "etcd"),
 		closing:      closing,
+		removed:      removed,
 	}))
 	return ec, nil
 }
@@ -206,6 +231,9 @@ func (s *etcdEngine) watch() {
 	case <-s.stopping:
 		return
 	}
+	if s.removed.Load() {
+		err = errMemberRemoved(s.dir)
+	}
 	select {
 	case <-s.stopping:
 	default:
@@ -220,6 +248,7 @@ func (s *etcdEngine) failed() <-chan error { return s.failc }
 // does not stop: it may still write.
 func (s *etcdEngine) stop() error {
 	close(s.stopping)
+	s.stopPromote()
 	s.closing.Store(true)
 	done := make(chan struct{})
 	go func() {
@@ -241,6 +270,7 @@ type logrusCore struct {
 	entry   *logrus.Entry
 	fields  []zapcore.Field
 	closing *atomic.Bool
+	removed *atomic.Bool
 }
 
 func (c *logrusCore) With(fields []zapcore.Field) zapcore.Core {
@@ -264,6 +294,9 @@ func (c *logrusCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	for _, f := range fields {
 		f.AddTo(enc)
 	}
+	if e.Message == memberRemovedMessage {
+		c.removed.Store(true)
+	}
 	level := logrus.ErrorLevel
 	switch e.Level {
 	case zapcore.DebugLevel:
@@ -285,6 +318,16 @@ func (c *logrusCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 }
 
 func (c *logrusCore) Sync() error { return nil }
+
+// errMemberRemoved says what to do with a member the cluster removed.
+func errMemberRemoved(dir string) error {
+	return fmt.Errorf("this server was removed from the etcd cluster (kubectl delete node): "+
+		"to make it a server again, move %s away and start it with --server and --token of a server still in the cluster", dir)
+}
+
+// memberRemovedMessage is what etcd logs when it stops because the cluster
+// removed this member; etcd reports no error kelp could read instead.
+const memberRemovedMessage = "data-dir used by this member must be removed"
 
 // quietEtcdMessages are warnings etcd logs on every start of a healthy
 // single-node setup; they tell a kelp operator nothing.

@@ -58,6 +58,11 @@ type Config struct {
 	// of `kelp token create`.
 	AdminKubeconfig string
 	Agent           AgentConfig
+	// Datastore is the cluster's datastore kind (datastore.Kind*).
+	Datastore string
+	// Members adds joining servers to embedded etcd; nil on any other
+	// datastore.
+	Members Members
 }
 
 // AgentConfig is what a joining node learns of the cluster.
@@ -97,7 +102,8 @@ func Routes(cfg Config) map[string]http.Handler {
 		PingPath: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintln(w, "pong")
 		}),
-		JoinPath: http.HandlerFunc(s.join),
+		JoinPath:       http.HandlerFunc(s.join),
+		ServerJoinPath: http.HandlerFunc(s.serverJoin),
 	}
 }
 

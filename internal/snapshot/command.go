@@ -1,39 +1,56 @@
 package snapshot
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
 	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // Command is `kelp snapshot`: snapshots of a server's datastore, run on it.
 func Command() *cli.Command {
-	flags := []cli.Flag{
+	var in config.SnapshotStoreInput
+	flags := slices.Concat([]cli.Flag{
 		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server"},
-		&cli.StringFlag{Name: "snapshot-dir", EnvVars: []string{"KELP_SNAPSHOT_DIR"}, Usage: "where snapshots are (default: <data-dir>/server/db/snapshots)"},
 		&cli.StringFlag{Name: "datastore-endpoint", EnvVars: []string{"KELP_DATASTORE_ENDPOINT"}, Usage: "the server's --datastore-endpoint, if any: external datastores are not snapshotted by kelp"},
-	}
-	dir := func(c *cli.Context) (Dir, error) {
+	}, config.SnapshotStoreFlags(&in))
+	// open returns the snapshot directory and, with --snapshot-s3, the S3
+	// folder, checked to be reachable before anything is changed.
+	open := func(c *cli.Context) (Dir, *remote, error) {
 		if c.String("datastore-endpoint") != "" {
-			return Dir{}, errors.New("kelp snapshot covers SQLite and embedded etcd only: " + externalHint)
+			return Dir{}, nil, errors.New("kelp snapshot covers SQLite and embedded etcd only: " + externalHint)
 		}
-		return Dir{DataDir: c.String("data-dir"), Path: c.String("snapshot-dir")}, nil
+		store, err := in.Parse()
+		if err != nil {
+			return Dir{}, nil, err
+		}
+		d := Dir{DataDir: c.String("data-dir"), Path: store.Dir}
+		if store.S3 == nil {
+			return d, nil, nil
+		}
+		r, err := openS3(c.Context, *store.S3)
+		return d, r, err
 	}
 	return &cli.Command{
 		Name:  "snapshot",
-		Usage: "save, list, delete, prune and restore snapshots of the server's datastore (on a server)",
+		Usage: "save, list, delete, prune and restore snapshots of the server's datastore (on a server), locally and with --snapshot-s3 on S3",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "save",
-				Usage: "take a snapshot of the running or stopped server's SQLite or embedded etcd datastore",
-				Flags: append(flags, &cli.StringFlag{Name: "name", Value: DefaultName, Usage: "start of the snapshot's file name; the node name and UTC time follow"}),
+				Usage: "take a snapshot of the running or stopped server's SQLite or embedded etcd datastore; with --snapshot-s3 copy it to S3",
+				Flags: slices.Concat(flags, []cli.Flag{&cli.StringFlag{Name: "name", Value: DefaultName, Usage: "start of the snapshot's file name; the node name and UTC time follow"}}),
 				Action: func(c *cli.Context) error {
-					d, err := dir(c)
+					d, r, err := open(c)
 					if err != nil {
 						return err
 					}
@@ -42,22 +59,37 @@ func Command() *cli.Command {
 						return err
 					}
 					fmt.Fprintf(c.App.Writer, "saved %s (%s, %d bytes) in %s\n", m.Name, m.Datastore, m.Size, d.path())
+					if r == nil {
+						return nil
+					}
+					if err := r.upload(c.Context, filepath.Join(d.path(), m.Name), m); err != nil {
+						return fmt.Errorf("%w; the local snapshot is kept", err)
+					}
+					fmt.Fprintf(c.App.Writer, "uploaded %s\n", r.location(m.Name))
 					return nil
 				},
 			},
 			{
 				Name:    "ls",
 				Aliases: []string{"list"},
-				Usage:   "list snapshots, newest first; incomplete ones (no valid metadata) last, marked as such",
+				Usage:   "list snapshots, local and with --snapshot-s3 on S3, newest first; incomplete ones (no valid metadata) last, marked as such",
 				Flags:   flags,
 				Action: func(c *cli.Context) error {
-					d, err := dir(c)
+					d, r, err := open(c)
 					if err != nil {
 						return err
 					}
 					list, err := d.List()
 					if err != nil {
 						return err
+					}
+					if r != nil {
+						onS3, err := r.list(c.Context)
+						if err != nil {
+							return err
+						}
+						list = append(list, onS3...)
+						sortNewestFirst(list)
 					}
 					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 					fmt.Fprintln(w, "NAME\tSIZE\tCREATED\tDATASTORE\tLOCATION")
@@ -66,63 +98,81 @@ func Command() *cli.Command {
 						if s.Meta != nil {
 							created, kind = s.Meta.Created.Format(time.RFC3339), s.Meta.Datastore
 						}
-						fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", s.Name, s.Size, created, kind, s.Path)
+						fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", s.Name, s.Size, created, kind, s.Location)
 					}
 					return w.Flush()
 				},
 			},
 			{
 				Name:      "delete",
-				Usage:     "delete snapshots by name",
+				Usage:     "delete snapshots by name, locally and with --snapshot-s3 on S3",
 				ArgsUsage: "NAME...",
 				Flags:     flags,
 				Action: func(c *cli.Context) error {
 					if !c.Args().Present() {
 						return errors.New("name the snapshots to delete: kelp snapshot delete NAME... (kelp snapshot ls shows them)")
 					}
-					d, err := dir(c)
+					d, r, err := open(c)
 					if err != nil {
 						return err
 					}
-					return d.Delete(c.Args().Slice()...)
+					return deleteEverywhere(c.Context, d, r, c.Args().Slice())
 				},
 			},
 			{
 				Name:  "prune",
-				Usage: "keep the newest --retention snapshots, delete older ones and incomplete ones left by an interrupted save",
-				Flags: append(flags, &cli.IntFlag{Name: "retention", Value: 5, Usage: "how many snapshots to keep"}),
+				Usage: "keep the newest --retention snapshots named as kelp names them, locally and with --snapshot-s3 on S3 each; delete older ones and incomplete ones left by an interrupted save",
+				Flags: slices.Concat(flags, []cli.Flag{&cli.IntFlag{Name: "retention", Value: 5, Usage: "how many snapshots to keep"}}),
 				Action: func(c *cli.Context) error {
-					d, err := dir(c)
+					d, r, err := open(c)
 					if err != nil {
 						return err
 					}
+					// S3 first: if it fails, nothing local is deleted.
+					if r != nil {
+						removed, err := r.prune(c.Context, c.Int("retention"), "", "")
+						for _, name := range removed {
+							fmt.Fprintln(c.App.Writer, "deleted", r.location(name))
+						}
+						if err != nil {
+							return err
+						}
+					}
 					removed, err := d.Prune(c.Int("retention"))
 					for _, name := range removed {
-						fmt.Fprintln(c.App.Writer, "deleted", name)
+						fmt.Fprintln(c.App.Writer, "deleted", fileURL(filepath.Join(d.path(), name)))
 					}
 					return err
 				},
 			},
 			{
 				Name:      "restore",
-				Usage:     "put a SQLite snapshot in place of the stopped server's database, keeping the replaced one",
+				Usage:     "put a SQLite snapshot in place of the stopped server's database, keeping the replaced one; with --snapshot-s3 a snapshot that is only on S3 is fetched first",
 				ArgsUsage: "NAME",
-				Flags:     append(flags, &cli.BoolFlag{Name: "force", Usage: "restore a snapshot even if it comes from another cluster (another server CA)"}),
+				Flags:     slices.Concat(flags, []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "restore a snapshot even if it comes from another cluster (another server CA)"}}),
 				Action: func(c *cli.Context) error {
 					if c.Args().Len() != 1 {
 						return errors.New("name one snapshot to restore: kelp snapshot restore NAME (kelp snapshot ls shows them)")
 					}
-					d, err := dir(c)
+					name := c.Args().First()
+					d, r, err := open(c)
 					if err != nil {
 						return err
 					}
-					r, err := d.Restore(c.Args().First(), c.Bool("force"))
+					if _, err := os.Stat(filepath.Join(d.path(), name)); errors.Is(err, fs.ErrNotExist) && r != nil {
+						path, err := d.fetch(c.Context, r, name)
+						if err != nil {
+							return err
+						}
+						fmt.Fprintf(c.App.Writer, "fetched %s into %s\n", r.location(name), path)
+					}
+					res, err := d.Restore(name, c.Bool("force"))
 					if err != nil {
 						return err
 					}
-					fmt.Fprintf(c.App.Writer, "restored %s into %s\n", c.Args().First(), r.DB)
-					if r.Backup != "" {
-						fmt.Fprintf(c.App.Writer, "the replaced database is %s\n", r.Backup)
+					fmt.Fprintf(c.App.Writer, "restored %s into %s\n", name, res.DB)
+					if res.Backup != "" {
+						fmt.Fprintf(c.App.Writer, "the replaced database is %s\n", res.Backup)
 					}
 					fmt.Fprintln(c.App.Writer, "start kelp server again")
 					return nil
@@ -130,4 +180,49 @@ func Command() *cli.Command {
 			},
 		},
 	}
+}
+
+// deleteEverywhere deletes the named snapshots in the directory and, if r
+// is not nil, on S3. S3 is listed first, so that a name found nowhere, or
+// an S3 that fails, stops the command before anything is deleted.
+func deleteEverywhere(ctx context.Context, d Dir, r *remote, names []string) error {
+	local, err := d.List()
+	if err != nil {
+		return err
+	}
+	var onS3 []Snapshot
+	if r != nil {
+		if onS3, err = r.list(ctx); err != nil {
+			return err
+		}
+	}
+	has := func(list []Snapshot, name string) bool {
+		return slices.ContainsFunc(list, func(s Snapshot) bool { return s.Name == name })
+	}
+	var here, there []string
+	for _, name := range names {
+		if err := checkName(name); err != nil {
+			return err
+		}
+		inDir, onRemote := has(local, name), has(onS3, name)
+		if !inDir && !onRemote {
+			where := d.path()
+			if r != nil {
+				where += " or " + r.cfg.Location()
+			}
+			return fmt.Errorf("no snapshot named %s in %s: kelp snapshot ls shows them", name, where)
+		}
+		if inDir {
+			here = append(here, name)
+		}
+		if onRemote {
+			there = append(there, name)
+		}
+	}
+	if r != nil {
+		if err := r.delete(ctx, there...); err != nil {
+			return err
+		}
+	}
+	return d.Delete(here...)
 }

@@ -41,7 +41,7 @@ func (d Dir) Restore(name string, force bool) (Restored, error) {
 		return Restored{}, fmt.Errorf("snapshot %s is incomplete (%v) and cannot be restored: pick another one", path, err)
 	}
 	if meta.Datastore == datastore.KindEtcd {
-		return Restored{}, fmt.Errorf("snapshot %s is of embedded etcd: restoring etcd snapshots is not supported yet (kelp server --cluster-reset-restore-path is not built); nothing was changed", name)
+		return Restored{}, fmt.Errorf("snapshot %s is of embedded etcd: restore it with kelp server --cluster-reset --cluster-reset-restore-path %s, with the server stopped; nothing was changed", name, name)
 	}
 	if meta.Datastore != datastore.KindSQLite {
 		return Restored{}, fmt.Errorf("snapshot %s is of a %q datastore, which kelp cannot restore", name, meta.Datastore)

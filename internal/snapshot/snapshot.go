@@ -19,8 +19,10 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	// The pure-Go SQLite driver kine uses in kelp, registered as "sqlite".
-	_ "modernc.org/sqlite"
+	// The pure-Go SQLite driver kine uses in kelp, registered as "sqlite";
+	// its error codes tell a full disk.
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/datastore"
@@ -62,11 +64,14 @@ type Metadata struct {
 	Node        string    `json:"node,omitempty"`
 }
 
-// Snapshot is a snapshot file in a Dir.
+// Snapshot is a snapshot file in a Dir or an object on S3.
 type Snapshot struct {
 	Name string
+	// Path is where a snapshot in a Dir is; empty for one on S3.
 	Path string
-	Size int64
+	// Location is file:///<path> or s3://<bucket>/<folder>/<name>.
+	Location string
+	Size     int64
 	// Meta is nil for an incomplete snapshot, and Problem says why.
 	Meta    *Metadata
 	Problem string
@@ -78,6 +83,9 @@ type Dir struct {
 	DataDir string
 	// Path is --snapshot-dir; empty means <data-dir>/server/db/snapshots.
 	Path string
+	// Node goes into the names of the snapshots Save takes; empty means
+	// the hostname.
+	Node string
 }
 
 func (d Dir) path() string {
@@ -110,7 +118,10 @@ func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
 		return Metadata{}, fmt.Errorf("create snapshot directory %s: %w", dir, err)
 	}
 	now := time.Now().UTC()
-	node, _ := os.Hostname()
+	node := d.Node
+	if node == "" {
+		node, _ = os.Hostname()
+	}
 	if node != "" {
 		name += "-" + node
 	}
@@ -124,27 +135,11 @@ func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
 		return saveSQLite(ctx, datastore.SQLitePath(d.DataDir), tmp.Name())
 	})
 	if err != nil {
-		return Metadata{}, fmt.Errorf("create snapshot in %s: %w", dir, err)
+		return Metadata{}, fullHint(fmt.Errorf("create snapshot in %s: %w", dir, err), dir)
 	}
-	done := false
-	defer func() {
-		if !done {
-			os.Remove(tmpPath)
-		}
-	}()
 	sum, size, err := hashFile(tmpPath)
 	if err != nil {
-		return Metadata{}, err
-	}
-	path := filepath.Join(dir, name)
-	if err := unix.Renameat2(unix.AT_FDCWD, tmpPath, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return Metadata{}, fmt.Errorf("a snapshot named %s exists already: wait a second or pick another --name", name)
-		}
-		return Metadata{}, fmt.Errorf("rename snapshot to %s: %w", path, err)
-	}
-	done = true
-	if err := atomicfile.SyncDir(dir); err != nil {
+		os.Remove(tmpPath)
 		return Metadata{}, err
 	}
 	meta := Metadata{
@@ -157,14 +152,46 @@ func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
 		Created:     now,
 		Node:        node,
 	}
-	b, err := json.MarshalIndent(meta, "", "  ")
-	if err != nil {
-		return Metadata{}, err
-	}
-	if err := atomicfile.Write(path+sidecarExt, append(b, '\n'), 0o600); err != nil {
-		return Metadata{}, fmt.Errorf("snapshot %s is saved but its metadata is not, so it cannot be restored: %w", path, err)
+	if err := publish(tmpPath, filepath.Join(dir, name), meta); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return Metadata{}, fmt.Errorf("a snapshot named %s exists already: wait a second or pick another --name", name)
+		}
+		return Metadata{}, fullHint(err, dir)
 	}
 	return meta, nil
+}
+
+// publish gives the complete, synced file at tmp its snapshot name path,
+// which must be free, and then writes its sidecar, which makes it a
+// snapshot. If the sidecar cannot be written, the file is removed: it could
+// not be restored, and the likely cause is a full disk that it fills. On
+// error nothing is left behind.
+func publish(tmp, path string, meta Metadata) error {
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("rename snapshot to %s: %w", path, err)
+	}
+	b, err := json.MarshalIndent(meta, "", "  ")
+	if err == nil {
+		err = atomicfile.SyncDir(filepath.Dir(path))
+	}
+	if err == nil {
+		err = atomicfile.Write(path+sidecarExt, append(b, '\n'), 0o600)
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("write the metadata of snapshot %s, so the snapshot was removed: %w", path, err)
+	}
+	return nil
+}
+
+// fullHint tells what to do when err comes from a full snapshot directory.
+func fullHint(err error, dir string) error {
+	var se *sqlite.Error
+	if errors.Is(err, unix.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_FULL {
+		return fmt.Errorf("%w: the file system of the snapshot directory %s is full: free space there, keep fewer snapshots or choose another --snapshot-dir; the snapshots already there are unchanged", err, dir)
+	}
+	return err
 }
 
 const externalHint = "an external datastore (--datastore-endpoint) is backed up with that database's own tools (pg_dump, mysqldump, etcdctl snapshot save)"
@@ -260,13 +287,25 @@ func (d Dir) List() ([]Snapshot, error) {
 		if err != nil {
 			continue // removed meanwhile
 		}
-		s := Snapshot{Name: name, Path: filepath.Join(dir, name), Size: fi.Size(), modTime: fi.ModTime()}
+		path := filepath.Join(dir, name)
+		s := Snapshot{Name: name, Path: path, Location: fileURL(path), Size: fi.Size(), modTime: fi.ModTime()}
 		s.Meta, err = readSidecar(s.Path, name, fi.Size())
 		if err != nil {
 			s.Problem = err.Error()
 		}
 		list = append(list, s)
 	}
+	sortNewestFirst(list)
+	return list, nil
+}
+
+func fileURL(path string) string {
+	return (&url.URL{Scheme: "file", Path: path}).String()
+}
+
+// sortNewestFirst orders complete snapshots by creation, newest first,
+// and puts the incomplete ones after them, newest file first.
+func sortNewestFirst(list []Snapshot) {
 	sort.SliceStable(list, func(i, j int) bool {
 		a, b := list[i], list[j]
 		if (a.Meta == nil) != (b.Meta == nil) {
@@ -277,7 +316,6 @@ func (d Dir) List() ([]Snapshot, error) {
 		}
 		return a.Meta.Created.After(b.Meta.Created)
 	})
-	return list, nil
 }
 
 // readSidecar returns the metadata of the snapshot at path, or why it has
@@ -290,6 +328,12 @@ func readSidecar(path, name string, size int64) (*Metadata, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
+	return parseSidecar(b, name, size)
+}
+
+// parseSidecar returns the metadata in b of the snapshot name of size
+// bytes, or why it cannot be trusted. A negative size is not checked.
+func parseSidecar(b []byte, name string, size int64) (*Metadata, error) {
 	var m Metadata
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("unreadable metadata: %w", err)
@@ -299,7 +343,7 @@ func readSidecar(path, name string, size int64) (*Metadata, error) {
 		return nil, fmt.Errorf("metadata names %q", m.Name)
 	case m.SHA256 == "" || m.Datastore == "" || m.Created.IsZero():
 		return nil, errors.New("metadata incomplete")
-	case m.Size != size:
+	case size >= 0 && m.Size != size:
 		return nil, fmt.Errorf("file is %d bytes, metadata says %d", size, m.Size)
 	}
 	return &m, nil
@@ -335,35 +379,66 @@ func (d Dir) Delete(names ...string) error {
 	return atomicfile.SyncDir(dir)
 }
 
-// Prune keeps the retention newest complete snapshots and removes the older
-// ones, as well as incomplete snapshots with the names Save gives and
-// leftover temporary files, once they are older than a running save could
-// be. It returns the names it removed.
+// Prune keeps the retention newest complete snapshots with the names Save
+// gives and removes the older ones, as well as incomplete snapshots with
+// such names and leftover temporary files, once they are older than a
+// running save could be. Files with other names are left alone. It returns
+// the names it removed.
 func (d Dir) Prune(retention int) ([]string, error) {
+	return d.prune(retention, "", "")
+}
+
+// prune is Prune for the snapshots named <base>-<time> only, or all that
+// Save names if base is empty. keep, the snapshot just taken, is never
+// removed and counts as kept.
+func (d Dir) prune(retention int, base, keep string) ([]string, error) {
 	if retention < 1 {
-		return nil, errors.New("--retention must be at least 1: use kelp snapshot delete to remove every snapshot")
+		return nil, errRetention
 	}
 	list, err := d.List()
 	if err != nil {
 		return nil, err
 	}
-	var remove []string
-	kept := 0
-	for _, s := range list {
-		switch {
-		case s.Meta != nil && kept < retention:
-			kept++
-		case s.Meta != nil:
-			remove = append(remove, s.Name)
-		case kelpName.MatchString(s.Name) && time.Since(s.modTime) > staleAfter:
-			remove = append(remove, s.Name)
-		}
-	}
+	remove := toPrune(list, retention, base, keep, time.Now())
 	if err := d.Delete(remove...); err != nil {
 		return nil, err
 	}
 	temps, err := d.removeStaleTemps()
 	return append(remove, temps...), err
+}
+
+var errRetention = errors.New("--retention must be at least 1: use kelp snapshot delete to remove every snapshot")
+
+// toPrune returns the names of list, sorted newest first, that prune
+// removes.
+func toPrune(list []Snapshot, retention int, base, keep string, now time.Time) []string {
+	kept := 0
+	if keep != "" {
+		kept = 1
+	}
+	var remove []string
+	for _, s := range list {
+		if s.Name == keep || !savedAs(s.Name, base) {
+			continue
+		}
+		switch {
+		case s.Meta != nil && kept < retention:
+			kept++
+		case s.Meta != nil:
+			remove = append(remove, s.Name)
+		case now.Sub(s.modTime) > staleAfter:
+			remove = append(remove, s.Name)
+		}
+	}
+	return remove
+}
+
+// savedAs reports whether Save gave name, as <base>-<time> if base is not
+// empty. Matching base whole keeps node-1 from pruning the snapshots of
+// node-1-b in a shared S3 folder.
+func savedAs(name, base string) bool {
+	at := kelpName.FindStringIndex(name)
+	return at != nil && (base == "" || name[:at[0]] == base)
 }
 
 // entries lists the snapshot directory; one not made yet is empty.

@@ -296,6 +296,19 @@ func TestRestoreRefusesCorruptSnapshot(t *testing.T) {
 	unchanged(t, d, before)
 }
 
+func TestRestoreRefusesTruncatedSnapshot(t *testing.T) {
+	d, m := savedSQLite(t)
+	if err := os.Truncate(filepath.Join(d.path(), m.Name), m.Size/2); err != nil {
+		t.Fatal(err)
+	}
+	before := dbFiles(t, d)
+	_, err := d.Restore(m.Name, true)
+	if err == nil || !strings.Contains(err.Error(), "incomplete") || !strings.Contains(err.Error(), "metadata says") {
+		t.Fatalf("Restore of a truncated snapshot: %v", err)
+	}
+	unchanged(t, d, before)
+}
+
 func TestRestoreRefusesAnotherCluster(t *testing.T) {
 	d, m := savedSQLite(t)
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.CAHash = strings.Repeat("0", 64) })
@@ -315,7 +328,7 @@ func TestRestoreRefusesEtcdSnapshot(t *testing.T) {
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.Datastore = datastore.KindEtcd })
 	before := dbFiles(t, d)
 	_, err := d.Restore(m.Name, true)
-	if err == nil || !strings.Contains(err.Error(), "not supported yet") {
+	if err == nil || !strings.Contains(err.Error(), "--cluster-reset-restore-path") {
 		t.Fatalf("Restore of an etcd snapshot into SQLite: %v", err)
 	}
 	unchanged(t, d, before)
@@ -526,7 +539,7 @@ func TestEtcdSaveWhileRunning(t *testing.T) {
 	}
 
 	stop(t, ds)
-	if _, err := d.Restore(m.Name, false); err == nil || !strings.Contains(err.Error(), "not supported yet") {
+	if _, err := d.Restore(m.Name, false); err == nil || !strings.Contains(err.Error(), "--cluster-reset-restore-path") {
 		t.Errorf("Restore of an etcd snapshot: %v", err)
 	}
 
@@ -539,5 +552,44 @@ func TestEtcdSaveWhileRunning(t *testing.T) {
 	}
 	if len(entries) != 2 {
 		t.Errorf("a failed save left files behind: %v", entries)
+	}
+}
+
+func TestToPrune(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	snap := func(name string, minutesAgo int, complete bool) Snapshot {
+		s := Snapshot{Name: name, modTime: now.Add(-time.Duration(minutesAgo) * time.Minute)}
+		if complete {
+			s.Meta = &Metadata{Name: name, Created: s.modTime}
+		}
+		return s
+	}
+	// Newest first, as List sorts them.
+	list := []Snapshot{
+		snap("kelp-snapshot-n1-20261123T120000Z", 0, true),
+		snap("kelp-snapshot-n1-b-20261123T115900Z", 1, true),
+		snap("kelp-snapshot-n1-20261123T115800Z", 2, true),
+		snap("kelp-snapshot-n1-20261123T115700Z", 3, true),
+		snap("kelp-snapshot-n1-20261123T115600Z", 4, true),
+		snap("mine.db", 60, true),
+		snap("kelp-snapshot-n1-20261123T110000Z", 60, false),
+		snap("kelp-snapshot-n1-20261123T115950Z", 1, false),
+	}
+	tests := []struct {
+		name       string
+		retention  int
+		base, keep string
+		want       []string
+	}{
+		{"all kelp names", 2, "", "", []string{"kelp-snapshot-n1-20261123T115800Z", "kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T115600Z", "kelp-snapshot-n1-20261123T110000Z"}},
+		{"one node", 2, "kelp-snapshot-n1", "", []string{"kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T115600Z", "kelp-snapshot-n1-20261123T110000Z"}},
+		{"the one just taken is kept even when older", 1, "kelp-snapshot-n1", "kelp-snapshot-n1-20261123T115600Z", []string{"kelp-snapshot-n1-20261123T120000Z", "kelp-snapshot-n1-20261123T115800Z", "kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T110000Z"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := toPrune(list, tt.retention, tt.base, tt.keep, now); !slices.Equal(got, tt.want) {
+				t.Errorf("toPrune = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

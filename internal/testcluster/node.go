@@ -360,8 +360,13 @@ func (n *Node) WaitLog(text string, timeout time.Duration) {
 
 // Logged says whether the log of the running kelp contains text.
 func (n *Node) Logged(text string) bool {
+	return strings.Contains(n.Log(), text)
+}
+
+// Log is what the running (or last) kelp has logged so far.
+func (n *Node) Log() string {
 	data, _ := os.ReadFile(n.kelpLog)
-	return bytes.Contains(data, []byte(text))
+	return string(data)
 }
 
 // Stop sends SIGTERM to the running kelp and waits for a clean exit; it
@@ -386,6 +391,25 @@ func (n *Node) Stop() time.Duration {
 		n.t.Fatalf("kelp %s did not stop within 30 s of SIGTERM", n.role)
 	}
 	return time.Since(start)
+}
+
+// StopFailed stops a kelp that may have exited on its own already, such
+// as a server that lost its datastore's quorum, and returns its exit
+// error, if any, instead of failing the test.
+func (n *Node) StopFailed() error {
+	n.t.Helper()
+	if n.kelp == nil {
+		n.t.Fatalf("no kelp is running on node %s", n.Name)
+	}
+	_ = n.kelp.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-n.done:
+		n.kelp, n.done = nil, nil
+		return err
+	case <-time.After(30 * time.Second):
+		n.t.Fatalf("kelp %s did not stop within 30 s of SIGTERM", n.role)
+	}
+	return nil
 }
 
 // RunKelp runs kelp with args inside the node and returns its combined

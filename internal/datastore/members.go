@@ -1,0 +1,180 @@
+package datastore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Errors a joining server can be refused with.
+var (
+	// ErrMemberTaken is a join under a name or peer address that a
+	// started member already has.
+	ErrMemberTaken = errors.New("already a member")
+	// ErrJoinInProgress is a join while another added member has not
+	// started yet: etcd adds one learner at a time.
+	ErrJoinInProgress = errors.New("another server is joining")
+)
+
+// learnerCheckInterval is how often a voting member looks for learners to
+// promote: a MemberList answered locally, cheap enough for an idle server.
+const learnerCheckInterval = 10 * time.Second
+
+// Members changes the membership of the embedded etcd cluster through this
+// server's member. Each call opens its own client: joins and removals are rare.
+type Members struct {
+	be Backend
+}
+
+// Members returns the membership of the embedded etcd cluster, or nil when
+// the datastore is not embedded etcd.
+func (d *Datastore) Members() *Members {
+	if d.backend.Kind != KindEtcd {
+		return nil
+	}
+	return &Members{be: d.Backend()}
+}
+
+func (m *Members) client() (*clientv3.Client, error) {
+	cli, err := newClient(m.be)
+	if err != nil {
+		return nil, fmt.Errorf("etcd client: %w", err)
+	}
+	return cli, nil
+}
+
+// AddLearner adds a server named name, reached by peers at peerURL, as a
+// learner, and returns the --initial-cluster it must start with. A server
+// that was added but never started (it failed before its etcd ran) gets
+// its place back.
+func (m *Members) AddLearner(ctx context.Context, name, peerURL string) (initialCluster string, err error) {
+	cli, err := m.client()
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	list, err := cli.MemberList(ctx)
+	if err != nil {
+		return "", fmt.Errorf("list etcd members: %w", err)
+	}
+	for _, mem := range list.Members {
+		ownURL := slices.Contains(mem.PeerURLs, peerURL)
+		switch {
+		case ownURL && mem.Name == "":
+			return initialClusterOf(list.Members, mem.ID, name), nil
+		case ownURL:
+			return "", fmt.Errorf("%w: the peer address %s is server %q's", ErrMemberTaken, peerURL, mem.Name)
+		case mem.Name == name:
+			return "", fmt.Errorf("%w: a server named %q is", ErrMemberTaken, name)
+		case mem.Name == "":
+			return "", fmt.Errorf("%w (peer address %s)", ErrJoinInProgress, strings.Join(mem.PeerURLs, ","))
+		}
+	}
+	added, err := cli.MemberAddAsLearner(ctx, []string{peerURL})
+	if err != nil {
+		return "", fmt.Errorf("add etcd learner %s: %w", peerURL, err)
+	}
+	return initialClusterOf(added.Members, added.Member.ID, name), nil
+}
+
+// initialClusterOf spells the members as etcd's --initial-cluster, naming
+// the not yet started member id.
+func initialClusterOf(members []*pb.Member, id uint64, name string) string {
+	var parts []string
+	for _, mem := range members {
+		n := mem.Name
+		if mem.ID == id {
+			n = name
+		}
+		for _, u := range mem.PeerURLs {
+			parts = append(parts, n+"="+u)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Remove removes the member named name, if there is one, and says whether
+// there was.
+func (m *Members) Remove(ctx context.Context, name string) (bool, error) {
+	cli, err := m.client()
+	if err != nil {
+		return false, err
+	}
+	defer cli.Close()
+	list, err := cli.MemberList(ctx)
+	if err != nil {
+		return false, fmt.Errorf("list etcd members: %w", err)
+	}
+	for _, mem := range list.Members {
+		if mem.Name != name {
+			continue
+		}
+		if _, err := cli.MemberRemove(ctx, mem.ID); err != nil {
+			if errors.Is(err, rpctypes.ErrMemberNotFound) {
+				return false, nil
+			}
+			return false, fmt.Errorf("remove etcd member %s: %w", name, err)
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// promoteLearners makes learners voting members once they have caught up,
+// until ctx ends. Every voting member runs it; a learner cannot list
+// members, so it does nothing until it is promoted itself.
+func promoteLearners(ctx context.Context, be Backend, log *logrus.Entry) {
+	cli, err := newClient(be)
+	if err != nil {
+		log.WithError(err).Warn("no etcd client: learners joining through this server wait for another to promote them")
+		return
+	}
+	defer cli.Close()
+	wait := learnerCheckInterval / 5
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = learnerCheckInterval
+		if promote(ctx, cli, log) {
+			// A learner that started catches up in seconds: look again soon.
+			wait = learnerCheckInterval / 5
+		}
+	}
+}
+
+// promote promotes the learners that have caught up and says whether any
+// is still waiting.
+func promote(ctx context.Context, cli *clientv3.Client, log *logrus.Entry) (waiting bool) {
+	ctx, cancel := context.WithTimeout(ctx, probeAttemptTimeout)
+	defer cancel()
+	list, err := cli.MemberList(ctx, clientv3.WithSerializable())
+	if err != nil {
+		return false
+	}
+	for _, mem := range list.Members {
+		if !mem.IsLearner || mem.Name == "" {
+			continue
+		}
+		_, err := cli.MemberPromote(ctx, mem.ID)
+		switch {
+		case err == nil:
+			log.WithField("member", mem.Name).Info("Promoted etcd learner to voting member")
+		case errors.Is(err, rpctypes.ErrMemberLearnerNotReady):
+			waiting = true
+		default:
+			log.WithError(err).WithField("member", mem.Name).Debug("promote etcd learner")
+		}
+	}
+	return waiting
+}

@@ -1,0 +1,79 @@
+package datastore
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/layout"
+)
+
+// restoreRevisionBump raises the restored revision above any a client saw
+// before, and marks the older ones compacted, so that the apiserver's
+// watches and caches start over instead of missing changes.
+const restoreRevisionBump = 1_000_000_000
+
+// EtcdMember names the embedded etcd member a restore makes.
+type EtcdMember struct {
+	Name        string // node name
+	AdvertiseIP string // where peers reach it
+}
+
+// RestoreEtcd replaces the embedded etcd data of dataDir with a new
+// one-member cluster made from the etcd snapshot at path, which the caller
+// has verified. The server must be stopped. The replaced data is kept as
+// etcd.before-restore-<time> beside it; that name is returned, or "" when
+// there was none.
+func RestoreEtcd(dataDir, path string, member EtcdMember) (backup string, err error) {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return "", fmt.Errorf("resolve --data-dir %s: %w", dataDir, err)
+	}
+	db := layout.Server(abs).DB
+	if err := makePrivateDir(db); err != nil {
+		return "", err
+	}
+	lock, err := lockDir(db)
+	if err != nil {
+		return "", fmt.Errorf("%w: an etcd snapshot is restored while kelp server is stopped", err)
+	}
+	defer lock.release()
+
+	stamp := time.Now().UTC().Format("20060102T150405Z")
+	staging := filepath.Join(db, etcdDirName+".restoring-"+stamp)
+	peer := (&url.URL{Scheme: "https", Host: net.JoinHostPort(orDefault(member.AdvertiseIP, "127.0.0.1"), strconv.Itoa(defaultEtcdPeerPort))}).String()
+	err = snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+		SnapshotPath:        path,
+		Name:                member.Name,
+		OutputDataDir:       staging,
+		PeerURLs:            []string{peer},
+		InitialCluster:      member.Name + "=" + peer,
+		InitialClusterToken: "kelp",
+		RevisionBump:        restoreRevisionBump,
+		MarkCompacted:       true,
+	})
+	if err != nil {
+		os.RemoveAll(staging)
+		return "", fmt.Errorf("restore etcd snapshot %s: %w; nothing was changed", path, err)
+	}
+	live := filepath.Join(db, etcdDirName)
+	if _, err := os.Stat(live); err == nil {
+		backup = live + ".before-restore-" + stamp
+		if err := os.Rename(live, backup); err != nil {
+			os.RemoveAll(staging)
+			return "", fmt.Errorf("move %s aside: %w; nothing was changed", live, err)
+		}
+	}
+	if err := os.Rename(staging, live); err != nil {
+		return backup, fmt.Errorf("put the restored member in place as %s: %w; the previous data is %s", live, err, backup)
+	}
+	return backup, atomicfile.SyncDir(db)
+}

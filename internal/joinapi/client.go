@@ -1,0 +1,117 @@
+package joinapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/token"
+)
+
+// ErrRefused is a join the server answered with no: trying again cannot
+// help.
+var ErrRefused = errors.New("the server refused to join this machine")
+
+// Client asks a server's join API, trusting the server CA the token pins.
+type Client struct {
+	Server string // https URL
+	Token  token.Token
+	// CAFile is the server CA pinned at an earlier join; if it does not
+	// exist, the server's is fetched and checked against the token's hash.
+	CAFile string
+}
+
+// Post sends req to path and decodes the answer into resp. It returns the
+// CA it trusted. Answers that say no wrap ErrRefused.
+func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte, err error) {
+	ca, err = c.serverCA(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("%w: the server's CA is not a PEM certificate", ErrRefused)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	r, err := http.NewRequestWithContext(ctx, http.MethodPost, c.Server+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	r.Header.Set(TokenHeader, c.Token.User+":"+c.Token.Secret)
+	r.Header.Set("Content-Type", "application/json")
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	answer, err := client.Do(r)
+	if err != nil {
+		return nil, fmt.Errorf("join %s: %w", c.Server, err)
+	}
+	defer answer.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(answer.Body, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("join %s: %w", c.Server, err)
+	}
+	switch answer.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized, http.StatusConflict, http.StatusBadRequest:
+		return nil, fmt.Errorf("%w: %s", ErrRefused, strings.TrimSpace(string(data)))
+	default:
+		return nil, fmt.Errorf("join %s: %s: %s", c.Server, answer.Status, strings.TrimSpace(string(data)))
+	}
+	if err := json.Unmarshal(data, resp); err != nil {
+		return nil, fmt.Errorf("join %s: malformed answer: %w", c.Server, err)
+	}
+	return ca, nil
+}
+
+// serverCA is the CA pinned at an earlier join, or the server's if it
+// matches the token's hash, or with a short token, trusted on first use.
+func (c Client) serverCA(ctx context.Context) ([]byte, error) {
+	ca, err := os.ReadFile(c.CAFile)
+	if err != nil {
+		if ca, err = fetchCA(ctx, c.Server); err != nil {
+			return nil, err
+		}
+		if c.Token.CAHash == "" {
+			log.Warn("the token has no CA hash: trusting the server's CA on first use; use the full token from <data-dir>/server/token to pin it")
+		}
+	}
+	if c.Token.CAHash != "" && pki.CAHash(ca) != c.Token.CAHash {
+		return nil, fmt.Errorf("%w: its CA does not match the token's hash; the token is from another cluster, or something between this machine and %s is not the server", ErrRefused, c.Server)
+	}
+	return ca, nil
+}
+
+// fetchCA reads the server's CA without verifying the server: the caller
+// checks it against the token's hash.
+func fetchCA(ctx context.Context, server string) ([]byte, error) {
+	r, err := http.NewRequestWithContext(ctx, http.MethodGet, server+CACertsPath, nil)
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := client.Do(r)
+	if err != nil {
+		return nil, fmt.Errorf("reach %s: %w", server, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("get the CA of %s: %w", server, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("get the CA of %s: %s: %s", server, resp.Status, strings.TrimSpace(string(data)))
+	}
+	return data, nil
+}

@@ -1,0 +1,164 @@
+package joinapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/token"
+)
+
+// ServerJoinPath is where another server joins the control plane.
+const ServerJoinPath = "/v1-kelp/server-join"
+
+// Members adds servers to the cluster's embedded etcd (datastore.Members).
+type Members interface {
+	AddLearner(ctx context.Context, name, peerURL string) (initialCluster string, err error)
+}
+
+// ServerJoinRequest is what a server sends to join. The settings every
+// server must share are checked by the server it joins through.
+type ServerJoinRequest struct {
+	Name string `json:"name"`
+	// PeerURL is where etcd peers reach the new member; empty when it
+	// runs on an external datastore.
+	PeerURL       string `json:"peerURL"`
+	ClusterCIDR   string `json:"clusterCIDR"`
+	ServiceCIDR   string `json:"serviceCIDR"`
+	ClusterDomain string `json:"clusterDomain"`
+}
+
+// ServerJoinResponse is what a joining server gets.
+type ServerJoinResponse struct {
+	// Datastore is the cluster's datastore kind.
+	Datastore string `json:"datastore"`
+	// InitialCluster is the etcd membership the new member starts with,
+	// itself included; empty on an external datastore.
+	InitialCluster string          `json:"initialCluster,omitempty"`
+	Authorities    pki.Authorities `json:"authorities"`
+	// AgentToken is the secret of the cluster's agent token; empty: none.
+	AgentToken string `json:"agentToken,omitempty"`
+}
+
+// errSettings is a joining server whose settings differ from the cluster's.
+var errSettings = errors.New("settings differ from the cluster's")
+
+func (s *joinAPI) serverJoin(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	if err := s.serverAuthorized(r.Header.Get(TokenHeader)); err != nil {
+		status := http.StatusUnauthorized
+		if errors.Is(err, errNoServerToken) {
+			status = http.StatusServiceUnavailable
+		}
+		log.WithError(err).WithField("from", r.RemoteAddr).Warn("server join refused")
+		http.Error(w, err.Error(), status)
+		return
+	}
+	var req ServerJoinRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
+		http.Error(w, "malformed join request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	resp, err := s.admitServer(r.Context(), req)
+	if err != nil {
+		status := http.StatusConflict
+		if errors.Is(err, errUnavailable) {
+			status = http.StatusServiceUnavailable
+		}
+		log.WithError(err).WithField("server", req.Name).Warn("server join refused")
+		http.Error(w, err.Error(), status)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
+	log.WithFields(logrus.Fields{"server": req.Name, "peer": req.PeerURL}).Info("server joined")
+}
+
+// serverAuthorized accepts the server token only: the CA keys a server
+// gets are the whole cluster.
+func (s *joinAPI) serverAuthorized(header string) error {
+	user, secret, _ := strings.Cut(header, ":")
+	server, err := readSecret(s.cfg.TokenFile)
+	if err != nil {
+		return fmt.Errorf("the server token: %w", err)
+	}
+	if server == "" {
+		return fmt.Errorf("%w: %s", errNoServerToken, s.cfg.TokenFile)
+	}
+	if user != token.ServerUser || !token.Equal(secret, server) {
+		return errors.New("only the server token (<data-dir>/server/token on a server) joins servers; agent tokens and `kelp token create` tokens join agents only")
+	}
+	return nil
+}
+
+// errUnavailable is a join that may work when tried again.
+var errUnavailable = errors.New("try again")
+
+// admitServer checks that the server fits the cluster and, on embedded
+// etcd, adds it as a learner.
+func (s *joinAPI) admitServer(ctx context.Context, req ServerJoinRequest) (ServerJoinResponse, error) {
+	if errs := validation.IsDNS1123Subdomain(req.Name); len(errs) > 0 {
+		return ServerJoinResponse{}, fmt.Errorf("server name %q: %s", req.Name, strings.Join(errs, "; "))
+	}
+	if s.cfg.Datastore == datastore.KindSQLite {
+		return ServerJoinResponse{}, errors.New("this cluster keeps its state in SQLite, which only one server can use: " +
+			"a cluster with several servers needs embedded etcd (start its first server with --cluster-init) or an external datastore shared by all servers (--datastore-endpoint); " +
+			"to move this cluster, take a `kelp snapshot save`, and recreate its objects on a new cluster")
+	}
+	var diffs []string
+	for _, d := range []struct{ flag, cluster, joiner string }{
+		{"--cluster-cidr", s.cfg.Agent.ClusterCIDR, req.ClusterCIDR},
+		{"--service-cidr", s.cfg.Agent.ServiceCIDR, req.ServiceCIDR},
+		{"--cluster-domain", s.cfg.Agent.ClusterDomain, req.ClusterDomain},
+	} {
+		if d.cluster != d.joiner {
+			diffs = append(diffs, fmt.Sprintf("%s %s (this server has %s)", d.flag, d.cluster, d.joiner))
+		}
+	}
+	if len(diffs) > 0 {
+		return ServerJoinResponse{}, fmt.Errorf("%w: start it with %s", errSettings, strings.Join(diffs, ", "))
+	}
+	authorities, err := pki.ReadAuthorities(s.cfg.Certs)
+	if err != nil {
+		return ServerJoinResponse{}, fmt.Errorf("%w: %v", errUnavailable, err)
+	}
+	agent, err := readSecret(s.cfg.AgentTokenFile)
+	if err != nil {
+		return ServerJoinResponse{}, fmt.Errorf("%w: the agent token: %v", errUnavailable, err)
+	}
+	resp := ServerJoinResponse{Datastore: s.cfg.Datastore, Authorities: authorities, AgentToken: agent}
+	if s.cfg.Members == nil {
+		if req.PeerURL != "" {
+			return ServerJoinResponse{}, fmt.Errorf("this cluster's datastore is external (%s): start the server with the same --datastore-endpoint as the others", s.cfg.Datastore)
+		}
+		return resp, nil
+	}
+	if u, err := url.Parse(req.PeerURL); err != nil || u.Scheme != "https" || u.Port() == "" {
+		return ServerJoinResponse{}, fmt.Errorf("this cluster's datastore is embedded etcd: the joining server must run it too (no --datastore-endpoint); its etcd peer URL %q is not https://<ip>:<port>", req.PeerURL)
+	}
+	resp.InitialCluster, err = s.cfg.Members.AddLearner(ctx, req.Name, req.PeerURL)
+	if err != nil {
+		return ServerJoinResponse{}, s.memberError(req.Name, err)
+	}
+	return resp, nil
+}
+
+// memberError says what to do about a refused etcd member.
+func (s *joinAPI) memberError(name string, err error) error {
+	if errors.Is(err, datastore.ErrMemberTaken) {
+		return fmt.Errorf("%w: give this server another --node-name, or, if it replaces that server, remove the old one first with `kubectl delete node %s`", err, name)
+	}
+	return fmt.Errorf("%w: %w", errUnavailable, err)
+}

@@ -1,0 +1,97 @@
+package joinapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/kelp-dev/kelp/internal/datastore"
+)
+
+// fakeMembers records the learners added and refuses names it has.
+type fakeMembers struct {
+	names []string
+	added []string
+}
+
+func (f *fakeMembers) AddLearner(_ context.Context, name, peerURL string) (string, error) {
+	for _, n := range f.names {
+		if n == name {
+			return "", fmt.Errorf("%w: a server named %q is", datastore.ErrMemberTaken, name)
+		}
+	}
+	f.added = append(f.added, name+"="+peerURL)
+	return "server=https://10.0.0.1:2380," + name + "=" + peerURL, nil
+}
+
+func serverJoinAs(s *joinAPI, header string, req ServerJoinRequest) *httptest.ResponseRecorder {
+	body, _ := json.Marshal(req)
+	r := httptest.NewRequest(http.MethodPost, ServerJoinPath, bytes.NewReader(body))
+	r.Header.Set(TokenHeader, header)
+	w := httptest.NewRecorder()
+	s.serverJoin(w, r)
+	return w
+}
+
+func TestServerJoin(t *testing.T) {
+	good := ServerJoinRequest{Name: "server-2", PeerURL: "https://10.0.0.2:2380", ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
+	with := func(change func(*ServerJoinRequest)) ServerJoinRequest {
+		r := good
+		change(&r)
+		return r
+	}
+	for _, tc := range []struct {
+		name      string
+		datastore string
+		header    string
+		req       ServerJoinRequest
+		want      int
+		wantText  string
+	}{
+		{"server token", datastore.KindEtcd, "server:server-secret", good, http.StatusOK, ""},
+		{"agent token", datastore.KindEtcd, "node:agent-secret", good, http.StatusUnauthorized, "join agents only"},
+		{"server secret as a node", datastore.KindEtcd, "node:server-secret", good, http.StatusUnauthorized, "only the server token"},
+		{"wrong secret", datastore.KindEtcd, "server:guess", good, http.StatusUnauthorized, "only the server token"},
+		{"SQLite cluster", datastore.KindSQLite, "server:server-secret", good, http.StatusConflict, "--cluster-init"},
+		{"other cluster CIDR", datastore.KindEtcd, "server:server-secret", with(func(r *ServerJoinRequest) { r.ClusterCIDR = "10.50.0.0/16" }), http.StatusConflict, "--cluster-cidr 10.42.0.0/16"},
+		{"other service CIDR and domain", datastore.KindEtcd, "server:server-secret", with(func(r *ServerJoinRequest) { r.ServiceCIDR = "10.60.0.0/16"; r.ClusterDomain = "edge.local" }), http.StatusConflict, "--service-cidr 10.43.0.0/16 (this server has 10.60.0.0/16), --cluster-domain cluster.local"},
+		{"name of a server", datastore.KindEtcd, "server:server-secret", with(func(r *ServerJoinRequest) { r.Name = "server" }), http.StatusConflict, "kubectl delete node server"},
+		{"no etcd of its own", datastore.KindEtcd, "server:server-secret", with(func(r *ServerJoinRequest) { r.PeerURL = "" }), http.StatusConflict, "must run it too (no --datastore-endpoint)"},
+		{"external datastore", datastore.KindPostgres, "server:server-secret", with(func(r *ServerJoinRequest) { r.PeerURL = "" }), http.StatusOK, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := testJoinAPI(t)
+			s.cfg.Agent = AgentConfig{ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
+			s.cfg.Datastore = tc.datastore
+			members := &fakeMembers{names: []string{"server"}}
+			if tc.datastore == datastore.KindEtcd {
+				s.cfg.Members = members
+			}
+			w := serverJoinAs(s, tc.header, tc.req)
+			if w.Code != tc.want || !strings.Contains(w.Body.String(), tc.wantText) {
+				t.Fatalf("status %d %q, want %d with %q", w.Code, w.Body.String(), tc.want, tc.wantText)
+			}
+			if tc.want != http.StatusOK {
+				if len(members.added) > 0 {
+					t.Errorf("a refused join added the learner %v", members.added)
+				}
+				return
+			}
+			var resp ServerJoinResponse
+			if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Authorities.ServerCA.Key) == 0 || len(resp.Authorities.ServiceAccountKey) == 0 || resp.AgentToken != "agent-secret" {
+				t.Errorf("the response lacks the cluster's authorities or agent token: %+v", resp)
+			}
+			if tc.datastore == datastore.KindEtcd && resp.InitialCluster != "server=https://10.0.0.1:2380,server-2=https://10.0.0.2:2380" {
+				t.Errorf("initial cluster %q", resp.InitialCluster)
+			}
+		})
+	}
+}

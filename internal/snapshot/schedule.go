@@ -1,0 +1,100 @@
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/kelp-dev/kelp/internal/config"
+)
+
+var log = logrus.WithField("component", "snapshot")
+
+// ScheduleConfig is what Schedule needs.
+type ScheduleConfig struct {
+	Snapshots config.Snapshots
+	DataDir   string
+	// Node names the scheduled snapshots, kelp-snapshot-<node>-<time>, and
+	// so tells apart those of servers that share an S3 folder.
+	Node string
+}
+
+// base is what the time follows in the names of the scheduled snapshots
+// of this node, the only ones the schedule prunes.
+func (c ScheduleConfig) base() string {
+	return DefaultName + "-" + c.Node
+}
+
+// Schedule takes a snapshot at each time of c.Snapshots.Schedule until
+// ctx ends. Each snapshot is copied to S3 if configured; then the
+// Retention newest scheduled snapshots of this node are kept, in the
+// snapshot directory and on S3 each. A run that fails is logged and the
+// next one comes at the next time: a missed snapshot must not stop the
+// server. It returns nil once ctx ends.
+func Schedule(ctx context.Context, c ScheduleConfig) error {
+	if c.Snapshots.Schedule == nil || c.Node == "" {
+		return errors.New("scheduled snapshots need a schedule and a node name: the server's configuration was not parsed")
+	}
+	for {
+		next := c.Snapshots.Schedule.Next(time.Now())
+		if next.IsZero() {
+			return errors.New("the snapshot schedule has no next time: fix --snapshot-schedule-cron")
+		}
+		log.WithField("at", next.Format(time.RFC3339)).Debug("next snapshot")
+		timer := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		}
+		if err := c.run(ctx); err != nil && ctx.Err() == nil {
+			log.WithError(err).Errorf("scheduled snapshot failed; the next is due at %s", c.Snapshots.Schedule.Next(time.Now()).Format(time.RFC3339))
+		}
+	}
+}
+
+// run takes one scheduled snapshot, copies it to S3 and prunes. While S3
+// fails, no local snapshot is pruned: they may be the only copies.
+func (c ScheduleConfig) run(ctx context.Context) error {
+	d := Dir{DataDir: c.DataDir, Path: c.Snapshots.Dir, Node: c.Node}
+	meta, err := d.Save(ctx, DefaultName)
+	if err != nil {
+		return err
+	}
+	taken := log.WithFields(logrus.Fields{"name": meta.Name, "bytes": meta.Size, "dir": d.path()})
+	var r *remote
+	if c.Snapshots.S3 != nil {
+		r, err = openS3(ctx, *c.Snapshots.S3)
+		if err == nil {
+			err = r.upload(ctx, filepath.Join(d.path(), meta.Name), meta)
+		}
+		if err == nil {
+			taken = taken.WithField("s3", r.location(meta.Name))
+		}
+	}
+	taken.Info("snapshot taken")
+	if err != nil {
+		return fmt.Errorf("copy snapshot %s to S3: %w; no snapshot is pruned until a copy succeeds", meta.Name, err)
+	}
+	if r != nil {
+		pruned, err := r.prune(ctx, c.Snapshots.Retention, c.base(), meta.Name)
+		if err != nil {
+			return fmt.Errorf("prune snapshots in %s: %w; no local snapshot is pruned until S3 works again", r.cfg.Location(), err)
+		}
+		logPruned(pruned, r.cfg.Location())
+	}
+	pruned, err := d.prune(c.Snapshots.Retention, c.base(), meta.Name)
+	logPruned(pruned, d.path())
+	return err
+}
+
+func logPruned(names []string, where string) {
+	for _, name := range names {
+		log.WithFields(logrus.Fields{"name": name, "from": where}).Debug("pruned snapshot")
+	}
+}

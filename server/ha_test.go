@@ -1,0 +1,254 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// haWorkload is a web pod on the agent behind a ClusterIP Service.
+const haWorkload = `
+apiVersion: v1
+kind: Pod
+metadata: {name: web, labels: {app: web}}
+spec:
+  nodeSelector: {kubernetes.io/hostname: agent-1}
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: web
+    image: ` + testcluster.TestImage + `
+    imagePullPolicy: IfNotPresent
+    args: [serve]
+    ports: [{containerPort: 8080}]
+    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+`
+
+// TestHA runs three servers on embedded etcd and an agent: the second and
+// third join through the first; stopping any one server in turn leaves
+// the cluster serving writes and the agent's pod reachable through a
+// Service, and the server catches up when it is back; deleting the first
+// server's Node removes its etcd member for good, and it says so when it
+// starts again; losing the majority stops writes, and --cluster-reset on
+// the survivor brings the cluster back with every object written before.
+func TestHA(t *testing.T) {
+	lab := testcluster.NewLab(t)
+	image := testcluster.BuildTestImage(t, testcluster.TestImage)
+	s1, s2, s3 := lab.NewNode("server-1", "10.99.0.2"), lab.NewNode("server-2", "10.99.0.3"), lab.NewNode("server-3", "10.99.0.4")
+	agent := lab.NewNode("agent-1", "10.99.0.5")
+	images := filepath.Join(agent.DataDir, "agent", "images")
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, image, filepath.Join(images, "testapp.tar"))
+
+	// server-1 runs a node, so that `kubectl delete node` can retire it.
+	s1.Agent = true
+	s1.Start("--cluster-init")
+	s1.WaitReady(startTimeout)
+	tok, err := os.ReadFile(s1.TokenFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	joinArgs := []string{"--server", s1.URL(), "--token", strings.TrimSpace(string(tok))}
+
+	// An agent token does not join a server.
+	refused := lab.NewNode("server-x", "10.99.0.9")
+	if out, err := refused.RunKelp(time.Minute, refused.ServerArgs("--server", s1.URL(), "--token", "node:"+secretOf(string(tok)))...); err == nil || !strings.Contains(out, "only the server token") {
+		t.Errorf("a server joining with the server secret as a node token: %v\n%s", err, tail(out))
+	}
+
+	// The two join at once: etcd takes one learner at a time, so one waits.
+	var wg sync.WaitGroup
+	for _, s := range []*testcluster.Node{s2, s3} {
+		s.Start(joinArgs...)
+		wg.Add(1)
+		go func() { defer wg.Done(); s.WaitReady(2 * startTimeout) }()
+	}
+	wg.Wait()
+	agent.StartAgent(s1.URL(), s1.TokenFile())
+	agent.WaitLog("kelp node is running", startTimeout)
+	c := s2.Client()
+	waitNodesReady(t, c, 2)
+	eventually(t, "three apiservers in the kubernetes EndpointSlice", func() (bool, error) {
+		return len(apiserverAddresses(c)) == 3, nil
+	})
+	eventually(t, "three voting etcd members", func() (bool, error) {
+		promoted := 0
+		for _, s := range []*testcluster.Node{s1, s2, s3} {
+			promoted += strings.Count(s.Log(), "Promoted etcd learner to voting member")
+		}
+		return promoted >= 2, nil
+	})
+
+	waitServiceAccount(t, c, "default")
+	apply(t, s2, haWorkload)
+	eventually(t, "the web pod on the agent ready", func() (bool, error) {
+		pod, err := c.CoreV1().Pods("default").Get(context.Background(), "web", metav1.GetOptions{})
+		return err == nil && podReady(pod), nil
+	})
+	serviceIP := webServiceIP(t, c)
+	reachable := func(when string) {
+		t.Helper()
+		eventually(t, "the web Service from the agent "+when, func() (bool, error) {
+			return get(agent, "http://"+serviceIP+"/healthz") == nil, nil
+		})
+	}
+	reachable("with three servers")
+
+	// Each server away in turn: writes go on through the others, and the
+	// server catches up when it is back.
+	servers := []*testcluster.Node{s1, s2, s3}
+	for i, away := range servers {
+		other := servers[(i+1)%3]
+		away.Stop()
+		name := fmt.Sprintf("while-%s-away", away.Name)
+		must(t, "write with "+away.Name+" away", func() error { return writeConfigMap(other.Client(), name) })
+		reachable("with " + away.Name + " away")
+		if away == s1 {
+			away.Start("--cluster-init")
+		} else {
+			away.Start(joinArgs...)
+		}
+		away.WaitReady(startTimeout)
+		eventually(t, away.Name+" catching up", func() (bool, error) {
+			_, err := away.Client().CoreV1().ConfigMaps("default").Get(context.Background(), name, metav1.GetOptions{})
+			return err == nil, nil
+		})
+	}
+
+	// server-1, which the agent joined through, goes away for good.
+	s1.Stop()
+	kubectl(t, s2, "delete", "node", "server-1")
+	eventually(t, "server-1's etcd member removed", func() (bool, error) {
+		return s2.Logged("removed its etcd member") || s3.Logged("removed its etcd member"), nil
+	})
+	gone := time.Now()
+	eventually(t, "the agent's lease renewed through the other servers", func() (bool, error) {
+		lease, err := c.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), "agent-1", metav1.GetOptions{})
+		return err == nil && renewedAfter(lease, gone.Add(15*time.Second)), nil
+	})
+	reachable("with server-1 gone")
+	out, err := s1.RunKelp(2*time.Minute, s1.ServerArgs("--cluster-init")...)
+	if err == nil || !strings.Contains(out, "removed from the etcd cluster") {
+		t.Errorf("server-1 restarted after its removal: %v, want it to say it was removed\n%s", err, tail(out))
+	}
+
+	// Two of the remaining two gone is a lost majority; --cluster-reset on
+	// the survivor brings the cluster back with its data.
+	s3.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = s2.Client().CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "no-quorum"}}, metav1.CreateOptions{})
+	cancel()
+	if err == nil {
+		t.Error("a write succeeded with one of two etcd members")
+	}
+	// Without quorum the server may have exited on its own: its
+	// controller-manager or scheduler lost its leader election.
+	_ = s2.StopFailed()
+	out, err = s2.RunKelp(2*time.Minute, s2.ServerArgs(append(joinArgs, "--cluster-reset")...)...)
+	if err != nil || !strings.Contains(out, "cluster of one member") {
+		t.Fatalf("kelp server --cluster-reset: %v\n%s", err, tail(out))
+	}
+	s2.Start(joinArgs...)
+	s2.WaitReady(startTimeout)
+	for _, s := range servers {
+		name := fmt.Sprintf("while-%s-away", s.Name)
+		if _, err := s2.Client().CoreV1().ConfigMaps("default").Get(context.Background(), name, metav1.GetOptions{}); err != nil {
+			t.Errorf("after the reset, %s: %v", name, err)
+		}
+	}
+	must(t, "write after the reset", func() error { return writeConfigMap(s2.Client(), "after-reset") })
+	reachable("with server-2 alone")
+}
+
+func secretOf(tok string) string {
+	_, secret, _ := strings.Cut(strings.TrimSpace(tok), "::server:")
+	return secret
+}
+
+func apiserverAddresses(c kubernetes.Interface) []string {
+	slices, err := c.DiscoveryV1().EndpointSlices("default").List(context.Background(), metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=kubernetes"})
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, s := range slices.Items {
+		for _, e := range s.Endpoints {
+			out = append(out, e.Addresses...)
+		}
+	}
+	return out
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func webServiceIP(t *testing.T, c kubernetes.Interface) string {
+	t.Helper()
+	svc, err := c.CoreV1().Services("default").Get(context.Background(), "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc.Spec.ClusterIP
+}
+
+func get(n *testcluster.Node, url string) error {
+	client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: n.DialContext, DisableKeepAlives: true}}
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+func writeConfigMap(c kubernetes.Interface, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := c.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"written": time.Now().String()}}, metav1.CreateOptions{})
+	return err
+}
+
+func renewedAfter(l *coordinationv1.Lease, t time.Time) bool {
+	return l.Spec.RenewTime != nil && l.Spec.RenewTime.After(t)
+}
+
+// tail is the end of a long log, enough to see why.
+func tail(out string) string {
+	if len(out) > 4000 {
+		return "…" + out[len(out)-4000:]
+	}
+	return out
+}
