@@ -188,3 +188,36 @@ func TestDisable(t *testing.T) {
 		t.Errorf("unknown part: %v", err)
 	}
 }
+
+// A tool beside the server (kelp snapshot save) takes from the server's
+// config file the keys it has flags for and leaves the others; a top-level
+// command still refuses an unknown key.
+func TestConfigFileNestedCommand(t *testing.T) {
+	path := writeFile(t, filepath.Join(t.TempDir(), "config.yaml"), "data-dir: /srv/kelp\ncluster-init: true\nsnapshot-retention: 3\n")
+	t.Setenv(configFileEnv, path)
+	var dataDir string
+	app := &cli.App{
+		Name: "kelp",
+		Commands: []*cli.Command{{
+			Name: "snapshot",
+			Subcommands: []*cli.Command{{
+				Name:   "save",
+				Flags:  []cli.Flag{ConfigFlag(), &cli.StringFlag{Name: "data-dir", Destination: &dataDir}},
+				Action: func(*cli.Context) error { return nil },
+			}},
+		}, {
+			Name:  "agent",
+			Flags: []cli.Flag{ConfigFlag(), &cli.StringFlag{Name: "data-dir"}},
+		}},
+	}
+	full, err := WithFileArgs(app, []string{"kelp", "snapshot", "save", "--name", "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "kelp snapshot save --data-dir=/srv/kelp --name x"; strings.Join(full, " ") != want {
+		t.Errorf("args %q, want %q", strings.Join(full, " "), want)
+	}
+	if _, err := WithFileArgs(app, []string{"kelp", "agent"}); err == nil || !strings.Contains(err.Error(), `unknown key "cluster-init"`) {
+		t.Errorf("a top-level command with an unknown key: %v", err)
+	}
+}

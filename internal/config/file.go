@@ -33,7 +33,7 @@ type fileValue struct {
 // A scalar set in the environment is left out so that the environment beats
 // the file; a list from the environment is appended after the file's. args is os.Args; commands without a "config" flag are untouched.
 func WithFileArgs(app *cli.App, args []string) ([]string, error) {
-	cmdIndex, cmd := findCommand(app, args)
+	cmdIndex, cmd, nested := findCommand(app, args)
 	if cmd == nil || lookupFlag(cmd.Flags, "config") == nil {
 		return args, nil
 	}
@@ -45,7 +45,9 @@ func WithFileArgs(app *cli.App, args []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	fileArgs, err := settingsToArgs(cmd.Flags, settings)
+	// A tool beside the server (kelp snapshot save) takes the keys of the
+	// server's config that it has flags for, such as data-dir.
+	fileArgs, err := settingsToArgs(cmd.Flags, settings, nested)
 	if err != nil {
 		return nil, err
 	}
@@ -55,15 +57,33 @@ func WithFileArgs(app *cli.App, args []string) ([]string, error) {
 	return append(out, args[cmdIndex+1:]...), nil
 }
 
-// findCommand returns the position and definition of the subcommand in args.
-func findCommand(app *cli.App, args []string) (int, *cli.Command) {
+// findCommand returns the position and definition of the subcommand in
+// args, descending into nested subcommands (kelp snapshot save), and says
+// whether it is nested.
+func findCommand(app *cli.App, args []string) (int, *cli.Command, bool) {
+	index, cmd, nested := 0, (*cli.Command)(nil), false
+	commands := app.Commands
 	for i := 1; i < len(args); i++ {
 		if strings.HasPrefix(args[i], "-") {
 			continue
 		}
-		return i, app.Command(args[i])
+		sub := findSub(commands, args[i])
+		if sub == nil {
+			break
+		}
+		nested = cmd != nil
+		index, cmd, commands = i, sub, sub.Subcommands
 	}
-	return 0, nil
+	return index, cmd, nested
+}
+
+func findSub(commands []*cli.Command, name string) *cli.Command {
+	for _, c := range commands {
+		if c.HasName(name) {
+			return c
+		}
+	}
+	return nil
 }
 
 // FileDataDir is the data-dir that the config files of a `kelp server` or
@@ -192,7 +212,7 @@ func nodeValues(n *yaml.Node) ([]string, error) {
 
 // settingsToArgs checks every key against the command's flags and renders
 // the settings as --name=value arguments in a stable order.
-func settingsToArgs(flags []cli.Flag, settings map[string]fileValue) ([]string, error) {
+func settingsToArgs(flags []cli.Flag, settings map[string]fileValue, skipUnknown bool) ([]string, error) {
 	names := make([]string, 0, len(settings))
 	for name := range settings {
 		names = append(names, name)
@@ -203,6 +223,9 @@ func settingsToArgs(flags []cli.Flag, settings map[string]fileValue) ([]string, 
 		s := settings[name]
 		where := fmt.Sprintf("config file %s line %d", s.file, s.line)
 		flag := lookupFlag(flags, name)
+		if flag == nil && skipUnknown {
+			continue
+		}
 		if flag == nil || name == "config" {
 			return nil, fmt.Errorf("%s: unknown key %q (keys are the long flag names of the command, see --help)", where, name)
 		}

@@ -39,12 +39,17 @@ type nodeInput struct {
 	nodeIPs, nodeExternalIPs, nodeLabels, nodeTaints, kubeletArgs cli.StringSlice
 }
 
+// ConfigFlag is --config. WithFileArgs reads the files before the flags
+// are parsed; the flag is defined so that --help shows it, the parser
+// accepts it, and WithFileArgs knows the command reads config files.
+func ConfigFlag() cli.Flag {
+	return &cli.StringFlag{Name: "config", Aliases: []string{"c"}, EnvVars: []string{configFileEnv}, Value: layout.ConfigFile,
+		Usage: "config file (YAML, keys are long flag names); FILE.d/*.yaml are read after it"}
+}
+
 func nodeFlags(in *nodeInput) []cli.Flag {
 	return []cli.Flag{
-		// Read by WithFileArgs before the flags are parsed; defined here so
-		// that --help shows it and the parser accepts it.
-		&cli.StringFlag{Name: "config", Aliases: []string{"c"}, EnvVars: []string{configFileEnv}, Value: layout.ConfigFile,
-			Usage: "config file (YAML, keys are long flag names); FILE.d/*.yaml are read after it"},
+		ConfigFlag(),
 		&cli.BoolFlag{Name: "debug", Aliases: []string{"v"}, EnvVars: env("debug"), Destination: &in.node.Debug, Usage: "log at debug level, including the Kubernetes components"},
 		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: env("data-dir"), Value: layout.DefaultDataDir, Destination: &in.node.DataDir, Usage: "directory for state, certificates and the unpacked bundle"},
 		&cli.StringFlag{Name: "node-name", EnvVars: env("node-name"), Destination: &in.node.NodeName, Usage: "node name (default: the hostname)"},

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/k3s-io/kine/pkg/drivers/generic"
-	"github.com/k3s-io/kine/pkg/drivers/sqlite"
 	"github.com/k3s-io/kine/pkg/endpoint"
 	kinetls "github.com/k3s-io/kine/pkg/tls"
 	"github.com/sirupsen/logrus"
@@ -32,6 +31,14 @@ const (
 	// kineStopTimeout bounds the wait for kine's goroutines after its context
 	// ends; kine itself gives its gRPC server 2 s to drain.
 	kineStopTimeout = 15 * time.Second
+	// sqliteParams are kine's sqlite.DefaultParams but synchronous=FULL, and
+	// no startup VACUUM. With WAL, NORMAL syncs the WAL only at checkpoints,
+	// so a power loss or kernel crash can take back commits the apiserver
+	// has acknowledged; FULL syncs the WAL at every commit. kine would
+	// VACUUM, i.e. rewrite, the whole database at every start: needless
+	// flash wear and a slow start on a big database, while SQLite reuses
+	// free pages anyway.
+	sqliteParams = "_journal_mode=WAL&_busy_timeout=30000&_synchronous=FULL&_txlock=immediate&_stmt_cache_size=20&cache=shared&_kine_disable_startup_vacuum=true"
 )
 
 // kineEngine is kine serving etcd's API on a unix socket, backed by SQLite,
@@ -53,11 +60,8 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 		dbPath := filepath.Join(dbDir, stateDBName)
 		desc = "SQLite datastore " + dbPath
 		// kine's DSN for SQLite is a path followed by mattn/go-sqlite3 style
-		// parameters, which it translates for modernc.org/sqlite. kine
-		// would VACUUM, i.e. rewrite, the whole database at every start:
-		// needless flash wear and a slow start on a big database, while
-		// SQLite reuses free pages anyway.
-		dsn = "sqlite://" + dbPath + "?" + sqlite.DefaultParams + "&_kine_disable_startup_vacuum=true"
+		// parameters, which it translates for modernc.org/sqlite.
+		dsn = "sqlite://" + dbPath + "?" + sqliteParams
 	case KindPostgres:
 		desc = "PostgreSQL datastore " + Redact(cfg.Endpoint)
 		dsn = cfg.Endpoint

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/k3s-io/kine/pkg/drivers/sqlite"
 	logrustest "github.com/sirupsen/logrus/hooks/test"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -393,5 +394,14 @@ func TestSQLiteStartDoesNotRewriteDatabase(t *testing.T) {
 	}
 	if !disabled {
 		t.Error(`kine did not log "Startup VACUUM is disabled"`)
+	}
+}
+
+// kelp's SQLite parameters are kine's with two decisions of its own; a
+// kine upgrade that changes its defaults must be looked at.
+func TestSQLiteParamsFollowKine(t *testing.T) {
+	want := strings.Replace(sqlite.DefaultParams, "_synchronous=NORMAL", "_synchronous=FULL", 1) + "&_kine_disable_startup_vacuum=true"
+	if sqliteParams != want {
+		t.Errorf("sqliteParams = %q\nwant kine's defaults with synchronous=FULL and no startup VACUUM: %q", sqliteParams, want)
 	}
 }

@@ -20,7 +20,10 @@ import (
 // Command is `kelp snapshot`: snapshots of a server's datastore, run on it.
 func Command() *cli.Command {
 	var in config.SnapshotStoreInput
+	// The server's config file gives these commands its data dir and
+	// snapshot settings.
 	flags := slices.Concat([]cli.Flag{
+		config.ConfigFlag(),
 		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server"},
 		&cli.StringFlag{Name: "datastore-endpoint", EnvVars: []string{"KELP_DATASTORE_ENDPOINT"}, Usage: "the server's --datastore-endpoint, if any: external datastores are not snapshotted by kelp"},
 	}, config.SnapshotStoreFlags(&in))
