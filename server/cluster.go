@@ -36,11 +36,20 @@ type joined struct {
 
 // joinCluster makes this server one of the cluster's at cfg.JoinServer,
 // the first time it starts: it gets the cluster's authorities and, on
-// embedded etcd, a place in its membership. A server whose etcd member has
-// data starts from it and asks nothing. Refusals are final; a server that
-// does not answer is asked again until ctx ends.
+// embedded etcd, a place in its membership. Once it has joined (its etcd
+// member has data; on an external datastore, it has the cluster's CA) it
+// starts from what it has and asks nothing, so it starts while the server
+// it joined through is down. Refusals are final; a server that does not
+// answer is asked again until ctx ends.
 func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
-	if cfg.JoinServer == "" || datastore.LocalKind(cfg.DataDir) == datastore.KindEtcd {
+	tls := layout.Server(cfg.DataDir).TLS
+	if cfg.JoinServer == "" {
+		return joined{}, nil
+	}
+	if cfg.EmbeddedEtcd() && datastore.LocalKind(cfg.DataDir) == datastore.KindEtcd {
+		return joined{}, nil
+	}
+	if _, err := os.Stat(pki.FilesIn(tls).ServerCA.Cert); !cfg.EmbeddedEtcd() && err == nil {
 		return joined{}, nil
 	}
 	tok, err := token.Parse(cfg.Token, token.ServerUser)
@@ -59,7 +68,6 @@ func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
 	if cfg.EmbeddedEtcd() {
 		req.PeerURL = (&url.URL{Scheme: "https", Host: net.JoinHostPort(cfg.AdvertiseAddress.String(), strconv.Itoa(etcdPeerPort))}).String()
 	}
-	tls := layout.Server(cfg.DataDir).TLS
 	client := joinapi.Client{Server: cfg.JoinServer, Token: tok, CAFile: pki.FilesIn(tls).ServerCA.Cert}
 	var resp joinapi.ServerJoinResponse
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
