@@ -17,6 +17,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/containerd"
 	"github.com/kelp-dev/kelp/internal/crictl"
+	"github.com/kelp-dev/kelp/internal/etcdctl"
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/killall"
 	"github.com/kelp-dev/kelp/internal/kubectl"
@@ -48,7 +49,7 @@ func main() {
 }
 
 // multicall returns the tool to run when kelp is started under another
-// program's name (a link named kubectl, crictl, ctr or containerd), or the
+// program's name (a link named kubectl, crictl, ctr, containerd or etcdctl), or the
 // way a containerd shim calls containerd's binary to publish events:
 // `<containerd> --address A publish …`.
 func multicall(args []string) func() error {
@@ -61,6 +62,8 @@ func multicall(args []string) func() error {
 		return func() error { return containerd.CtrMain(args) }
 	case filepath.Base(args[0]) == "containerd":
 		return func() error { return containerd.Main(args) }
+	case filepath.Base(args[0]) == "etcdctl":
+		return func() error { return etcdctl.Main(args) }
 	case len(args) > 3 && args[1] == "--address" && args[3] == "publish":
 		return func() error { return containerd.Main(append([]string{"containerd"}, args[1:]...)) }
 	}
@@ -137,6 +140,12 @@ func newApp() *cli.App {
 				},
 			},
 			{
+				Name:            "etcdctl",
+				Usage:           "run etcdctl against this server's datastore (embedded etcd, or SQLite through kine); a leading --data-dir DIR picks another server",
+				SkipFlagParsing: true,
+				Action:          func(c *cli.Context) error { return etcdctl.Main(append([]string{"etcdctl"}, c.Args().Slice()...)) },
+			},
+			{
 				Name:            "kubectl",
 				Usage:           "run kubectl (uses /etc/kelp/kelp.yaml unless KUBECONFIG is set)",
 				SkipFlagParsing: true,
@@ -193,5 +202,8 @@ func runServer(c *cli.Context, in *config.ServerInput) error {
 		<-ctx.Done()
 		stop() // a second signal kills at once
 	}()
+	if cfg.ClusterReset {
+		return server.ClusterReset(ctx, cfg)
+	}
 	return server.Run(ctx, cfg)
 }

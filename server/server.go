@@ -158,6 +158,9 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		if err := g.Go("etcd members", func(ctx context.Context) error { return etcdmembers.Run(ctx, admin, m) }); err != nil {
 			return err
 		}
+		if err := g.Go("etcd defrag", func(ctx context.Context) error { return datastore.Defrag(ctx, store.Backend()) }); err != nil {
+			return err
+		}
 	}
 	if !cfg.Disable.ServiceLB {
 		if err := g.Go("servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, admin) }); err != nil {

@@ -48,11 +48,18 @@ func Lock(dataDir string) (release func(), err error) {
 // LocalEtcdClient returns a client to the embedded etcd member of dataDir on
 // this host, with the certificate the apiserver uses.
 func LocalEtcdClient(dataDir string) (*clientv3.Client, error) {
+	return newClient(localEtcdBackend(dataDir))
+}
+
+// localEtcdBackend is how the apiserver of dataDir's server reaches its
+// embedded etcd member.
+func localEtcdBackend(dataDir string) Backend {
 	f := pki.FilesIn(layout.Server(dataDir).TLS)
-	return newClient(Backend{
+	return Backend{
 		Endpoints: []string{"https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(defaultEtcdClientPort))},
 		CAFile:    f.EtcdServerCA.Cert,
 		CertFile:  f.EtcdClient.Cert,
 		KeyFile:   f.EtcdClient.Key,
-	})
+		Kind:      KindEtcd,
+	}
 }

@@ -117,13 +117,25 @@ func (m *Members) Remove(ctx context.Context, name string) (bool, error) {
 		if mem.Name != name {
 			continue
 		}
-		if _, err := cli.MemberRemove(ctx, mem.ID); err != nil {
-			if errors.Is(err, rpctypes.ErrMemberNotFound) {
+		for {
+			_, err := cli.MemberRemove(ctx, mem.ID)
+			switch {
+			case err == nil:
+				return true, nil
+			case errors.Is(err, rpctypes.ErrMemberNotFound):
 				return false, nil
+			case !errors.Is(err, rpctypes.ErrUnhealthy):
+				return false, fmt.Errorf("remove etcd member %s: %w", name, err)
 			}
-			return false, fmt.Errorf("remove etcd member %s: %w", name, err)
+			// etcd refuses a removal that would leave fewer members
+			// active than a quorum, counting one that joined in the
+			// last seconds as not active yet.
+			select {
+			case <-ctx.Done():
+				return false, fmt.Errorf("remove etcd member %s: %w: the remaining members would not be a healthy quorum", name, err)
+			case <-time.After(time.Second):
+			}
 		}
-		return true, nil
 	}
 	return false, nil
 }
@@ -163,7 +175,12 @@ func promote(ctx context.Context, cli *clientv3.Client, log *logrus.Entry) (wait
 		return false
 	}
 	for _, mem := range list.Members {
-		if !mem.IsLearner || mem.Name == "" {
+		if !mem.IsLearner {
+			continue
+		}
+		if mem.Name == "" {
+			// Added, not started yet: it will be soon.
+			waiting = true
 			continue
 		}
 		_, err := cli.MemberPromote(ctx, mem.ID)

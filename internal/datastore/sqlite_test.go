@@ -400,8 +400,8 @@ func TestSQLiteStartDoesNotRewriteDatabase(t *testing.T) {
 // kelp's SQLite parameters are kine's with two decisions of its own; a
 // kine upgrade that changes its defaults must be looked at.
 func TestSQLiteParamsFollowKine(t *testing.T) {
-	want := strings.Replace(sqlite.DefaultParams, "_synchronous=NORMAL", "_synchronous=FULL", 1) + "&_kine_disable_startup_vacuum=true"
+	want := strings.Replace(sqlite.DefaultParams, "_synchronous=NORMAL", "_synchronous=FULL", 1) + "&_kine_disable_startup_vacuum=true&_pragma=journal_size_limit(16777216)"
 	if sqliteParams != want {
-		t.Errorf("sqliteParams = %q\nwant kine's defaults with synchronous=FULL and no startup VACUUM: %q", sqliteParams, want)
+		t.Errorf("sqliteParams = %q\nwant kine's defaults with synchronous=FULL, no startup VACUUM and a WAL limit: %q", sqliteParams, want)
 	}
 }
