@@ -178,15 +178,12 @@ func promote(ctx context.Context, cli *clientv3.Client, log *logrus.Entry) (wait
 		if !mem.IsLearner {
 			continue
 		}
-		if mem.Name == "" {
-			// Added, not started yet: it will be soon.
-			waiting = true
-			continue
-		}
+		// A learner that has not published its name yet may have caught
+		// up already; etcd refuses one that has not.
 		_, err := cli.MemberPromote(ctx, mem.ID)
 		switch {
 		case err == nil:
-			log.WithField("member", mem.Name).Info("Promoted etcd learner to voting member")
+			log.WithFields(logrus.Fields{"member": mem.Name, "id": fmt.Sprintf("%x", mem.ID)}).Info("Promoted etcd learner to voting member")
 		case errors.Is(err, rpctypes.ErrMemberLearnerNotReady):
 			waiting = true
 		default:

@@ -121,3 +121,100 @@ wait_for() {
     sleep 0.1
   done
 }
+
+# --- a lab of nodes that run no agent -------------------------------------------
+
+# lab_holder: the pid that holds the lab's network namespace (start_lab);
+# lab_links: how many nodes were wired to it, for their link names.
+lab_holder='' lab_links=0
+
+# await_ready NAME PID OUT: waits up to 30 s for PID, a shell that makes
+# namespaces, to write "ready" to OUT, its output.
+await_ready() {
+  local deadline=$(( $(now_ms) + 30000 ))
+  until grep -qx ready "$3" 2>/dev/null; do
+    alive "$2" || die "set up the namespaces of the $1: $(cat "$3")"
+    (( $(now_ms) < deadline )) || die "the namespaces of the $1 were not set up within 30 s"
+    sleep 0.05
+  done
+}
+
+in_lab() { nsenter --target "$lab_holder" --net -- "$@"; }
+
+# start_lab WORK: the network namespace of a lab as the cluster tests make it
+# (internal/testcluster/lab.go), with a bridge lab0 and no address on it: the
+# nodes' gateway 10.99.0.1 answers nothing. Sets lab_holder.
+start_lab() {
+  # The lab is wire, not a firewall: a kelp node turns on
+  # bridge-nf-call-iptables in its network namespace, and lab0 must pass
+  # what the nodes send each other without consulting netfilter.
+  # shellcheck disable=SC2016 # expanded by sh
+  unshare --net sh -ec '
+    ip link set lo up
+    ip link add lab0 type bridge
+    ip link set lab0 up
+    if [ -d /proc/sys/net/bridge ]; then
+      for f in iptables ip6tables arptables; do echo 0 >/proc/sys/net/bridge/bridge-nf-call-$f; done
+    fi
+    echo ready
+    exec sleep infinity' >"$1/lab.holder" 2>&1 &
+  lab_holder=$!
+  await_ready lab "$lab_holder" "$1/lab.holder"
+}
+
+# start_lab_node NODE IP WORK: a node of the lab for a kelp that runs no
+# agent (kelp server --disable-agent), so no cgroups of its own: network and
+# mount namespaces, private_dirs of its own, eth0 with IP/24 on lab0 and a
+# default route via 10.99.0.1. Sets holder[NODE].
+start_lab_node() {
+  local node=$1 ip=$2 setup="ip link set lo up" d veth
+  for d in "${private_dirs[@]}"; do
+    mkdir -p "$d" # an empty mount point on the host changes nothing there
+    setup+="; mount -t tmpfs -o mode=0755 kelp-bench $d"
+  done
+  unshare --net --mount --propagation private sh -ec "$setup; echo ready; exec sleep infinity" \
+    >"$3/$node.holder" 2>&1 &
+  holder[$node]=$!
+  await_ready "$node" "${holder[$node]}" "$3/$node.holder"
+  # The veth pair is made in the lab and its far end moved to the node:
+  # neither end is ever in the machine's own namespace.
+  veth=veth$(( ++lab_links ))
+  in_lab ip link add "$veth" type veth peer name eth0 netns "${holder[$node]}"
+  in_lab ip link set "$veth" master lab0 up
+  in_node "$node" ip addr add "$ip/24" dev eth0
+  in_node "$node" ip link set eth0 up
+  in_node "$node" ip route add default via 10.99.0.1 dev eth0
+}
+
+# node_pids NODE: the processes in the node's mount namespace but its holder.
+node_pids() {
+  local ns p
+  ns=$(readlink "/proc/${holder[$1]}/ns/mnt") || return 0
+  for p in /proc/[0-9]*; do
+    p=${p#/proc/}
+    [[ $p != "${holder[$1]}" && $(readlink "/proc/$p/ns/mnt" 2>/dev/null) == "$ns" ]] && echo "$p"
+  done
+  return 0
+}
+
+# end_node NODE: SIGKILL to what still runs in the node (stop its kelp with
+# stop_kelp first), then to its holder: the namespaces and their mounts go
+# with it. Forgets the node.
+end_node() {
+  local pids
+  [[ -n ${holder[$1]:-} ]] || return 0
+  pids=$(node_pids "$1")
+  # shellcheck disable=SC2086 # a list of pids
+  if [[ -n $pids ]]; then kill -KILL $pids 2>/dev/null || true; fi
+  kill -KILL "${holder[$1]}" 2>/dev/null || true
+  wait "${holder[$1]}" 2>/dev/null || true
+  unset "holder[$1]"
+}
+
+# end_lab: SIGKILL to the lab's holder (end its nodes first).
+end_lab() {
+  [[ -n $lab_holder ]] || return 0
+  kill -KILL "$lab_holder" 2>/dev/null || true
+  wait "$lab_holder" 2>/dev/null || true
+  lab_holder=''
+}
