@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/sirupsen/logrus"
 )
 
@@ -42,7 +43,17 @@ func Run(ctx context.Context, name string, log *logrus.Entry, start func(context
 		}
 		return err
 	}
+	// A service manager that started kelp (systemd's Type=notify) learns
+	// that it runs; without one there is no socket and nothing is sent.
+	notify(log, daemon.SdNotifyReady)
+	defer notify(log, daemon.SdNotifyStopping)
 	return g.Wait()
+}
+
+func notify(log *logrus.Entry, state string) {
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		log.WithError(err).Warn("tell the service manager " + state)
+	}
 }
 
 // Group runs pieces started in order and stops them in reverse.

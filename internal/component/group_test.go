@@ -3,6 +3,8 @@ package component
 import (
 	"context"
 	"errors"
+	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -192,5 +194,59 @@ func TestRunStopDuringStartIsNotAFailure(t *testing.T) {
 	})
 	if err != nil {
 		t.Errorf("got %v", err)
+	}
+}
+
+// notifySocket listens where a service manager would; read returns the
+// next message kelp sent within wait, or "" if none came.
+func notifySocket(t *testing.T) (read func(wait time.Duration) string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	t.Setenv("NOTIFY_SOCKET", path)
+	return func(wait time.Duration) string {
+		buf := make([]byte, 512)
+		_ = conn.SetReadDeadline(time.Now().Add(wait))
+		n, err := conn.Read(buf)
+		if err != nil {
+			return ""
+		}
+		return string(buf[:n])
+	}
+}
+
+// A service manager hears READY=1 once everything started, and
+// STOPPING=1 when kelp stops; a start that fails is never reported ready.
+func TestRunNotifiesTheServiceManager(t *testing.T) {
+	read := notifySocket(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, "kelp test", logrus.NewEntry(logrus.New()), func(_ context.Context, g *Group) error {
+			f := newFake("datastore", func(string) {})
+			close(f.ready)
+			return g.Start(f, nil)
+		})
+	}()
+	if got := read(10 * time.Second); got != "READY=1" {
+		t.Errorf("after start: sent %q, want READY=1", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := read(10 * time.Second); got != "STOPPING=1" {
+		t.Errorf("after stop: sent %q, want STOPPING=1", got)
+	}
+
+	_ = Run(context.Background(), "kelp test", logrus.NewEntry(logrus.New()), func(context.Context, *Group) error {
+		return errors.New("port 6443 in use")
+	})
+	if got := read(200 * time.Millisecond); got != "" {
+		t.Errorf("a failed start sent %q", got)
 	}
 }

@@ -16,7 +16,7 @@ import (
 // produced with debug on, so a steady node stays quiet at Info.
 func Setup(debug bool) {
 	logrus.SetOutput(os.Stderr)
-	var text logrus.Formatter = &logrus.TextFormatter{FullTimestamp: true}
+	var text logrus.Formatter = textFormatter(os.Getenv("JOURNAL_STREAM") != "")
 	logrus.SetFormatter(quietLibraries{text})
 	logrus.SetLevel(logrus.InfoLevel)
 	verbosity := 0
@@ -29,6 +29,13 @@ func Setup(debug bool) {
 	klog.InitFlags(fs)
 	_ = fs.Set("v", strconv.Itoa(verbosity))
 	RouteKlog()
+}
+
+// textFormatter writes key=value lines, coloured only on a terminal. Under
+// systemd (journal: stderr goes to the journal, which stamps each line
+// itself) the lines carry no time of their own.
+func textFormatter(journal bool) logrus.Formatter {
+	return &logrus.TextFormatter{FullTimestamp: true, DisableTimestamp: journal}
 }
 
 // RouteKlog sends klog's output to logrus. Setup does it; call it again

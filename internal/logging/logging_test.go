@@ -47,3 +47,23 @@ func TestKlogGoesThroughLogrus(t *testing.T) {
 		t.Errorf("with debug on, verbose klog output and library Info lines show:\n%s", buf.String())
 	}
 }
+
+// Lines for the journal carry no time of their own and, like every line
+// not written to a terminal, no colour codes.
+func TestTextFormatterForTheJournal(t *testing.T) {
+	entry := logrus.NewEntry(logrus.New()).WithField("component", "server")
+	entry.Message, entry.Level = "kelp server is ready", logrus.InfoLevel
+	for _, journal := range []bool{false, true} {
+		out, err := textFormatter(journal).Format(entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line := string(out)
+		if strings.Contains(line, "\x1b[") {
+			t.Errorf("journal=%v: colour codes in %q", journal, line)
+		}
+		if strings.Contains(line, "time=") == journal {
+			t.Errorf("journal=%v: %q", journal, line)
+		}
+	}
+}
