@@ -30,6 +30,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/servicelb"
 	"github.com/kelp-dev/kelp/internal/snapshot"
 	"github.com/kelp-dev/kelp/internal/systemobjects"
+	"github.com/kelp-dev/kelp/internal/version"
 )
 
 // storeStopReserve is kept of the stop deadline for the datastore, stopped
@@ -55,6 +56,12 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	}
 	began := time.Now()
 	paths := layout.Server(cfg.DataDir)
+	if err := os.MkdirAll(paths.Dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", paths.Dir, err)
+	}
+	if err := version.CheckDataDir(paths.Versions, version.Ran{Kelp: version.Version, Kubernetes: version.Kubernetes()}); err != nil {
+		return err
+	}
 	// The control plane itself needs nothing from the bundle; staging it
 	// here means the node that will run beside it finds runc, the CNI
 	// plugins and the pause image in place.

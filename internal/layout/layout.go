@@ -64,6 +64,8 @@ type ServerPaths struct {
 	Snapshots  string // kelp snapshot's default directory
 	Token      string // joins servers and agents
 	AgentToken string // joins agents only
+	// Versions records which kelp and Kubernetes last ran the server.
+	Versions string
 	// Kubeconfigs of the in-process clients.
 	AdminKubeconfig, ControllerManagerKubeconfig, SchedulerKubeconfig string
 }
@@ -80,6 +82,7 @@ func Server(dataDir string) ServerPaths {
 		Snapshots:                   filepath.Join(dir, "db", "snapshots"),
 		Token:                       filepath.Join(dir, "token"),
 		AgentToken:                  filepath.Join(dir, "agent-token"),
+		Versions:                    filepath.Join(dir, "versions.json"),
 		AdminKubeconfig:             filepath.Join(cred, "admin.kubeconfig"),
 		ControllerManagerKubeconfig: filepath.Join(cred, "controller.kubeconfig"),
 		SchedulerKubeconfig:         filepath.Join(cred, "scheduler.kubeconfig"),

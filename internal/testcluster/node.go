@@ -44,7 +44,10 @@ type Node struct {
 	Kubeconfig string
 	// Agent makes Start run a node beside the control plane; the node's
 	// containers and mounts are removed with `kelp killall` at cleanup.
-	Agent  bool
+	Agent bool
+	// Bin is the kelp binary Start runs; empty: Binary's. An upgrade test
+	// sets it to the next version.
+	Bin    string
 	holder *exec.Cmd
 	// cgroups is the node's own cgroup subtree; nil for a node made by
 	// NewNode, which uses the host's cgroups as a single machine would.
@@ -296,7 +299,7 @@ func (n *Node) startKelp(role string, args []string) {
 	n.logs = append(n.logs, logPath)
 	n.kelpLog = logPath
 	n.role = role
-	n.kelp = n.Command(Binary(n.t), args...)
+	n.kelp = n.Command(n.binary(), args...)
 	n.kelp.Stdout, n.kelp.Stderr = logFile, logFile
 	if err := start(n.kelp); err != nil {
 		n.kelp = nil
@@ -393,6 +396,14 @@ func (n *Node) Stop() time.Duration {
 	return time.Since(start)
 }
 
+// binary is the kelp binary the node runs.
+func (n *Node) binary() string {
+	if n.Bin != "" {
+		return n.Bin
+	}
+	return Binary(n.t)
+}
+
 // StopFailed stops a kelp that may have exited on its own already, such
 // as a server that lost its datastore's quorum, and returns its exit
 // error, if any, instead of failing the test.
@@ -416,7 +427,7 @@ func (n *Node) StopFailed() error {
 // output and exit error; it fails the test if kelp runs longer than timeout.
 func (n *Node) RunKelp(timeout time.Duration, args ...string) (string, error) {
 	n.t.Helper()
-	return n.Run(timeout, n.Command(Binary(n.t), args...))
+	return n.Run(timeout, n.Command(n.binary(), args...))
 }
 
 // Run runs cmd and returns its combined output and exit error; it fails the

@@ -22,7 +22,7 @@ func (n *Node) Kill() {
 	pid := n.kelp.Process.Pid
 	// n.kelp runs nsenter, which execs kelp in place; a wrapper that forked
 	// would take the signal instead and leave kelp running.
-	if err := isKelp(pid, Binary(n.t)); err != nil {
+	if err := isKelp(pid, n.binary()); err != nil {
 		n.t.Fatalf("kill kelp %s: %v", n.role, err)
 	}
 	if err := n.kelp.Process.Signal(syscall.SIGKILL); err != nil {

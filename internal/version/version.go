@@ -19,16 +19,7 @@ var (
 func String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "kelp %s (%s)\n", Version, Commit)
-	mods := map[string]string{}
-	if info, ok := debug.ReadBuildInfo(); ok {
-		for _, m := range info.Deps {
-			if m.Replace != nil {
-				mods[m.Path] = m.Replace.Version
-			} else {
-				mods[m.Path] = m.Version
-			}
-		}
-	}
+	mods := modules()
 	for _, c := range []struct{ name, module string }{
 		{"kubernetes", "k8s.io/kubernetes"},
 		{"containerd", "github.com/containerd/containerd/v2"},
@@ -43,4 +34,20 @@ func String() string {
 	}
 	fmt.Fprintf(&b, "go %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return b.String()
+}
+
+// modules maps the path of every module built in to its version (the
+// replacement's where one is replaced).
+func modules() map[string]string {
+	mods := map[string]string{}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range info.Deps {
+			if m.Replace != nil {
+				mods[m.Path] = m.Replace.Version
+			} else {
+				mods[m.Path] = m.Version
+			}
+		}
+	}
+	return mods
 }

@@ -1,0 +1,84 @@
+package server_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// nextVersion stamps the build TestUpgrade upgrades to.
+const nextVersion = "v99.0.0-upgrade-test"
+
+// TestUpgrade replaces a running node's kelp with a build of another
+// version on the same data dir, as an install.sh re-run does: the pods
+// keep running in the same containers, and the data dir records the new
+// version. Going back to a kelp with an older Kubernetes minor than the one
+// recorded is refused with the way out.
+func TestUpgrade(t *testing.T) {
+	n := testcluster.NewNode(t)
+	n.Agent = true
+	images := filepath.Join(n.DataDir, "agent", "images")
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, testcluster.BuildTestImage(t, testcluster.TestImage), filepath.Join(images, "testapp.tar"))
+	next := buildNext(t)
+	n.Start()
+	n.WaitReady(startTimeout)
+	n.WaitLog("kelp node is running", startTimeout)
+	c := n.Client()
+	waitNodeReady(t, c)
+	manifest := filepath.Join(n.Dir, "workload.yaml")
+	if err := os.WriteFile(manifest, []byte(workload), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitServiceAccount(t, c, "default")
+	kubectl(t, n, "apply", "-f", manifest)
+	kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
+	before := containerIDs(t, c)
+	n.Stop()
+
+	n.Bin = next
+	n.Start()
+	n.WaitReady(startTimeout)
+	n.WaitLog("kelp node is running", startTimeout)
+	waitNodeReady(t, c)
+	kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
+	if after := containerIDs(t, c); !equalMaps(before, after) {
+		t.Errorf("the upgrade replaced containers: before %v, after %v", before, after)
+	}
+	versions := filepath.Join(n.DataDir, "server", "versions.json")
+	if data, err := os.ReadFile(versions); err != nil || !strings.Contains(string(data), nextVersion) || !strings.Contains(string(data), `"kubernetes":"v1.`) {
+		t.Errorf("versions.json after the upgrade: %v %s", err, data)
+	}
+	n.Stop()
+
+	// A kelp of an older Kubernetes minor than the data dir's.
+	if err := os.WriteFile(versions, []byte(`{"kelp":"v100.0.0","kubernetes":"v1.99.0"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := n.RunKelp(time.Minute, n.ServerArgs()...)
+	if err == nil || !strings.Contains(out, "last run by kelp v100.0.0 with Kubernetes v1.99.0") {
+		t.Errorf("a downgrade across Kubernetes minors: %v\n%s", err, tail(out))
+	}
+}
+
+// buildNext builds kelp from this tree with another version stamp.
+func buildNext(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "kelp")
+	cmd := exec.Command("go", "build", "-o", out, "-ldflags", "-s -w -X github.com/kelp-dev/kelp/internal/version.Version="+nextVersion, ".")
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	began := time.Now()
+	if log, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build kelp %s: %v\n%s", nextVersion, err, log)
+	}
+	t.Logf("built kelp %s in %s", nextVersion, time.Since(began).Round(time.Second))
+	return out
+}
