@@ -83,6 +83,10 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		return err
 	}
 
+	audit, err := writeAPIServerFiles(cfg)
+	if err != nil {
+		return err
+	}
 	dc := datastoreConfig(cfg, certs)
 	dc.InitialCluster = cluster.initialCluster
 	store, err := datastore.Start(ctx, dc)
@@ -107,6 +111,8 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		Certs:                certs,
 		Storage:              store.Backend(),
 		SingleServer:         single,
+		Audit:                audit,
+		AdmissionConfigFile:  paths.AdmissionConfig,
 		ExtraArgs:            cfg.ExtraArgs.APIServer,
 	}, joinapi.Routes(joinapi.Config{
 		Certs:           certs,
@@ -224,6 +230,22 @@ func datastoreConfig(cfg config.Server, certs pki.Files) datastore.Config {
 			Client:   certs.EtcdClient,
 		},
 	}
+}
+
+// writeAPIServerFiles writes the apiserver's admission configuration and,
+// with an audit log but no policy of the user's, kelp's audit policy.
+func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
+	paths := layout.Server(cfg.DataDir)
+	if err := apiserver.WriteAdmissionConfig(paths.AdmissionConfig, cfg.PodSecurityDefault); err != nil {
+		return apiserver.Audit{}, err
+	}
+	a := cfg.Audit
+	audit := apiserver.Audit{LogPath: a.LogPath, PolicyFile: a.PolicyFile, MaxSizeMB: a.MaxSizeMB, MaxBackups: a.MaxBackups, MaxAgeDays: a.MaxAgeDays}
+	if a.LogPath == "" || a.PolicyFile != "" {
+		return audit, nil
+	}
+	audit.PolicyFile = paths.AuditPolicy
+	return audit, apiserver.WriteDefaultAuditPolicy(paths.AuditPolicy)
 }
 
 // writeKubeconfigs writes the in-process clients' kubeconfigs and the

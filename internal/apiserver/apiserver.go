@@ -46,7 +46,11 @@ type Config struct {
 	// datastore (SQLite): the apiservers' bookkeeping of each other, a
 	// datastore write every 10 s each, is then left out.
 	SingleServer bool
-	ExtraArgs    []string
+	Audit        Audit
+	// AdmissionConfigFile configures the admission plugins (Pod Security's
+	// default level); see WriteAdmissionConfig.
+	AdmissionConfigFile string
+	ExtraArgs           []string
 }
 
 // Args returns the kube-apiserver command line for cfg.
@@ -96,6 +100,16 @@ func Args(cfg Config) []string {
 		flags["endpoint-reconciler-type"] = "master-count"
 		flags["apiserver-count"] = "1"
 		flags["feature-gates"] = "UnknownVersionInteroperabilityProxy=false"
+	}
+	if cfg.AdmissionConfigFile != "" {
+		flags["admission-control-config-file"] = cfg.AdmissionConfigFile
+	}
+	if a := cfg.Audit; a.LogPath != "" {
+		flags["audit-log-path"] = a.LogPath
+		flags["audit-policy-file"] = a.PolicyFile
+		flags["audit-log-maxsize"] = strconv.Itoa(a.MaxSizeMB)
+		flags["audit-log-maxbackup"] = strconv.Itoa(a.MaxBackups)
+		flags["audit-log-maxage"] = strconv.Itoa(a.MaxAgeDays)
 	}
 	if cfg.Storage.CAFile != "" {
 		flags["etcd-cafile"] = cfg.Storage.CAFile

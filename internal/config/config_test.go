@@ -221,3 +221,30 @@ func TestConfigFileNestedCommand(t *testing.T) {
 		t.Errorf("a top-level command with an unknown key: %v", err)
 	}
 }
+
+func TestAuditAndPodSecurity(t *testing.T) {
+	s, err := runServer(t, "--audit-log-path", "/var/log/kelp/audit.log", "--pod-security-default", "restricted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Audit != (Audit{LogPath: "/var/log/kelp/audit.log", MaxSizeMB: 100, MaxBackups: 10, MaxAgeDays: 30}) || s.PodSecurityDefault != "restricted" {
+		t.Errorf("got %+v, %q", s.Audit, s.PodSecurityDefault)
+	}
+	if s, _ := runServer(t); s.PodSecurityDefault != "privileged" || s.Audit.LogPath != "" {
+		t.Errorf("defaults: %+v, %q", s.Audit, s.PodSecurityDefault)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--pod-security-default", "strict"}, "want privileged, baseline or restricted"},
+		{[]string{"--audit-policy-file", "/etc/kelp/audit.yaml"}, "give the log's path too"},
+		{[]string{"--audit-log-path", "audit.log"}, "want an absolute path"},
+		{[]string{"--audit-log-path", "/var/log/a.log", "--audit-policy-file", "/nonexistent/policy.yaml"}, "--audit-policy-file"},
+		{[]string{"--audit-log-path", "/var/log/a.log", "--audit-log-maxsize", "0"}, "at least 1"},
+	} {
+		if _, err := runServer(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

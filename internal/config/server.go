@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,6 +53,18 @@ type Server struct {
 	// ClusterResetRestorePath), then exit.
 	ClusterReset            bool
 	ClusterResetRestorePath string
+	// Audit is the apiserver's audit log; off without a LogPath.
+	Audit Audit
+	// PodSecurityDefault is the Pod Security level of namespaces without
+	// their own: privileged (upstream's), baseline or restricted.
+	PodSecurityDefault string
+}
+
+// Audit is --audit-log-path and its settings.
+type Audit struct {
+	LogPath                           string
+	PolicyFile                        string // empty: kelp's default policy
+	MaxSizeMB, MaxBackups, MaxAgeDays int
 }
 
 // EmbeddedEtcd says whether the server keeps its state in embedded etcd:
@@ -92,15 +105,16 @@ func (s Server) FirstServiceIP() netip.Addr {
 type ServerInput struct {
 	nodeInput
 	snapshotInput
-	bindAddress, advertiseAddress                                 string
-	clusterCIDR, serviceCIDR, clusterDNS, clusterDomain           string
-	serviceNodePortRange                                          string
-	writeKubeconfig, writeKubeconfigMode                          string
-	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey   string
-	token, agentToken, overlay, joinServer, restorePath           string
-	httpsPort                                                     int
-	clusterInit, clusterReset, disableAgent, disableNetworkPolicy bool
-	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable        cli.StringSlice
+	audit                                                                   Audit
+	bindAddress, advertiseAddress                                           string
+	clusterCIDR, serviceCIDR, clusterDNS, clusterDomain                     string
+	serviceNodePortRange                                                    string
+	writeKubeconfig, writeKubeconfigMode                                    string
+	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey             string
+	token, agentToken, overlay, joinServer, restorePath, podSecurityDefault string
+	httpsPort                                                               int
+	clusterInit, clusterReset, disableAgent, disableNetworkPolicy           bool
+	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable                  cli.StringSlice
 }
 
 // ServerFlags returns the flags of `kelp server`, bound to in.
@@ -131,6 +145,12 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "agent-token", EnvVars: env("agent-token"), Destination: &in.agentToken, Usage: "secret that joins agents only (written to <data-dir>/server/agent-token)"},
 		&cli.StringFlag{Name: "overlay", EnvVars: env("overlay"), Value: "vxlan", Destination: &in.overlay, Usage: "pod network between nodes: vxlan, host-gw (nodes on one L2 network) or none (bring your own CNI)"},
 		&cli.BoolFlag{Name: "disable-network-policy", EnvVars: env("disable-network-policy"), Destination: &in.disableNetworkPolicy, Usage: "do not enforce NetworkPolicies on the nodes"},
+		&cli.StringFlag{Name: "audit-log-path", EnvVars: env("audit-log-path"), Destination: &in.audit.LogPath, Usage: "log the apiserver's requests to this file (default: no audit log)"},
+		&cli.StringFlag{Name: "audit-policy-file", EnvVars: env("audit-policy-file"), Destination: &in.audit.PolicyFile, Usage: "audit policy (default: kelp's, who did what to which object, no bodies)"},
+		&cli.IntFlag{Name: "audit-log-maxsize", EnvVars: env("audit-log-maxsize"), Value: 100, Destination: &in.audit.MaxSizeMB, Usage: "MiB at which the audit log is rotated"},
+		&cli.IntFlag{Name: "audit-log-maxbackup", EnvVars: env("audit-log-maxbackup"), Value: 10, Destination: &in.audit.MaxBackups, Usage: "rotated audit logs kept"},
+		&cli.IntFlag{Name: "audit-log-maxage", EnvVars: env("audit-log-maxage"), Value: 30, Destination: &in.audit.MaxAgeDays, Usage: "days a rotated audit log is kept"},
+		&cli.StringFlag{Name: "pod-security-default", EnvVars: env("pod-security-default"), Value: "privileged", Destination: &in.podSecurityDefault, Usage: "Pod Security level of namespaces without their own: privileged, baseline or restricted"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-scheduler-arg", EnvVars: env("kube-scheduler-arg"), Destination: &in.schedulerArgs, Usage: "extra kube-scheduler flag, name=value"},
@@ -165,6 +185,8 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		JoinServer:              strings.TrimRight(in.joinServer, "/"),
 		ClusterReset:            in.clusterReset,
 		ClusterResetRestorePath: in.restorePath,
+		Audit:                   in.audit,
+		PodSecurityDefault:      in.podSecurityDefault,
 		AgentToken:              in.agentToken,
 		Overlay:                 in.overlay,
 		Snapshots:               in.snapshotInput.parse(check),
@@ -195,6 +217,10 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		check(errors.New("--token and --agent-token take the secret alone, not a full KELP1… token (a full token is for joining, with --server)"))
 	}
 	check(checkJoin(s, in))
+	check(checkAudit(in.audit))
+	if !slices.Contains([]string{"privileged", "baseline", "restricted"}, in.podSecurityDefault) {
+		check(fmt.Errorf("--pod-security-default %q: want privileged, baseline or restricted", in.podSecurityDefault))
+	}
 	var err error
 	s.BindAddress, err = parseIP("--bind-address", in.bindAddress)
 	check(err)
@@ -259,6 +285,23 @@ func checkJoin(s Server, in *ServerInput) error {
 	}
 	if u, err := url.Parse(s.JoinServer); err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" {
 		return fmt.Errorf("--server %q: want https://<server>:6443", in.joinServer)
+	}
+	return nil
+}
+
+func checkAudit(a Audit) error {
+	switch {
+	case a.LogPath == "" && a.PolicyFile != "":
+		return errors.New("--audit-policy-file is used with --audit-log-path: give the log's path too")
+	case a.LogPath != "" && !filepath.IsAbs(a.LogPath):
+		return fmt.Errorf("--audit-log-path %q: want an absolute path", a.LogPath)
+	case a.MaxSizeMB < 1 || a.MaxBackups < 0 || a.MaxAgeDays < 0:
+		return errors.New("--audit-log-maxsize must be at least 1, --audit-log-maxbackup and --audit-log-maxage at least 0")
+	}
+	if a.PolicyFile != "" {
+		if _, err := os.Stat(a.PolicyFile); err != nil {
+			return fmt.Errorf("--audit-policy-file: %w", err)
+		}
 	}
 	return nil
 }

@@ -66,6 +66,9 @@ type ServerPaths struct {
 	AgentToken string // joins agents only
 	// Versions records which kelp and Kubernetes last ran the server.
 	Versions string
+	// Files kelp writes for the apiserver: its default audit policy and
+	// its admission plugins' configuration.
+	AuditPolicy, AdmissionConfig string
 	// Kubeconfigs of the in-process clients.
 	AdminKubeconfig, ControllerManagerKubeconfig, SchedulerKubeconfig string
 }
@@ -83,6 +86,8 @@ func Server(dataDir string) ServerPaths {
 		Token:                       filepath.Join(dir, "token"),
 		AgentToken:                  filepath.Join(dir, "agent-token"),
 		Versions:                    filepath.Join(dir, "versions.json"),
+		AuditPolicy:                 filepath.Join(dir, "etc", "audit-policy.yaml"),
+		AdmissionConfig:             filepath.Join(dir, "etc", "admission.yaml"),
 		AdminKubeconfig:             filepath.Join(cred, "admin.kubeconfig"),
 		ControllerManagerKubeconfig: filepath.Join(cred, "controller.kubeconfig"),
 		SchedulerKubeconfig:         filepath.Join(cred, "scheduler.kubeconfig"),

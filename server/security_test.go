@@ -1,0 +1,66 @@
+package server_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// TestAuditAndPodSecurity runs a server with an audit log and the
+// restricted Pod Security default: a create is logged (without the
+// object's data), a privileged pod is refused in default and admitted in
+// kube-system.
+func TestAuditAndPodSecurity(t *testing.T) {
+	n := testcluster.NewNode(t)
+	auditLog := filepath.Join(n.Dir, "audit", "audit.log")
+	n.Start("--audit-log-path", auditLog, "--pod-security-default", "restricted")
+	n.WaitReady(startTimeout)
+	c := n.Client()
+	ctx := context.Background()
+
+	if _, err := c.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "audited"},
+		Data:       map[string]string{"password": "do-not-log-me"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the create in the audit log", func() (bool, error) {
+		data, _ := os.ReadFile(auditLog)
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, `"verb":"create"`) && strings.Contains(line, `"name":"audited"`) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if data, _ := os.ReadFile(auditLog); strings.Contains(string(data), "do-not-log-me") {
+		t.Error("the audit log holds a ConfigMap's data")
+	}
+
+	privileged := func(ns string) error {
+		_, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "privileged"},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Name: "c", Image: testcluster.TestImage,
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+			}}},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	waitServiceAccount(t, c, "default")
+	if err := privileged("default"); err == nil || !strings.Contains(err.Error(), `violates PodSecurity "restricted:latest"`) {
+		t.Errorf("a privileged pod in default: %v, want a Pod Security refusal", err)
+	}
+	waitServiceAccount(t, c, "kube-system")
+	if err := privileged("kube-system"); err != nil {
+		t.Errorf("a privileged pod in kube-system, which is exempt: %v", err)
+	}
+}
