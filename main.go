@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kelp-dev/kelp/agent"
+	"github.com/kelp-dev/kelp/internal/certificate"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/containerd"
 	"github.com/kelp-dev/kelp/internal/crictl"
@@ -95,6 +96,7 @@ func newApp() *cli.App {
 			},
 			token.Command(),
 			snapshot.Command(),
+			certificate.Command(),
 			{
 				Name:  "check-config",
 				Usage: "check that this host's kernel and system can run a kelp node, and say how to fix what is missing",

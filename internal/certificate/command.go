@@ -1,0 +1,116 @@
+// Package certificate is `kelp certificate`: how long a server's and a
+// node's certificates have left, and new leaf certificates on demand.
+package certificate
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
+)
+
+// Exit statuses of `kelp certificate check`, for scripts.
+const (
+	exitExpired = 1
+	exitWarn    = 2
+)
+
+// Command is `kelp certificate`.
+func Command() *cli.Command {
+	dataDir := &cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server or agent"}
+	return &cli.Command{
+		Name:  "certificate",
+		Usage: "check how long this machine's certificates have left, and rotate a server's leaf certificates",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "check",
+				Usage: fmt.Sprintf("list each certificate with its expiry, days left and OK, WARN (renewed at the next start) or EXPIRED; exit status %d if one expired, %d if one is due", exitExpired, exitWarn),
+				Flags: []cli.Flag{config.ConfigFlag(), dataDir},
+				Action: func(c *cli.Context) error {
+					return check(c.App.Writer, c.String("data-dir"), time.Now())
+				},
+			},
+			{
+				Name:  "rotate",
+				Usage: "move a stopped server's leaf certificates aside so that it issues new ones when it starts; CAs are kept",
+				Flags: []cli.Flag{config.ConfigFlag(), dataDir, &cli.StringSliceFlag{Name: "service", Usage: "rotate only this service's certificates (repeatable): " + fmt.Sprint(pki.FilesIn("").ServiceNames())}},
+				Action: func(c *cli.Context) error {
+					return rotate(c.App.Writer, c.String("data-dir"), c.StringSlice("service"), time.Now())
+				},
+			},
+		},
+	}
+}
+
+func check(w io.Writer, dataDir string, now time.Time) error {
+	var all []pki.CertStatus
+	for _, dir := range []string{layout.Server(dataDir).TLS, layout.Agent(dataDir).TLS} {
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		list, err := pki.Check(dir, now)
+		if err != nil {
+			return err
+		}
+		all = append(all, list...)
+	}
+	if len(all) == 0 {
+		return fmt.Errorf("no certificates in %s: give the --data-dir of a kelp server or agent", dataDir)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CERTIFICATE\tSUBJECT\tEXPIRES\tDAYS LEFT\tSTATUS")
+	worst := pki.StatusOK
+	for _, s := range all {
+		subject := s.Subject
+		if s.CA {
+			subject += " (CA)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", s.Path, subject, s.NotAfter.UTC().Format(time.RFC3339), s.DaysLeft, s.Status)
+		if s.Status == pki.StatusExpired || (s.Status == pki.StatusWarn && worst == pki.StatusOK) {
+			worst = s.Status
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch worst {
+	case pki.StatusExpired:
+		return cli.Exit("a certificate has expired: restart kelp to renew leaf certificates (`kelp certificate rotate` first to renew them all)", exitExpired)
+	case pki.StatusWarn:
+		return cli.Exit("", exitWarn)
+	}
+	return nil
+}
+
+func rotate(w io.Writer, dataDir string, services []string, now time.Time) error {
+	dir := layout.Server(dataDir).TLS
+	if _, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("%w: rotate runs on a server, with its --data-dir (an agent gets new certificates at every start)", err)
+	}
+	if err := os.MkdirAll(layout.Server(dataDir).DB, 0o700); err != nil {
+		return err
+	}
+	release, err := datastore.Lock(dataDir)
+	if err != nil {
+		return fmt.Errorf("%w: stop kelp server first; it issues the new certificates when it starts again", err)
+	}
+	defer release()
+	moved, err := pki.Rotate(dir, services, now)
+	for _, path := range moved {
+		fmt.Fprintln(w, "moved aside", path)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "start kelp server: it issues new certificates for these from the same CAs")
+	return nil
+}
