@@ -15,7 +15,7 @@ staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Packages the tests use: ip/nsenter/unshare/mount for node namespaces, pkill,
 # PostgreSQL for the external-datastore test, shellcheck for the scripts.
 need=()
-for p in iproute2 util-linux mount procps postgresql shellcheck; do
+for p in iproute2 util-linux mount procps postgresql shellcheck busybox dash zstd xz-utils systemd; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if ((${#need[@]})); then
@@ -42,7 +42,7 @@ fi
 
 unformatted=$(gofmt -l main.go agent embed internal server)
 [[ -z $unformatted ]] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
-shellcheck --external-sources --source-path=SCRIPTDIR scripts/*.sh scripts/lib/*.sh .ci/run
+shellcheck --external-sources --source-path=SCRIPTDIR install.sh scripts/*.sh scripts/lib/*.sh .ci/run
 
 scripts/build.sh
 # The same build as bin/kelp (pure-Go SQLite), sharing its build cache.
