@@ -17,6 +17,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/certificate"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/containerd"
+	"github.com/kelp-dev/kelp/internal/containerinit"
 	"github.com/kelp-dev/kelp/internal/crictl"
 	"github.com/kelp-dev/kelp/internal/etcdctl"
 	"github.com/kelp-dev/kelp/internal/hostcheck"
@@ -31,6 +32,10 @@ import (
 )
 
 func main() {
+	// The entrypoint of a container image (Dockerfile) runs as PID 1.
+	if os.Getpid() == 1 {
+		os.Exit(containerinit.Run())
+	}
 	if tool := multicall(os.Args); tool != nil {
 		if err := tool(); err != nil {
 			fmt.Fprintln(os.Stderr, filepath.Base(os.Args[0])+":", err)

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Status grades one check.
@@ -48,6 +50,8 @@ func (h Host) Check() []Result {
 	results := []Result{h.cgroupVersion()}
 	results = append(results, h.cgroupControllers()...)
 	results = append(results,
+		h.cgroupsWritable(),
+		h.kmsg(),
 		h.overlay(),
 		h.kernelFeature(kconfig, "nf_tables", Fail, "pod masquerade, Services and NetworkPolicy", []string{"NF_TABLES", "NFT_NAT", "NFT_MASQ"}, "nf_tables"),
 		h.kernelFeature(kconfig, "bridge", Fail, "the pod network bridge cni0", []string{"BRIDGE"}, "bridge"),
@@ -148,6 +152,36 @@ func (h Host) enabledControllers() (map[string]bool, error) {
 		}
 	}
 	return enabled, nil
+}
+
+// cgroupsWritable fails where /sys/fs/cgroup is mounted read-only, as in
+// a container run without --privileged: the kubelet could not make the
+// pods' cgroups and would stop kelp in the middle of its start.
+func (h Host) cgroupsWritable() Result {
+	dirs := []string{h.path("/sys/fs/cgroup")}
+	if !h.CgroupV2() {
+		dirs, _ = filepath.Glob(h.path("/sys/fs/cgroup/*/cgroup.procs"))
+		for i, procs := range dirs {
+			dirs[i] = filepath.Dir(procs)
+		}
+	}
+	for _, dir := range dirs {
+		if err := unix.Access(dir, unix.W_OK); errors.Is(err, unix.EROFS) {
+			return Result{Name: "cgroups writable", Status: Fail, Detail: dir + " is read-only; the kubelet makes the pods' cgroups there",
+				Fix: "mount /sys/fs/cgroup read-write; in a container, run it with --privileged"}
+		}
+	}
+	return Result{Name: "cgroups writable", Status: OK, Detail: "yes"}
+}
+
+// kmsg fails without /dev/kmsg, which the kubelet reads the kernel's OOM
+// kills from and does not start without.
+func (h Host) kmsg() Result {
+	if _, err := os.Stat(h.path("/dev/kmsg")); err != nil {
+		return Result{Name: "/dev/kmsg", Status: Fail, Detail: "missing; the kubelet reads the kernel's OOM kills there and does not start without it",
+			Fix: "in a container, run it with --privileged (or --device /dev/kmsg)"}
+	}
+	return Result{Name: "/dev/kmsg", Status: OK, Detail: "present"}
 }
 
 func (h Host) overlay() Result {

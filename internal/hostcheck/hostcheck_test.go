@@ -37,6 +37,7 @@ func healthy() map[string]string {
 		"/proc/sys/net/bridge/bridge-nf-call-iptables": "1\n",
 		"/proc/sys/net/ipv4/ip_forward":                "0\n",
 		"/proc/swaps":                                  "Filename\tType\tSize\tUsed\tPriority\n",
+		"/dev/kmsg":                                    "",
 	}
 }
 
@@ -119,5 +120,14 @@ func TestLoadedModuleCountsWithoutKernelConfig(t *testing.T) {
 	}
 	if r := find(t, results, "veth"); r.Status != Warn || !strings.HasPrefix(r.Detail, "unknown") {
 		t.Errorf("veth: %+v", r)
+	}
+}
+
+func TestMissingKmsgFails(t *testing.T) {
+	files := healthy()
+	delete(files, "/dev/kmsg")
+	r := find(t, fakeHost(t, files).Check(), "/dev/kmsg")
+	if r.Status != Fail || !strings.Contains(r.Fix, "--privileged") {
+		t.Errorf("without /dev/kmsg: %+v, want a failure that says --privileged", r)
 	}
 }
