@@ -25,6 +25,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/kubectl"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/logging"
+	"github.com/kelp-dev/kelp/internal/secretsencrypt"
 	"github.com/kelp-dev/kelp/internal/snapshot"
 	"github.com/kelp-dev/kelp/internal/token"
 	"github.com/kelp-dev/kelp/internal/version"
@@ -102,6 +103,7 @@ func newApp() *cli.App {
 			token.Command(),
 			snapshot.Command(),
 			certificate.Command(),
+			secretsencrypt.Command(),
 			{
 				Name:  "check-config",
 				Usage: "check that this host's kernel and system can run a kelp node, and say how to fix what is missing",

@@ -32,6 +32,9 @@ type joined struct {
 	initialCluster string
 	// agentToken is the cluster's agent token secret; empty: none.
 	agentToken string
+	// encryptionConfig is the cluster's Secrets encryption configuration;
+	// empty: none.
+	encryptionConfig []byte
 }
 
 // joinCluster makes this server one of the cluster's at cfg.JoinServer,
@@ -92,7 +95,7 @@ func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
 		return joined{}, err
 	}
 	log.WithField("server", cfg.JoinServer).Info("Joined the cluster's control plane")
-	return joined{initialCluster: resp.InitialCluster, agentToken: resp.AgentToken}, nil
+	return joined{initialCluster: resp.InitialCluster, agentToken: resp.AgentToken, encryptionConfig: resp.EncryptionConfig}, nil
 }
 
 // ClusterReset makes the server's embedded etcd member a cluster of one,

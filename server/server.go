@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/embed"
 	"github.com/kelp-dev/kelp/internal/apiserver"
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/controllermanager"
@@ -27,6 +29,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/nodeaddress"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/scheduler"
+	"github.com/kelp-dev/kelp/internal/secretsencrypt"
 	"github.com/kelp-dev/kelp/internal/servicelb"
 	"github.com/kelp-dev/kelp/internal/snapshot"
 	"github.com/kelp-dev/kelp/internal/systemobjects"
@@ -87,6 +90,10 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
+	encryption, err := secretsEncryption(cfg, cluster.encryptionConfig)
+	if err != nil {
+		return err
+	}
 	dc := datastoreConfig(cfg, certs)
 	dc.InitialCluster = cluster.initialCluster
 	store, err := datastore.Start(ctx, dc)
@@ -113,15 +120,17 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		SingleServer:         single,
 		Audit:                audit,
 		AdmissionConfigFile:  paths.AdmissionConfig,
+		EncryptionConfigFile: encryption,
 		ExtraArgs:            cfg.ExtraArgs.APIServer,
 	}, joinapi.Routes(joinapi.Config{
-		Certs:           certs,
-		TokenFile:       tokens.server,
-		AgentTokenFile:  tokens.agent,
-		AdminKubeconfig: paths.AdminKubeconfig,
-		Agent:           agentConfig(cfg),
-		Datastore:       store.Backend().Kind,
-		Members:         members,
+		Certs:                certs,
+		TokenFile:            tokens.server,
+		AgentTokenFile:       tokens.agent,
+		AdminKubeconfig:      paths.AdminKubeconfig,
+		Agent:                agentConfig(cfg),
+		Datastore:            store.Backend().Kind,
+		Members:              members,
+		EncryptionConfigFile: paths.EncryptionConfig,
 	}))); err != nil {
 		return err
 	}
@@ -246,6 +255,30 @@ func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
 	}
 	audit.PolicyFile = paths.AuditPolicy
 	return audit, apiserver.WriteDefaultAuditPolicy(paths.AuditPolicy)
+}
+
+// secretsEncryption returns the encryption configuration the apiserver
+// reads: made at the first start, encrypting with --secrets-encryption and
+// in the clear without; taken from the cluster by a joining server; kept
+// once there, so that `kelp secrets-encrypt` changes it while the
+// apiserver runs and reloads it.
+func secretsEncryption(cfg config.Server, fromCluster []byte) (string, error) {
+	path := layout.Server(cfg.DataDir).EncryptionConfig
+	_, ok, err := secretsencrypt.Load(path)
+	switch {
+	case err != nil:
+		return "", err
+	case ok:
+	case len(fromCluster) > 0:
+		if err = os.MkdirAll(filepath.Dir(path), 0o700); err == nil {
+			err = atomicfile.Write(path, fromCluster, 0o600)
+		}
+	case cfg.SecretsEncryption:
+		err = secretsencrypt.Enable(path, time.Now())
+	default:
+		err = secretsencrypt.Save(path, secretsencrypt.Config{})
+	}
+	return path, err
 }
 
 // writeKubeconfigs writes the in-process clients' kubeconfigs and the

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apiserver/pkg/server/flagz"
+	encryptionconfigcontroller "k8s.io/apiserver/pkg/server/options/encryptionconfig/controller"
 	"k8s.io/client-go/rest"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/cli/globalflag"
@@ -28,6 +29,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/datastore"
 	"github.com/kelp-dev/kelp/internal/kubeargs"
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/secretsencrypt"
 )
 
 const identityLeaseRenewInterval = time.Minute
@@ -50,7 +52,10 @@ type Config struct {
 	// AdmissionConfigFile configures the admission plugins (Pod Security's
 	// default level); see WriteAdmissionConfig.
 	AdmissionConfigFile string
-	ExtraArgs           []string
+	// EncryptionConfigFile holds the keys Secrets are encrypted with;
+	// empty: stored in the clear. The apiserver reloads it when it changes.
+	EncryptionConfigFile string
+	ExtraArgs            []string
 }
 
 // Args returns the kube-apiserver command line for cfg.
@@ -104,6 +109,10 @@ func Args(cfg Config) []string {
 	if cfg.AdmissionConfigFile != "" {
 		flags["admission-control-config-file"] = cfg.AdmissionConfigFile
 	}
+	if cfg.EncryptionConfigFile != "" {
+		flags["encryption-provider-config"] = cfg.EncryptionConfigFile
+		flags["encryption-provider-config-automatic-reload"] = "true"
+	}
 	if a := cfg.Audit; a.LogPath != "" {
 		flags["audit-log-path"] = a.LogPath
 		flags["audit-policy-file"] = a.PolicyFile
@@ -135,6 +144,9 @@ func Start(cfg Config, routes map[string]http.Handler) (*component.Running, erro
 	// 10 s, a datastore write each time; once a minute is plenty. Upstream
 	// exposes the period only as this variable.
 	controlplaneapiserver.IdentityLeaseRenewIntervalPeriod = identityLeaseRenewInterval
+	// `kelp secrets-encrypt` waits for the apiserver to load a changed
+	// encryption configuration; a minute (upstream's) per step is long.
+	encryptionconfigcontroller.EncryptionConfigFileChangePollDuration = secretsencrypt.ReloadInterval
 	s := options.NewServerRunOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
 	fs.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)

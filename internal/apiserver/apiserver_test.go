@@ -49,16 +49,18 @@ func TestArgs(t *testing.T) {
 				"--profiling=false",
 				"--endpoint-reconciler-type=lease",
 			},
-			not: []string{"--etcd-cafile=", "--etcd-certfile=", "--feature-gates=", "--audit-log-path=", "--admission-control-config-file="},
+			not: []string{"--etcd-cafile=", "--etcd-certfile=", "--feature-gates=", "--audit-log-path=", "--admission-control-config-file=", "--encryption-provider-config="},
 		},
 		{
 			name: "audit and admission",
 			change: func(c *Config) {
 				c.Audit = Audit{LogPath: "/var/log/kelp/audit.log", PolicyFile: "/etc/audit.yaml", MaxSizeMB: 100, MaxBackups: 10, MaxAgeDays: 30}
 				c.AdmissionConfigFile = "/etc/admission.yaml"
+				c.EncryptionConfigFile = "/cred/encryption-config.json"
 			},
 			want: []string{"--audit-log-path=/var/log/kelp/audit.log", "--audit-policy-file=/etc/audit.yaml", "--audit-log-maxsize=100",
-				"--audit-log-maxbackup=10", "--audit-log-maxage=30", "--admission-control-config-file=/etc/admission.yaml"},
+				"--audit-log-maxbackup=10", "--audit-log-maxage=30", "--admission-control-config-file=/etc/admission.yaml",
+				"--encryption-provider-config=/cred/encryption-config.json", "--encryption-provider-config-automatic-reload=true"},
 		},
 		{
 			name:   "single server",

@@ -55,6 +55,9 @@ type Server struct {
 	ClusterResetRestorePath string
 	// Audit is the apiserver's audit log; off without a LogPath.
 	Audit Audit
+	// SecretsEncryption is --secrets-encryption: Secrets are encrypted at
+	// rest from the first start on.
+	SecretsEncryption bool
 	// PodSecurityDefault is the Pod Security level of namespaces without
 	// their own: privileged (upstream's), baseline or restricted.
 	PodSecurityDefault string
@@ -105,16 +108,16 @@ func (s Server) FirstServiceIP() netip.Addr {
 type ServerInput struct {
 	nodeInput
 	snapshotInput
-	audit                                                                   Audit
-	bindAddress, advertiseAddress                                           string
-	clusterCIDR, serviceCIDR, clusterDNS, clusterDomain                     string
-	serviceNodePortRange                                                    string
-	writeKubeconfig, writeKubeconfigMode                                    string
-	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey             string
-	token, agentToken, overlay, joinServer, restorePath, podSecurityDefault string
-	httpsPort                                                               int
-	clusterInit, clusterReset, disableAgent, disableNetworkPolicy           bool
-	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable                  cli.StringSlice
+	audit                                                                            Audit
+	bindAddress, advertiseAddress                                                    string
+	clusterCIDR, serviceCIDR, clusterDNS, clusterDomain                              string
+	serviceNodePortRange                                                             string
+	writeKubeconfig, writeKubeconfigMode                                             string
+	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey                      string
+	token, agentToken, overlay, joinServer, restorePath, podSecurityDefault          string
+	httpsPort                                                                        int
+	clusterInit, clusterReset, disableAgent, disableNetworkPolicy, secretsEncryption bool
+	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable                           cli.StringSlice
 }
 
 // ServerFlags returns the flags of `kelp server`, bound to in.
@@ -150,6 +153,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.IntFlag{Name: "audit-log-maxsize", EnvVars: env("audit-log-maxsize"), Value: 100, Destination: &in.audit.MaxSizeMB, Usage: "MiB at which the audit log is rotated"},
 		&cli.IntFlag{Name: "audit-log-maxbackup", EnvVars: env("audit-log-maxbackup"), Value: 10, Destination: &in.audit.MaxBackups, Usage: "rotated audit logs kept"},
 		&cli.IntFlag{Name: "audit-log-maxage", EnvVars: env("audit-log-maxage"), Value: 30, Destination: &in.audit.MaxAgeDays, Usage: "days a rotated audit log is kept"},
+		&cli.BoolFlag{Name: "secrets-encryption", EnvVars: env("secrets-encryption"), Destination: &in.secretsEncryption, Usage: "encrypt Secrets at rest (see kelp secrets-encrypt)"},
 		&cli.StringFlag{Name: "pod-security-default", EnvVars: env("pod-security-default"), Value: "privileged", Destination: &in.podSecurityDefault, Usage: "Pod Security level of namespaces without their own: privileged, baseline or restricted"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
@@ -187,6 +191,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		ClusterResetRestorePath: in.restorePath,
 		Audit:                   in.audit,
 		PodSecurityDefault:      in.podSecurityDefault,
+		SecretsEncryption:       in.secretsEncryption,
 		AgentToken:              in.agentToken,
 		Overlay:                 in.overlay,
 		Snapshots:               in.snapshotInput.parse(check),

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kelp-dev/kelp/internal/layout"
 )
 
@@ -44,3 +46,6 @@ func isSocket(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.Mode()&fs.ModeSocket != 0
 }
+
+// NewClient returns an etcd client for be, with its TLS files.
+func NewClient(be Backend) (*clientv3.Client, error) { return newClient(be) }

@@ -63,6 +63,9 @@ type Config struct {
 	// Members adds joining servers to embedded etcd; nil on any other
 	// datastore.
 	Members Members
+	// EncryptionConfigFile holds the keys Secrets are encrypted with, which
+	// a joining server gets; a missing file means none.
+	EncryptionConfigFile string
 }
 
 // AgentConfig is what a joining node learns of the cluster.

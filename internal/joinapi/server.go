@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/sirupsen/logrus"
@@ -47,6 +49,9 @@ type ServerJoinResponse struct {
 	Authorities    pki.Authorities `json:"authorities"`
 	// AgentToken is the secret of the cluster's agent token; empty: none.
 	AgentToken string `json:"agentToken,omitempty"`
+	// EncryptionConfig holds the keys Secrets are encrypted with; empty:
+	// none.
+	EncryptionConfig []byte `json:"encryptionConfig,omitempty"`
 }
 
 // errSettings is a joining server whose settings differ from the cluster's.
@@ -138,7 +143,11 @@ func (s *joinAPI) admitServer(ctx context.Context, req ServerJoinRequest) (Serve
 	if err != nil {
 		return ServerJoinResponse{}, fmt.Errorf("%w: the agent token: %v", errUnavailable, err)
 	}
-	resp := ServerJoinResponse{Datastore: s.cfg.Datastore, Authorities: authorities, AgentToken: agent}
+	encryption, err := os.ReadFile(s.cfg.EncryptionConfigFile)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return ServerJoinResponse{}, fmt.Errorf("%w: the encryption configuration: %v", errUnavailable, err)
+	}
+	resp := ServerJoinResponse{Datastore: s.cfg.Datastore, Authorities: authorities, AgentToken: agent, EncryptionConfig: encryption}
 	if s.cfg.Members == nil {
 		if req.PeerURL != "" {
 			return ServerJoinResponse{}, fmt.Errorf("this cluster's datastore is external (%s): start the server with the same --datastore-endpoint as the others", s.cfg.Datastore)

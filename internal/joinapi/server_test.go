@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -68,6 +70,10 @@ func TestServerJoin(t *testing.T) {
 			s, _ := testJoinAPI(t)
 			s.cfg.Agent = AgentConfig{ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
 			s.cfg.Datastore = tc.datastore
+			s.cfg.EncryptionConfigFile = filepath.Join(t.TempDir(), "encryption-config.json")
+			if err := os.WriteFile(s.cfg.EncryptionConfigFile, []byte(`{"kind":"EncryptionConfiguration"}`), 0o600); err != nil {
+				t.Fatal(err)
+			}
 			members := &fakeMembers{names: []string{"server"}}
 			if tc.datastore == datastore.KindEtcd {
 				s.cfg.Members = members
@@ -86,7 +92,7 @@ func TestServerJoin(t *testing.T) {
 			if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil {
 				t.Fatal(err)
 			}
-			if len(resp.Authorities.ServerCA.Key) == 0 || len(resp.Authorities.ServiceAccountKey) == 0 || resp.AgentToken != "agent-secret" {
+			if len(resp.Authorities.ServerCA.Key) == 0 || len(resp.Authorities.ServiceAccountKey) == 0 || resp.AgentToken != "agent-secret" || !strings.Contains(string(resp.EncryptionConfig), "EncryptionConfiguration") {
 				t.Errorf("the response lacks the cluster's authorities or agent token: %+v", resp)
 			}
 			if tc.datastore == datastore.KindEtcd && resp.InitialCluster != "server=https://10.0.0.1:2380,server-2=https://10.0.0.2:2380" {

@@ -69,6 +69,8 @@ type ServerPaths struct {
 	// Files kelp writes for the apiserver: its default audit policy and
 	// its admission plugins' configuration.
 	AuditPolicy, AdmissionConfig string
+	// EncryptionConfig holds the keys Secrets are encrypted with.
+	EncryptionConfig string
 	// Kubeconfigs of the in-process clients.
 	AdminKubeconfig, ControllerManagerKubeconfig, SchedulerKubeconfig string
 }
@@ -88,6 +90,7 @@ func Server(dataDir string) ServerPaths {
 		Versions:                    filepath.Join(dir, "versions.json"),
 		AuditPolicy:                 filepath.Join(dir, "etc", "audit-policy.yaml"),
 		AdmissionConfig:             filepath.Join(dir, "etc", "admission.yaml"),
+		EncryptionConfig:            filepath.Join(cred, "encryption-config.json"),
 		AdminKubeconfig:             filepath.Join(cred, "admin.kubeconfig"),
 		ControllerManagerKubeconfig: filepath.Join(cred, "controller.kubeconfig"),
 		SchedulerKubeconfig:         filepath.Join(cred, "scheduler.kubeconfig"),
