@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -57,11 +56,7 @@ func TestHA(t *testing.T) {
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 	s1, s2, s3 := lab.NewNode("server-1", "10.99.0.2"), lab.NewNode("server-2", "10.99.0.3"), lab.NewNode("server-3", "10.99.0.4")
 	agent := lab.NewNode("agent-1", "10.99.0.5")
-	images := filepath.Join(agent.DataDir, "agent", "images")
-	if err := os.MkdirAll(images, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	copyFile(t, image, filepath.Join(images, "testapp.tar"))
+	agent.AddImage(image)
 
 	// server-1 runs a node, so that `kubectl delete node` can retire it.
 	s1.Agent = true

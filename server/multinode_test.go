@@ -65,11 +65,7 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 	node := func(name, ip string) *testcluster.Node {
 		n := lab.NewNode(name, ip)
-		images := filepath.Join(n.DataDir, "agent", "images")
-		if err := os.MkdirAll(images, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		copyFile(t, image, filepath.Join(images, "testapp.tar"))
+		n.AddImage(image)
 		return n
 	}
 	srv := node("server", "10.99.0.2")

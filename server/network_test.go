@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -92,11 +91,7 @@ spec:
 func TestNetwork(t *testing.T) {
 	n := testcluster.NewNode(t)
 	n.Agent = true
-	images := filepath.Join(n.DataDir, "agent", "images")
-	if err := os.MkdirAll(images, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	copyFile(t, testcluster.BuildTestImage(t, testcluster.TestImage), filepath.Join(images, "testapp.tar"))
+	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
 	outside := n.NewOutside()
 	n.Start()
 	n.WaitReady(startTimeout)

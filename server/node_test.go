@@ -130,11 +130,8 @@ spec:
 func TestNode(t *testing.T) {
 	n := testcluster.NewNode(t)
 	n.Agent = true
+	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
 	images := filepath.Join(n.DataDir, "agent", "images")
-	if err := os.MkdirAll(images, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	copyFile(t, testcluster.BuildTestImage(t, testcluster.TestImage), filepath.Join(images, "testapp.tar"))
 	if err := os.WriteFile(filepath.Join(images, "broken.tar.gz"), []byte("not a tarball"), 0o600); err != nil {
 		t.Fatal(err)
 	}

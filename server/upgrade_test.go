@@ -22,11 +22,7 @@ const nextVersion = "v99.0.0-upgrade-test"
 func TestUpgrade(t *testing.T) {
 	n := testcluster.NewNode(t)
 	n.Agent = true
-	images := filepath.Join(n.DataDir, "agent", "images")
-	if err := os.MkdirAll(images, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	copyFile(t, testcluster.BuildTestImage(t, testcluster.TestImage), filepath.Join(images, "testapp.tar"))
+	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
 	next := buildNext(t)
 	n.Start()
 	n.WaitReady(startTimeout)

@@ -9,11 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -309,7 +307,7 @@ func (c *container) start() {
 	c.cmd = c.node.Command("unshare", append(args, c.img.cmd...)...)
 	c.cmd.Env = append(os.Environ(), containerInitEnv+"=1")
 	c.cmd.Stdout, c.cmd.Stderr = logFile, logFile
-	if err := spawn(c.cmd); err != nil {
+	if err := testcluster.Spawn(c.cmd); err != nil {
 		c.t.Fatalf("start container %s: %v", c.name, err)
 	}
 	c.done = make(chan error, 1)
@@ -568,31 +566,4 @@ func containerInit(args []string) error {
 		return err
 	}
 	return unix.Exec(argv[0], argv, env)
-}
-
-// Children are started from one OS thread that lives as long as the test
-// binary: Pdeathsig fires when the thread that forked a child exits, and
-// the container must die with the test binary, also on a timeout.
-var (
-	spawnOnce sync.Once
-	spawnc    chan func()
-)
-
-func spawn(cmd *exec.Cmd) error {
-	spawnOnce.Do(func() {
-		spawnc = make(chan func())
-		go func() {
-			runtime.LockOSThread()
-			for fn := range spawnc {
-				fn()
-			}
-		}()
-	})
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	errc := make(chan error, 1)
-	spawnc <- func() { errc <- cmd.Start() }
-	return <-errc
 }

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/k3s-io/kine/pkg/drivers/generic"
 	"github.com/k3s-io/kine/pkg/drivers/sqlite"
 	"github.com/k3s-io/kine/pkg/endpoint"
+	kinetls "github.com/k3s-io/kine/pkg/tls"
 	"github.com/sirupsen/logrus"
 )
 
@@ -66,19 +66,8 @@ func startKineWith(b *testing.B, params string) Backend {
 		cancel()
 		waitGroupTimeout(wg, kineStopTimeout)
 	})
-	cfg, err := endpoint.Listen(ctx, endpoint.Config{
-		Listener:             "unix://" + filepath.Join(dir, kineSocketName),
-		Endpoint:             "sqlite://" + filepath.Join(dir, stateDBName) + "?" + params + "&_kine_disable_startup_vacuum=true",
-		WaitGroup:            wg,
-		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdleTime: 2 * time.Minute},
-		NotifyInterval:       5 * time.Second,
-		EmulatedETCDVersion:  "3.6.11",
-		CompactTimeout:       5 * time.Second,
-		CompactMinRetain:     1000,
-		CompactBatchSize:     1000,
-		PollBatchSize:        500,
-		PollInterval:         time.Second,
-	})
+	dsn := "sqlite://" + filepath.Join(dir, stateDBName) + "?" + params + "&_kine_disable_startup_vacuum=true"
+	cfg, err := endpoint.Listen(ctx, kineConfig("unix://"+filepath.Join(dir, kineSocketName), dsn, wg, kinetls.Config{}))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -112,22 +112,7 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 	// kine ties its lifetime to this context, not to Start's.
 	kctx, cancel := context.WithCancel(context.Background())
 	wg := &sync.WaitGroup{}
-	etcdCfg, err := endpoint.Listen(kctx, endpoint.Config{
-		Listener:         "unix://" + sock,
-		Endpoint:         dsn,
-		WaitGroup:        wg,
-		BackendTLSConfig: backendTLS,
-		// The values of kine's own command-line defaults: zero poll and
-		// batch settings make kine fail or spin.
-		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdleTime: 2 * time.Minute},
-		NotifyInterval:       5 * time.Second,
-		EmulatedETCDVersion:  "3.6.11",
-		CompactTimeout:       5 * time.Second,
-		CompactMinRetain:     1000,
-		CompactBatchSize:     1000,
-		PollBatchSize:        500,
-		PollInterval:         time.Second,
-	})
+	etcdCfg, err := endpoint.Listen(kctx, kineConfig("unix://"+sock, dsn, wg, backendTLS))
 	if err != nil {
 		cancel()
 		waitGroupTimeout(wg, kineStopTimeout)
@@ -149,6 +134,26 @@ func (k *kineEngine) stop() error {
 	}
 	k.lock.release()
 	return nil
+}
+
+// kineConfig is how kelp runs kine: listening on listener, storing in
+// dsn, with the values of kine's own command-line defaults (zero poll and
+// batch settings make kine fail or spin).
+func kineConfig(listener, dsn string, wg *sync.WaitGroup, backendTLS kinetls.Config) endpoint.Config {
+	return endpoint.Config{
+		Listener:             listener,
+		Endpoint:             dsn,
+		WaitGroup:            wg,
+		BackendTLSConfig:     backendTLS,
+		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdleTime: 2 * time.Minute},
+		NotifyInterval:       5 * time.Second,
+		EmulatedETCDVersion:  "3.6.11",
+		CompactTimeout:       5 * time.Second,
+		CompactMinRetain:     1000,
+		CompactBatchSize:     1000,
+		PollBatchSize:        500,
+		PollInterval:         time.Second,
+	}
 }
 
 // kineSocket returns the unix socket kine listens on: kine.sock beside the

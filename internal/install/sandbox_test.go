@@ -209,10 +209,7 @@ func (s *sandbox) leftovers(extra ...string) []string {
 	left := s.written()
 	dirs := append([]string{"/var/lib/kelp", "/var/lib/kubelet", "/run/kelp"}, extra...)
 	out := s.sh("for d in " + strings.Join(dirs, " ") + "; do [ ! -d $d ] || find $d -mindepth 1; done")
-	for _, l := range strings.Fields(out) {
-		left = append(left, l)
-	}
-	return left
+	return append(left, strings.Fields(out)...)
 }
 
 // callLog is what the stubs and the fake kelp recorded, one call a line.

@@ -87,7 +87,7 @@ func Reencrypt(ctx context.Context, path string, c kubernetes.Interface, be data
 		// loaded it; until then an unchanged Secret is not written.
 		select {
 		case <-ctx.Done():
-			return counts, fmt.Errorf("Secrets still stored with other keys after %s (%v): is every server's %s the same? run reencrypt again", reencryptTimeout, counts, path)
+			return counts, fmt.Errorf("some Secrets are still stored with other keys after %s (%v): is every server's %s the same? run reencrypt again", reencryptTimeout, counts, path)
 		case <-time.After(ReloadInterval / 2):
 		}
 	}

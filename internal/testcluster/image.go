@@ -1,11 +1,14 @@
 package testcluster
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // TestImage is the name tests give the image BuildTestImage makes.
@@ -37,4 +40,21 @@ func BuildTestImage(t *testing.T, name string) string {
 		t.Fatalf("pack testapp image: %v\n%s", err, out)
 	}
 	return tar
+}
+
+// AddImage puts the image tarball at tar into the node's airgap images
+// directory, where kelp imports it when it starts.
+func (n *Node) AddImage(tar string) {
+	n.t.Helper()
+	dir := layout.Agent(n.DataDir).ImagesDir
+	data, err := os.ReadFile(tar)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o700)
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, filepath.Base(tar)), data, 0o600)
+	}
+	if err != nil {
+		n.t.Fatalf("add image %s to node %s: %v", tar, n.Name, err)
+	}
 }

@@ -237,7 +237,7 @@ func checkGateway(t *testing.T, n *Node) {
 func checkCgroups(t *testing.T, n, other *Node) {
 	t.Helper()
 	sleeper := n.Command("sleep", "300")
-	if err := start(sleeper); err != nil {
+	if err := Spawn(sleeper); err != nil {
 		t.Fatal(err)
 	}
 	// Not killed here: cleanup must kill what is left in the node.

@@ -152,7 +152,7 @@ func startHolder(holder *exec.Cmd) error {
 	if err != nil {
 		return err
 	}
-	if err := start(holder); err != nil {
+	if err := Spawn(holder); err != nil {
 		return err
 	}
 	line, err := bufio.NewReader(out).ReadString('\n')
@@ -301,7 +301,7 @@ func (n *Node) startKelp(role string, args []string) {
 	n.role = role
 	n.kelp = n.Command(n.binary(), args...)
 	n.kelp.Stdout, n.kelp.Stderr = logFile, logFile
-	if err := start(n.kelp); err != nil {
+	if err := Spawn(n.kelp); err != nil {
 		n.kelp = nil
 		logFile.Close()
 		n.t.Fatalf("start kelp %s: %v", role, err)
@@ -436,7 +436,7 @@ func (n *Node) Run(timeout time.Duration, cmd *exec.Cmd) (string, error) {
 	n.t.Helper()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := start(cmd); err != nil {
+	if err := Spawn(cmd); err != nil {
 		n.t.Fatalf("start %v: %v", cmd.Args, err)
 	}
 	done := make(chan error, 1)

@@ -81,7 +81,7 @@ func StartPostgres(t *testing.T, n *Node) *Postgres {
 		t.Fatal(err)
 	}
 	server.Stdout, server.Stderr = logFile, logFile
-	if err := start(server); err != nil {
+	if err := Spawn(server); err != nil {
 		t.Fatalf("start postgres: %v", err)
 	}
 	n.logs = append(n.logs, logPath)

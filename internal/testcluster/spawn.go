@@ -18,7 +18,8 @@ var (
 	spawnc    chan func()
 )
 
-func start(cmd *exec.Cmd) error {
+// Spawn starts cmd so that it dies with the test binary.
+func Spawn(cmd *exec.Cmd) error {
 	spawnOnce.Do(func() {
 		spawnc = make(chan func())
 		go func() {
