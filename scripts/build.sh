@@ -1,12 +1,38 @@
 #!/usr/bin/env bash
-# Builds bin/kelp: the runtime bundle first (scripts/bundle.sh), then kelp
-# itself, static, with versions stamped in.
-# Usage: scripts/build.sh [ARCH]   (default: the host's, e.g. amd64 or arm64)
+# Builds kelp: the runtime bundle first (scripts/bundle.sh), then kelp itself,
+# static, with versions stamped in.
+#
+# usage: scripts/build.sh [ARCH [OUTPUT]]
+#   ARCH    GOARCH to build for (default: go env GOARCH); amd64 or arm64
+#   OUTPUT  the binary to write (default: bin/kelp for the host's ARCH,
+#           bin/kelp-ARCH for another)
+#
+# Only the default build (the host's ARCH, no OUTPUT) writes embed/bundle.*,
+# which go:embed reads and which `go build`/`go test` in this tree use. Any
+# other build gets its bundle in a temporary directory and embeds it through
+# `go build -overlay`, so a cross or release build never changes what the
+# host's builds and tests embed.
 set -euo pipefail
+out=${2:-}
+[[ -z $out || $out == /* ]] || out=$PWD/$out
 cd "$(dirname "$0")/.."
 
+host_arch=$(go env GOHOSTARCH)
 arch=${1:-$(go env GOARCH)}
-scripts/bundle.sh "$arch"
+if [[ $arch == "$host_arch" && -z $out ]]; then
+  out=bin/kelp
+  overlay=()
+  scripts/bundle.sh "$arch"
+else
+  out=${out:-bin/kelp-$arch}
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  scripts/bundle.sh "$arch" "$tmp"
+  printf '{"Replace":{"%s":"%s","%s":"%s"}}\n' \
+    "$PWD/embed/bundle.tar.zst" "$tmp/bundle.tar.zst" \
+    "$PWD/embed/bundle.sha256" "$tmp/bundle.sha256" >"$tmp/overlay.json"
+  overlay=(-overlay "$tmp/overlay.json")
+fi
 
 kube_version=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
 kube_minor=$(echo "$kube_version" | cut -d. -f2)
@@ -23,6 +49,6 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
 done
 
-mkdir -p bin
-CGO_ENABLED=0 GOOS=linux GOARCH="$arch" go build -ldflags "$ldflags" -o bin/kelp .
-echo "built bin/kelp ($version, $arch)"
+mkdir -p "$(dirname "$out")"
+CGO_ENABLED=0 GOOS=linux GOARCH="$arch" go build "${overlay[@]}" -ldflags "$ldflags" -o "$out" .
+echo "built $out ($version, $arch)"

@@ -40,8 +40,8 @@ log() { printf 'bundle: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 case $ARCH in
-amd64) TRIPLET=x86_64-linux-gnu; CROSS_GCC=gcc-x86-64-linux-gnu ;;
-arm64) TRIPLET=aarch64-linux-gnu; CROSS_GCC=gcc-aarch64-linux-gnu ;;
+amd64) TRIPLET=x86_64-linux-gnu; CROSS_GCC=gcc-x86-64-linux-gnu; MACHINE=x86-64 ;;
+arm64) TRIPLET=aarch64-linux-gnu; CROSS_GCC=gcc-aarch64-linux-gnu; MACHINE='ARM aarch64' ;;
 *) die "unsupported ARCH $ARCH (want amd64 or arm64)" ;;
 esac
 DEBARCH=$ARCH # Debian and Go agree on these two names
@@ -50,7 +50,9 @@ DEBARCH=$ARCH # Debian and Go agree on these two names
 pkgs=(pkg-config file)
 if [[ $ARCH == "$HOSTARCH" ]]; then
 	CC=${CC:-gcc}
-	pkgs+=(gcc libseccomp-dev)
+	# Qualified: once another architecture's libseccomp-dev is installed,
+	# a bare name is ambiguous to dpkg -s.
+	pkgs+=(gcc "libseccomp-dev:$DEBARCH")
 else
 	if [[ -z ${CC:-} ]]; then
 		CC=$TRIPLET-gcc
@@ -127,10 +129,20 @@ GOOS=linux GOARCH=$ARCH CGO_ENABLED=1 CC=$CC \
 	go build -buildmode=pie -tags "seccomp urfave_cli_no_docs netgo osusergo" \
 	-ldflags "-s -w -linkmode external -extldflags -static-pie" \
 	-o "$CACHE/bin/runc" github.com/opencontainers/runc
-file "$CACHE/bin/runc" | grep -Eq 'static-pie linked|statically linked' ||
-	die "runc is not statically linked: $(file -b "$CACHE/bin/runc")"
-if [[ $ARCH == "$HOSTARCH" ]]; then
-	"$CACHE/bin/runc" --version | grep -q '^libseccomp: ' || die "runc was built without seccomp"
+runc_file=$(file -b "$CACHE/bin/runc")
+[[ $runc_file == *", $MACHINE,"* ]] || die "runc is not an $ARCH binary: $runc_file"
+[[ $runc_file =~ static-pie\ linked|statically\ linked ]] || die "runc is not statically linked: $runc_file"
+# A runc for another architecture runs under qemu-user where that is installed
+# (Debian: qemu-user-static); invoked directly, it needs no binfmt_misc.
+qemu=()
+if [[ $ARCH != "$HOSTARCH" ]]; then
+	q=$(command -v "qemu-${TRIPLET%%-*}-static" "qemu-${TRIPLET%%-*}" | head -n1) || true
+	[[ -n $q ]] && qemu=("$q")
+fi
+if [[ $ARCH == "$HOSTARCH" || ${#qemu[@]} -gt 0 ]]; then
+	"${qemu[@]}" "$CACHE/bin/runc" --version | grep -q '^libseccomp: ' || die "runc was built without seccomp"
+else
+	log "no qemu-${TRIPLET%%-*}: cannot run the $ARCH runc to check that it has seccomp"
 fi
 
 cni_version=$(go list -m -f '{{.Version}}' github.com/containernetworking/plugins)
