@@ -131,7 +131,7 @@ func ClusterReset(ctx context.Context, cfg config.Server) error {
 	}
 	log.Infof("The embedded etcd is now a cluster of one member, %s, with all its data. Start kelp server again without --cluster-reset. "+
 		"On every other server: stop it, move its %s away, and start it with --server https://%s and the server token to join again",
-		cfg.NodeName, layout.Server(cfg.DataDir).DB+"/etcd", net.JoinHostPort(cfg.AdvertiseAddress.String(), strconv.Itoa(cfg.HTTPSPort)))
+		cfg.NodeName, datastore.EtcdDir(cfg.DataDir), net.JoinHostPort(cfg.AdvertiseAddress.String(), strconv.Itoa(cfg.HTTPSPort)))
 	return nil
 }
 

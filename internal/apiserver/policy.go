@@ -73,7 +73,12 @@ plugins:
 `, level))
 }
 
+// writeConfig writes content to path unless it is there already: these
+// files are written at every start, and an unchanged one costs no flash.
 func writeConfig(path, content string) error {
+	if have, err := os.ReadFile(path); err == nil && string(have) == content {
+		return nil
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", filepath.Dir(path), err)
 	}

@@ -21,12 +21,17 @@ import (
 func LocalKind(dataDir string) string {
 	db := layout.Server(dataDir).DB
 	switch {
-	case wal.Exist(filepath.Join(db, etcdDirName, "member", "wal")):
+	case wal.Exist(filepath.Join(EtcdDir(dataDir), "member", "wal")):
 		return KindEtcd
 	case exists(filepath.Join(db, stateDBName)):
 		return KindSQLite
 	}
 	return ""
+}
+
+// EtcdDir is where the embedded etcd member of dataDir keeps its data.
+func EtcdDir(dataDir string) string {
+	return filepath.Join(layout.Server(dataDir).DB, etcdDirName)
 }
 
 // SQLitePath is where the SQLite datastore of dataDir is.

@@ -115,7 +115,11 @@ func status(ctx context.Context, w io.Writer, dataDir string) error {
 	}
 	var parts []string
 	for with, n := range counts {
-		parts = append(parts, fmt.Sprintf("%d %s", n, map[bool]string{true: "in the clear", false: "with " + with}[with == "identity"]))
+		how := "with " + with
+		if with == "identity" {
+			how = "in the clear"
+		}
+		parts = append(parts, fmt.Sprintf("%d %s", n, how))
 	}
 	sort.Strings(parts)
 	if len(parts) == 0 {
