@@ -145,6 +145,9 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err := systemobjects.Apply(ctx, admin, systemobjects.Config{DNS: !cfg.Disable.CoreDNS, ClusterDNS: cfg.ClusterDNS}); err != nil {
 		return err
 	}
+	if err := startAddons(ctx, g, cfg); err != nil {
+		return err
+	}
 	if !single {
 		hostname, _ := os.Hostname()
 		if err := releaseOwnLeases(ctx, admin, hostname); err != nil {
@@ -186,6 +189,16 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	}
 	if !cfg.Disable.ServiceLB {
 		if err := g.Go("servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, admin) }); err != nil {
+			return err
+		}
+	}
+	if !cfg.Disable.MetricsServer {
+		if err := startMetrics(ctx, g, cfg, certs); err != nil {
+			return err
+		}
+	}
+	if !cfg.Disable.HelmController {
+		if err := startHelmController(ctx, g, cfg); err != nil {
 			return err
 		}
 	}

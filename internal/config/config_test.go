@@ -184,7 +184,7 @@ func TestDisable(t *testing.T) {
 	if !s.Disable.CoreDNS || !s.Disable.ServiceLB || !s.Disable.NetworkPolicy || !s.Agent().DisableDNS || !s.Agent().DisableNetworkPolicy {
 		t.Errorf("disable = %+v", s.Disable)
 	}
-	if _, err := runServer(t, "--disable", "traefik"); err == nil || !strings.Contains(err.Error(), "want coredns or servicelb") {
+	if _, err := runServer(t, "--disable", "traefik"); err == nil || !strings.Contains(err.Error(), "want coredns, servicelb, local-storage, metrics-server or helm-controller") {
 		t.Errorf("unknown part: %v", err)
 	}
 }

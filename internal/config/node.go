@@ -29,6 +29,9 @@ type Node struct {
 	OverlayIface    string // uplink of the overlay; empty: the interface of the node IP
 	KubeletArgs     []string
 	Debug           bool
+	// LocalStoragePath is where the node makes the directories of
+	// local-path PersistentVolumes.
+	LocalStoragePath string
 }
 
 // nodeInput holds the values of a node's flags until parse validates them.
@@ -59,6 +62,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
 		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: layout.RegistriesFile, Destination: &in.node.PrivateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
 		&cli.StringFlag{Name: "overlay-iface", EnvVars: env("overlay-iface"), Destination: &in.node.OverlayIface, Usage: "interface the overlay uses (default: the one with the node IP)"},
+		&cli.StringFlag{Name: "default-local-storage-path", EnvVars: env("default-local-storage-path"), Destination: &in.node.LocalStoragePath, Usage: "directory of this node's local-path volumes (default: <data-dir>/storage)"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 	}
 }
@@ -73,6 +77,14 @@ func (in *nodeInput) parse(host Host, check func(error)) Node {
 	n.KubeletArgs = in.kubeletArgs.Value()
 	if !filepath.IsAbs(in.node.DataDir) {
 		check(fmt.Errorf("--data-dir %q: want an absolute path", in.node.DataDir))
+	}
+	switch {
+	case n.LocalStoragePath == "":
+		n.LocalStoragePath = layout.Agent(n.DataDir).LocalStorage
+	case !filepath.IsAbs(n.LocalStoragePath):
+		check(fmt.Errorf("--default-local-storage-path %q: want an absolute path", n.LocalStoragePath))
+	default:
+		n.LocalStoragePath = filepath.Clean(n.LocalStoragePath)
 	}
 	var err error
 	n.NodeName, err = nodeName(in.node.NodeName, host.Hostname)

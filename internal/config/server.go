@@ -87,6 +87,12 @@ type Datastore struct {
 type Disable struct {
 	CoreDNS   bool // cluster DNS on every node
 	ServiceLB bool // load balancer addresses for LoadBalancer Services
+	// LocalStorage is the local-path StorageClass and its provisioner.
+	LocalStorage bool
+	// MetricsServer is the metrics.k8s.io API (kubectl top, HPA).
+	MetricsServer bool
+	// HelmController installs the charts of HelmChart objects.
+	HelmController bool
 	// NetworkPolicy is --disable-network-policy: no enforcement on the
 	// nodes, for a NetworkPolicy controller of the user's own.
 	NetworkPolicy bool
@@ -143,7 +149,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "datastore-certfile", EnvVars: env("datastore-certfile"), Destination: &in.datastoreCert, Usage: "client certificate for the external datastore"},
 		&cli.StringFlag{Name: "datastore-keyfile", EnvVars: env("datastore-keyfile"), Destination: &in.datastoreKey, Usage: "client key for the external datastore"},
 		&cli.BoolFlag{Name: "disable-agent", EnvVars: env("disable-agent"), Destination: &in.disableAgent, Usage: "run the control plane only, no node"},
-		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns or servicelb; repeatable"},
+		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns, servicelb, local-storage, metrics-server or helm-controller; repeatable"},
 		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "secret nodes join with (default: made at first start, kept in <data-dir>/server/token)"},
 		&cli.StringFlag{Name: "agent-token", EnvVars: env("agent-token"), Destination: &in.agentToken, Usage: "secret that joins agents only (written to <data-dir>/server/agent-token)"},
 		&cli.StringFlag{Name: "overlay", EnvVars: env("overlay"), Value: "vxlan", Destination: &in.overlay, Usage: "pod network between nodes: vxlan, host-gw (nodes on one L2 network) or none (bring your own CNI)"},
@@ -213,8 +219,14 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			s.Disable.CoreDNS = true
 		case "servicelb":
 			s.Disable.ServiceLB = true
+		case "local-storage":
+			s.Disable.LocalStorage = true
+		case "metrics-server":
+			s.Disable.MetricsServer = true
+		case "helm-controller":
+			s.Disable.HelmController = true
 		default:
-			check(fmt.Errorf("--disable %q: want coredns or servicelb", d))
+			check(fmt.Errorf("--disable %q: want coredns, servicelb, local-storage, metrics-server or helm-controller", d))
 		}
 	}
 	check(checkOverlay(in.overlay))

@@ -71,6 +71,9 @@ type ServerPaths struct {
 	AuditPolicy, AdmissionConfig string
 	// EncryptionConfig holds the keys Secrets are encrypted with.
 	EncryptionConfig string
+	// Manifests are applied to the cluster while their files exist;
+	// StaticCharts are Helm charts served at /static/charts/.
+	Manifests, StaticCharts string
 	// Kubeconfigs of the in-process clients.
 	AdminKubeconfig, ControllerManagerKubeconfig, SchedulerKubeconfig string
 }
@@ -91,6 +94,8 @@ func Server(dataDir string) ServerPaths {
 		AuditPolicy:                 filepath.Join(dir, "etc", "audit-policy.yaml"),
 		AdmissionConfig:             filepath.Join(dir, "etc", "admission.yaml"),
 		EncryptionConfig:            filepath.Join(cred, "encryption-config.json"),
+		Manifests:                   filepath.Join(dir, "manifests"),
+		StaticCharts:                filepath.Join(dir, "static", "charts"),
 		AdminKubeconfig:             filepath.Join(cred, "admin.kubeconfig"),
 		ControllerManagerKubeconfig: filepath.Join(cred, "controller.kubeconfig"),
 		SchedulerKubeconfig:         filepath.Join(cred, "scheduler.kubeconfig"),
@@ -100,6 +105,7 @@ func Server(dataDir string) ServerPaths {
 // AgentPaths are a node's files under <data-dir>/agent.
 type AgentPaths struct {
 	Dir, BinDir, ImagesDir, StaticPods  string
+	LocalStorage                        string // default of --default-local-storage-path
 	ContainerdRoot, ContainerdConfig    string
 	ContainerdLog, AirgapImagesState    string
 	RegistryDir, CNIConfDir             string
@@ -119,6 +125,7 @@ func Agent(dataDir string) AgentPaths {
 		BinDir:               filepath.Join(dir, "bin"),
 		ImagesDir:            filepath.Join(dir, "images"),
 		StaticPods:           filepath.Join(dir, "pod-manifests"),
+		LocalStorage:         filepath.Join(dataDir, "storage"),
 		ContainerdRoot:       containerdRoot,
 		ContainerdConfig:     filepath.Join(etc, "containerd", "config.toml"),
 		ContainerdLog:        filepath.Join(containerdRoot, "containerd.log"),
