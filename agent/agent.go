@@ -44,7 +44,7 @@ type Credentials struct {
 func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged embed.Staged, creds Credentials) error {
 	host := hostcheck.Host{Root: "/"}
 	p := layout.Agent(cfg.DataDir)
-	for _, d := range []string{p.Dir, p.BinDir, p.ImagesDir, p.ContainerdRoot, p.StaticPods, layout.RunDir} {
+	for _, d := range []string{p.Dir, p.BinDir, p.ImagesDir, p.ContainerdRoot, cfg.PodManifests, layout.RunDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("create %s: %w", d, err)
 		}
@@ -159,7 +159,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		ClusterDNS:      cfg.ClusterDNS,
 		ClusterDomain:   cfg.ClusterDomain,
 		ResolvConf:      hostResolvConf(),
-		StaticPodDir:    p.StaticPods,
+		StaticPodDir:    cfg.PodManifests,
 		SystemdCgroups:  systemd,
 		CgroupV1:        !host.CgroupV2(),
 		ExtraArgs:       cfg.KubeletArgs,

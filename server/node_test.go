@@ -122,10 +122,24 @@ spec:
     ports: [{containerPort: 8080, hostPort: 8081}]
 `
 
+// staticPod is run by the kubelet from a file, without the apiserver.
+const staticPod = `apiVersion: v1
+kind: Pod
+metadata:
+  name: static-web
+  namespace: default
+spec:
+  containers:
+  - name: web
+    image: ` + testcluster.TestImage + `
+    imagePullPolicy: IfNotPresent
+    args: [serve]
+`
+
 // TestNode runs `kelp server` with its node and checks, in one cluster to
 // keep the suite short: pods from an airgap image, kubectl logs, exec and
 // port-forward, volumes, a Job, pod-to-pod and masqueraded egress traffic,
-// a missing image, crictl and ctr, a restart that keeps the containers,
+// a missing image, crictl and ctr, a static pod, a restart that keeps the containers,
 // containerd killed and restarted, and killall leaving nothing behind.
 func TestNode(t *testing.T) {
 	n := testcluster.NewNode(t)
@@ -136,7 +150,8 @@ func TestNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	outside := n.NewOutside()
-	n.Start("--node-label", "kelp.test/role=edge", "--node-taint", "kelp.test/flaky=yes:PreferNoSchedule")
+	podManifests := filepath.Join(n.Dir, "pods")
+	n.Start("--node-label", "kelp.test/role=edge", "--node-taint", "kelp.test/flaky=yes:PreferNoSchedule", "--pod-manifests", podManifests)
 	n.WaitReady(startTimeout)
 	n.WaitLog("kelp node is running", startTimeout)
 	c := n.Client()
@@ -438,12 +453,58 @@ func TestNode(t *testing.T) {
 		if err != nil || !strings.Contains(out, testcluster.TestImage) {
 			t.Errorf("ctr images ls: %v\n%s", err, out)
 		}
+		crictl := func(args ...string) string {
+			t.Helper()
+			out, err := n.RunKelp(time.Minute, append([]string{"crictl"}, args...)...)
+			if err != nil {
+				t.Fatalf("crictl %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+			return out
+		}
+		pod := strings.Fields(crictl("pods", "--name", pods[0].Name, "--namespace", "default", "-q"))[0]
+		id := strings.Fields(crictl("ps", "--pod", pod, "--name", "web", "-q"))[0]
+		for _, check := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"inspect", id}, `"state": "CONTAINER_RUNNING"`},
+			{[]string{"inspectp", pod}, `"state": "SANDBOX_READY"`},
+			{[]string{"inspecti", testcluster.TestImage}, `"pinned": true`},
+			{[]string{"logs", "--tail", "1", id}, "serving on :8080"},
+			{[]string{"exec", "-s", id, "/testapp", "cat", "/config/greeting"}, "hello from a configmap"},
+			{[]string{"exec", "-i", id, "/testapp", "cat", "/config/greeting"}, "hello from a configmap"},
+			{[]string{"stats"}, " web "},
+			{[]string{"info"}, `"type": "RuntimeReady"`},
+			{[]string{"rmi", "docker.io/kelp-test/late:1.0"}, "docker.io/kelp-test/late:1.0"},
+		} {
+			if out := crictl(check.args...); !strings.Contains(out, check.want) {
+				t.Errorf("crictl %s: want %q in\n%s", strings.Join(check.args, " "), check.want, out)
+			}
+		}
+		if out := crictl("images"); strings.Contains(out, "kelp-test/late") {
+			t.Errorf("crictl rmi left the image:\n%s", out)
+		}
+		if out, err := n.RunKelp(time.Minute, "crictl", "inspect", "no-such-container"); err == nil || !strings.Contains(out, "no-such-container") {
+			t.Errorf("crictl inspect of a missing container: %v\n%s", err, out)
+		}
+		if out, err := n.RunKelp(time.Minute, "crictl", "exec", "-s", id, "/testapp", "cat", "/no/such/file"); err == nil || strings.Contains(out, "is kelp running") {
+			t.Errorf("crictl exec of a failing command: want its status alone, got %v\n%s", err, out)
+		}
+	})
+	t.Run("static pod", func(t *testing.T) {
+		if err := os.WriteFile(filepath.Join(podManifests, "static-web.yaml"), []byte(staticPod), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the static pod's mirror pod running", func() (bool, error) {
+			p, err := c.CoreV1().Pods("default").Get(context.Background(), "static-web-"+testcluster.NodeName, metav1.GetOptions{})
+			return err == nil && p.Status.Phase == corev1.PodRunning, nil
+		})
 	})
 
 	t.Run("restart keeps containers", func(t *testing.T) {
 		before := containerIDs(t, c)
 		n.Stop()
-		n.Start()
+		n.Start("--pod-manifests", podManifests)
 		n.WaitReady(startTimeout)
 		n.WaitLog("kelp node is running", startTimeout)
 		waitNodeReady(t, c)

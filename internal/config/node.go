@@ -32,6 +32,9 @@ type Node struct {
 	// LocalStoragePath is where the node makes the directories of
 	// local-path PersistentVolumes.
 	LocalStoragePath string
+	// PodManifests is the kubelet's static pod directory: pods that run
+	// whether or not the apiserver is reachable.
+	PodManifests string
 }
 
 // nodeInput holds the values of a node's flags until parse validates them.
@@ -63,6 +66,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 		&cli.StringFlag{Name: "private-registry", EnvVars: env("private-registry"), Value: layout.RegistriesFile, Destination: &in.node.PrivateRegistry, Usage: "registry mirrors, auth and TLS (a missing file means none)"},
 		&cli.StringFlag{Name: "overlay-iface", EnvVars: env("overlay-iface"), Destination: &in.node.OverlayIface, Usage: "interface the overlay uses (default: the one with the node IP)"},
 		&cli.StringFlag{Name: "default-local-storage-path", EnvVars: env("default-local-storage-path"), Destination: &in.node.LocalStoragePath, Usage: "directory of this node's local-path volumes (default: <data-dir>/storage)"},
+		&cli.StringFlag{Name: "pod-manifests", EnvVars: env("pod-manifests"), Destination: &in.node.PodManifests, Usage: "directory of static pod manifests the kubelet runs even with the apiserver away (default: <data-dir>/agent/pod-manifests)"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 	}
 }
@@ -78,14 +82,8 @@ func (in *nodeInput) parse(host Host, check func(error)) Node {
 	if !filepath.IsAbs(in.node.DataDir) {
 		check(fmt.Errorf("--data-dir %q: want an absolute path", in.node.DataDir))
 	}
-	switch {
-	case n.LocalStoragePath == "":
-		n.LocalStoragePath = layout.Agent(n.DataDir).LocalStorage
-	case !filepath.IsAbs(n.LocalStoragePath):
-		check(fmt.Errorf("--default-local-storage-path %q: want an absolute path", n.LocalStoragePath))
-	default:
-		n.LocalStoragePath = filepath.Clean(n.LocalStoragePath)
-	}
+	n.LocalStoragePath = nodePath("--default-local-storage-path", n.LocalStoragePath, layout.Agent(n.DataDir).LocalStorage, check)
+	n.PodManifests = nodePath("--pod-manifests", n.PodManifests, layout.Agent(n.DataDir).StaticPods, check)
 	var err error
 	n.NodeName, err = nodeName(in.node.NodeName, host.Hostname)
 	check(err)
@@ -114,6 +112,17 @@ func (in *nodeInput) parse(host Host, check func(error)) Node {
 	}
 	check(checkExtraArgs(n.KubeletArgs))
 	return n
+}
+
+// nodePath is the directory given with flag, or def without one.
+func nodePath(flag, dir, def string, check func(error)) string {
+	switch {
+	case dir == "":
+		return def
+	case !filepath.IsAbs(dir):
+		check(fmt.Errorf("%s %q: want an absolute path", flag, dir))
+	}
+	return filepath.Clean(dir)
 }
 
 // nodeNameHint says what a valid node name looks like.

@@ -98,3 +98,21 @@ func TestNodeSameForServerAndAgent(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeDirs checks the node's directories: defaults under the data
+// dir, given ones cleaned, relative ones refused.
+func TestNodeDirs(t *testing.T) {
+	s, err := runServer(t, "--data-dir", "/d")
+	if err != nil || s.LocalStoragePath != "/d/storage" || s.PodManifests != "/d/agent/pod-manifests" {
+		t.Errorf("defaults: storage %q, pod manifests %q, %v", s.LocalStoragePath, s.PodManifests, err)
+	}
+	s, err = runServer(t, "--default-local-storage-path", "/mnt/ssd/", "--pod-manifests", "/etc/kelp/pods")
+	if err != nil || s.LocalStoragePath != "/mnt/ssd" || s.PodManifests != "/etc/kelp/pods" {
+		t.Errorf("given: storage %q, pod manifests %q, %v", s.LocalStoragePath, s.PodManifests, err)
+	}
+	for _, flag := range []string{"--default-local-storage-path", "--pod-manifests"} {
+		if _, err := runAgent(t, "--server", "https://10.99.0.2:6443", "--token", "x", flag, "storage"); err == nil || !strings.Contains(err.Error(), flag+` "storage": want an absolute path`) {
+			t.Errorf("%s relative: %v", flag, err)
+		}
+	}
+}

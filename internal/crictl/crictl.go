@@ -1,13 +1,10 @@
-// Package crictl is a small crictl: it lists the pods, containers and
-// images of kelp's containerd through the CRI, the kubelet's view. (The
-// cri-tools module is not available from the Go module proxy kelp builds
-// with, so kelp carries the everyday subset itself.)
 package crictl
 
 import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -37,18 +34,51 @@ func app() *cli.App {
 		},
 		Commands: []*cli.Command{
 			{Name: "version", Usage: "show the runtime's name and version", Action: withClient(version)},
-			{Name: "pods", Usage: "list pod sandboxes", Flags: []cli.Flag{quietFlag}, Action: withClient(pods)},
-			{Name: "ps", Usage: "list containers", Flags: []cli.Flag{quietFlag, &cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "show exited containers too"}}, Action: withClient(ps)},
+			{Name: "info", Usage: "show the runtime's status and configuration", Action: withClient(info)},
+			{Name: "pods", Usage: "list pod sandboxes", Flags: []cli.Flag{quietFlag, nameFlag, namespaceFlag}, Action: withClient(pods)},
+			{Name: "ps", Usage: "list containers", Flags: []cli.Flag{quietFlag, nameFlag, &cli.StringFlag{Name: "pod", Aliases: []string{"p"}, Usage: "only the containers of this pod ID"},
+				&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "show exited containers too"}}, Action: withClient(ps)},
 			{Name: "images", Aliases: []string{"image", "img"}, Usage: "list images", Flags: []cli.Flag{quietFlag}, Action: withClient(images)},
+			{Name: "inspect", Usage: "show containers' status as JSON", ArgsUsage: "CONTAINER-ID...", Action: withClient(inspect)},
+			{Name: "inspectp", Usage: "show pod sandboxes' status as JSON", ArgsUsage: "POD-ID...", Action: withClient(inspectPods)},
+			{Name: "inspecti", Usage: "show images' status as JSON", ArgsUsage: "IMAGE...", Action: withClient(inspectImages)},
+			{Name: "stats", Usage: "show the resource usage of running containers", Flags: []cli.Flag{&cli.StringFlag{Name: "pod", Aliases: []string{"p"}, Usage: "only the containers of this pod ID"}}, Action: withClient(stats)},
+			{Name: "logs", Usage: "print a container's log", ArgsUsage: "CONTAINER-ID", Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing what the container writes"},
+				&cli.IntFlag{Name: "tail", Value: -1, Usage: "print only the last N lines"},
+				&cli.BoolFlag{Name: "timestamps", Aliases: []string{"t"}, Usage: "print each line's time"},
+			}, Action: withClient(logs)},
+			{Name: "exec", Usage: "run a command in a running container", ArgsUsage: "CONTAINER-ID COMMAND [ARG...]", Flags: []cli.Flag{
+				&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "pass stdin to the command"},
+				&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal"},
+				&cli.BoolFlag{Name: "sync", Aliases: []string{"s"}, Usage: "run it through the runtime and print its output when it ends"},
+			}, Action: withClient(execCommand)},
+			{Name: "stop", Usage: "stop running containers", ArgsUsage: "CONTAINER-ID...", Action: withClient(stopContainers)},
+			{Name: "rm", Usage: "remove containers", ArgsUsage: "CONTAINER-ID...", Action: withClient(removeContainers)},
+			{Name: "stopp", Usage: "stop pod sandboxes and their containers", ArgsUsage: "POD-ID...", Action: withClient(stopPods)},
+			{Name: "rmp", Usage: "remove stopped pod sandboxes", ArgsUsage: "POD-ID...", Action: withClient(removePods)},
+			{Name: "rmi", Usage: "remove images", ArgsUsage: "IMAGE...", Action: withClient(removeImages)},
+			{Name: "pull", Usage: "pull an image through the node's registry configuration", ArgsUsage: "IMAGE", Action: withClient(pull)},
 		},
 	}
 }
 
-var quietFlag = &cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "print IDs only"}
+var (
+	quietFlag     = &cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "print IDs only"}
+	nameFlag      = &cli.StringFlag{Name: "name", Usage: "only those whose name contains this"}
+	namespaceFlag = &cli.StringFlag{Name: "namespace", Usage: "only the pods of this namespace"}
+)
 
 type clients struct {
 	runtime runtimeapi.RuntimeServiceClient
 	images  runtimeapi.ImageServiceClient
+	// timeout bounds each call; a stream (logs -f, exec) runs unbounded.
+	timeout time.Duration
+}
+
+// call bounds one call by the --timeout.
+func (cl clients) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, cl.timeout)
 }
 
 func withClient(fn func(context.Context, *cli.Context, clients) error) cli.ActionFunc {
@@ -63,9 +93,11 @@ func withClient(fn func(context.Context, *cli.Context, clients) error) cli.Actio
 			return fmt.Errorf("connect to %s: %w", endpoint, err)
 		}
 		defer conn.Close()
-		ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
-		defer cancel()
-		err = fn(ctx, c, clients{runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn)})
+		err = fn(c.Context, c, clients{runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn), c.Duration("timeout")})
+		if _, exited := err.(cli.ExitCoder); exited {
+			// A command run by exec ended with this status: crictl's own.
+			return err
+		}
 		if err != nil {
 			return fmt.Errorf("%w (is kelp running? the runtime endpoint is %s)", err, endpoint)
 		}
@@ -74,6 +106,8 @@ func withClient(fn func(context.Context, *cli.Context, clients) error) cli.Actio
 }
 
 func version(ctx context.Context, c *cli.Context, cl clients) error {
+	ctx, cancel := cl.call(ctx)
+	defer cancel()
 	v, err := cl.runtime.Version(ctx, &runtimeapi.VersionRequest{})
 	if err != nil {
 		return err
@@ -83,11 +117,16 @@ func version(ctx context.Context, c *cli.Context, cl clients) error {
 }
 
 func pods(ctx context.Context, c *cli.Context, cl clients) error {
+	ctx, cancel := cl.call(ctx)
+	defer cancel()
 	resp, err := cl.runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 	if err != nil {
 		return err
 	}
-	items := resp.Items
+	items := slices.DeleteFunc(resp.Items, func(p *runtimeapi.PodSandbox) bool {
+		ns := c.String("namespace")
+		return !strings.Contains(p.Metadata.GetName(), c.String("name")) || (ns != "" && p.Metadata.GetNamespace() != ns)
+	})
 	sort.Slice(items, func(i, j int) bool { return items[i].CreatedAt > items[j].CreatedAt })
 	return table(c.App.Writer, c.Bool("quiet"), 0, []string{"POD ID", "CREATED", "STATE", "NAME", "NAMESPACE", "ATTEMPT"}, len(items), func(i int) []string {
 		p := items[i]
@@ -96,15 +135,19 @@ func pods(ctx context.Context, c *cli.Context, cl clients) error {
 }
 
 func ps(ctx context.Context, c *cli.Context, cl clients) error {
-	req := &runtimeapi.ListContainersRequest{}
+	ctx, cancel := cl.call(ctx)
+	defer cancel()
+	req := &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: c.String("pod")}}
 	if !c.Bool("all") {
-		req.Filter = &runtimeapi.ContainerFilter{State: &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}}
+		req.Filter.State = &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}
 	}
 	resp, err := cl.runtime.ListContainers(ctx, req)
 	if err != nil {
 		return err
 	}
-	items := resp.Containers
+	items := slices.DeleteFunc(resp.Containers, func(ct *runtimeapi.Container) bool {
+		return !strings.Contains(ct.Metadata.GetName(), c.String("name"))
+	})
 	sort.Slice(items, func(i, j int) bool { return items[i].CreatedAt > items[j].CreatedAt })
 	return table(c.App.Writer, c.Bool("quiet"), 0, []string{"CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID", "POD"}, len(items), func(i int) []string {
 		ct := items[i]
@@ -113,6 +156,8 @@ func ps(ctx context.Context, c *cli.Context, cl clients) error {
 }
 
 func images(ctx context.Context, c *cli.Context, cl clients) error {
+	ctx, cancel := cl.call(ctx)
+	defer cancel()
 	resp, err := cl.images.ListImages(ctx, &runtimeapi.ListImagesRequest{})
 	if err != nil {
 		return err
