@@ -8,9 +8,9 @@ import (
 	"os"
 
 	"github.com/urfave/cli/v2"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/kubectl/pkg/util/term"
 )
 
