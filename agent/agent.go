@@ -43,6 +43,11 @@ type Credentials struct {
 // kubelet is ready; ctx bounds the steps between the pieces.
 func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged embed.Staged, creds Credentials) error {
 	host := hostcheck.Host{Root: "/"}
+	if cfg.ProtectKernelDefaults {
+		if err := host.CheckKernelDefaults(); err != nil {
+			return err
+		}
+	}
 	p := layout.Agent(cfg.DataDir)
 	for _, d := range []string{p.Dir, p.BinDir, p.ImagesDir, p.ContainerdRoot, cfg.PodManifests, layout.RunDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -147,22 +152,23 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		return err
 	}
 	kcfg := kubelet.Config{
-		NodeName:        cfg.NodeName,
-		NodeIPs:         cfg.NodeIPs,
-		Labels:          cfg.NodeLabels,
-		Taints:          cfg.NodeTaints,
-		Kubeconfig:      p.Kubeconfig,
-		ConfigFile:      p.KubeletConfig,
-		RuntimeEndpoint: "unix://" + layout.ContainerdAddress,
-		ClientCA:        creds.Files.ClientCA,
-		Serving:         creds.Files.KubeletServing,
-		ClusterDNS:      cfg.ClusterDNS,
-		ClusterDomain:   cfg.ClusterDomain,
-		ResolvConf:      hostResolvConf(),
-		StaticPodDir:    cfg.PodManifests,
-		SystemdCgroups:  systemd,
-		CgroupV1:        !host.CgroupV2(),
-		ExtraArgs:       cfg.KubeletArgs,
+		NodeName:              cfg.NodeName,
+		NodeIPs:               cfg.NodeIPs,
+		Labels:                cfg.NodeLabels,
+		Taints:                cfg.NodeTaints,
+		Kubeconfig:            p.Kubeconfig,
+		ConfigFile:            p.KubeletConfig,
+		RuntimeEndpoint:       "unix://" + layout.ContainerdAddress,
+		ClientCA:              creds.Files.ClientCA,
+		Serving:               creds.Files.KubeletServing,
+		ClusterDNS:            cfg.ClusterDNS,
+		ClusterDomain:         cfg.ClusterDomain,
+		ResolvConf:            hostResolvConf(),
+		StaticPodDir:          cfg.PodManifests,
+		SystemdCgroups:        systemd,
+		CgroupV1:              !host.CgroupV2(),
+		ProtectKernelDefaults: cfg.ProtectKernelDefaults,
+		ExtraArgs:             cfg.KubeletArgs,
 	}
 	if err := kubelet.WriteConfigFile(kcfg); err != nil {
 		return err

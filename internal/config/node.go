@@ -35,6 +35,9 @@ type Node struct {
 	// PodManifests is the kubelet's static pod directory: pods that run
 	// whether or not the apiserver is reachable.
 	PodManifests string
+	// ProtectKernelDefaults makes the kubelet require its kernel settings
+	// instead of setting them (a CIS benchmark item).
+	ProtectKernelDefaults bool
 }
 
 // nodeInput holds the values of a node's flags until parse validates them.
@@ -67,6 +70,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 		&cli.StringFlag{Name: "overlay-iface", EnvVars: env("overlay-iface"), Destination: &in.node.OverlayIface, Usage: "interface the overlay uses (default: the one with the node IP)"},
 		&cli.StringFlag{Name: "default-local-storage-path", EnvVars: env("default-local-storage-path"), Destination: &in.node.LocalStoragePath, Usage: "directory of this node's local-path volumes (default: <data-dir>/storage)"},
 		&cli.StringFlag{Name: "pod-manifests", EnvVars: env("pod-manifests"), Destination: &in.node.PodManifests, Usage: "directory of static pod manifests the kubelet runs even with the apiserver away (default: <data-dir>/agent/pod-manifests)"},
+		&cli.BoolFlag{Name: "protect-kernel-defaults", EnvVars: env("protect-kernel-defaults"), Destination: &in.node.ProtectKernelDefaults, Usage: "do not let the kubelet change kernel settings; fail if they differ from what it needs (CIS benchmark)"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
 	}
 }

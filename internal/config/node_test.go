@@ -72,6 +72,7 @@ func TestNodeSameForServerAndAgent(t *testing.T) {
 		"--data-dir", "/srv/kelp/", "--debug", "--node-name", "n1", "--node-ip", "10.99.0.7",
 		"--node-external-ip", "203.0.113.9", "--node-label", "zone=a", "--node-taint", "k=v:NoSchedule",
 		"--private-registry", "/srv/registries.yaml", "--overlay-iface", "eth1", "--kubelet-arg", "v=2",
+		"--default-local-storage-path", "/mnt/ssd", "--pod-manifests", "/etc/pods", "--protect-kernel-defaults",
 	}
 	s, err := runServer(t, args...)
 	if err != nil {

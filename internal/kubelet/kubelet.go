@@ -50,7 +50,9 @@ type Config struct {
 	StaticPodDir    string
 	SystemdCgroups  bool
 	CgroupV1        bool
-	ExtraArgs       []string
+	// ProtectKernelDefaults: fail instead of changing kernel settings.
+	ProtectKernelDefaults bool
+	ExtraArgs             []string
 }
 
 // Configuration returns the KubeletConfiguration kelp runs the kubelet with.
@@ -82,9 +84,10 @@ func Configuration(cfg Config) *kubeletv1beta1.KubeletConfiguration {
 		SerializeImagePulls:      ptr.To(false),
 		// Pods never use swap; a node that has swap keeps running, with a
 		// warning from kelp, instead of refusing to start.
-		FailSwapOn:   ptr.To(false),
-		MemorySwap:   kubeletv1beta1.MemorySwapConfiguration{SwapBehavior: "NoSwap"},
-		FailCgroupV1: ptr.To(!cfg.CgroupV1),
+		FailSwapOn:            ptr.To(false),
+		MemorySwap:            kubeletv1beta1.MemorySwapConfiguration{SwapBehavior: "NoSwap"},
+		FailCgroupV1:          ptr.To(!cfg.CgroupV1),
+		ProtectKernelDefaults: cfg.ProtectKernelDefaults,
 	}
 }
 

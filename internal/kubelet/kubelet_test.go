@@ -147,3 +147,14 @@ func TestWriteConfigFile(t *testing.T) {
 		}
 	}
 }
+
+func TestProtectKernelDefaults(t *testing.T) {
+	cfg := baseConfig()
+	if Configuration(cfg).ProtectKernelDefaults {
+		t.Error("protectKernelDefaults on by default: the kubelet would fail on hosts it can fix")
+	}
+	cfg.ProtectKernelDefaults = true
+	if !Configuration(cfg).ProtectKernelDefaults {
+		t.Error("--protect-kernel-defaults does not reach the kubelet")
+	}
+}
