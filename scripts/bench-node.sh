@@ -6,6 +6,7 @@
 #   IDLE=300   seconds of the idle window, after the first pod runs
 #   KELP=bin/kelp
 #   LOGDIR=    if set, kelp's and containerd's logs are copied there
+#   KELP_ARGS= more flags for kelp server, e.g. "--disable metrics-server"
 #
 # kelp runs in a network and mount namespace of its own, with private
 # /run/kelp, /run/netns, /var/lib/kubelet and pod logs, like the cluster
@@ -79,7 +80,8 @@ spec:
 YAML
 
 start_kelp() { # LOG: launches kelp server in the node
-  launch server "$work/$1" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml"
+  # shellcheck disable=SC2086 # KELP_ARGS is a list of flags
+  launch server "$work/$1" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" ${KELP_ARGS:-}
 }
 node_ready() { [[ $(kubectl get nodes -o 'jsonpath={.items[0].status.conditions[?(@.type=="Ready")].status}') == True ]]; }
 pods_running() { [[ $(kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.phase}{" "}{end}') == "Running Running " ]]; }
@@ -108,7 +110,7 @@ app_by_name() {
 }
 wait_for "the app by DNS name" app_by_name
 t_dns=$(( $(now_ms) - t0 ))
-echo "kelp bench-node: $("$KELP" --version | head -1), $(nproc) CPUs"
+echo "kelp bench-node: $("$KELP" --version | head -1), $(nproc) CPUs${KELP_ARGS:+, kelp server $KELP_ARGS}"
 printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss, app answers by DNS name %ss\n' \
   "$(secs $t_api)" "$(secs $t_node)" "$(secs $t_pod)" "$(secs $t_dns)"
 
