@@ -145,7 +145,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err := systemobjects.Apply(ctx, admin, systemobjects.Config{DNS: !cfg.Disable.CoreDNS, ClusterDNS: cfg.ClusterDNS}); err != nil {
 		return err
 	}
-	if err := startAddons(ctx, g, cfg); err != nil {
+	if err := startAddons(ctx, g, cfg, certs); err != nil {
 		return err
 	}
 	if !single {

@@ -1,4 +1,7 @@
-// Package systemobjects holds kelp's own API objects, applied on every start.
+// Package systemobjects holds the API objects kelp itself needs before any
+// node joins (access to the join API, the nodes' controller identity),
+// applied on every start, and the checks that keep the built-in manifests
+// (internal/addons) applicable to an existing cluster.
 //
 // The server applies them with server-side apply under the field manager
 // "kelp", forcing ownership of the fields it sets, so that a rule a newer

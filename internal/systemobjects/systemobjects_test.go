@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 )
@@ -139,13 +140,8 @@ func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
 	want := []string{
 		"ClusterRole /kelp:supervisor",
 		"ClusterRole /system:kelp-controller",
-		"ClusterRole /system:kelp-dns",
 		"ClusterRoleBinding /kelp:supervisor",
 		"ClusterRoleBinding /system:kelp-controller",
-		"ClusterRoleBinding /system:kelp-dns",
-		"Role kube-system/system:kelp-dns",
-		"RoleBinding kube-system/system:kelp-dns",
-		"Service kube-system/kube-dns",
 	}
 	if !reflect.DeepEqual(keys(got), want) {
 		t.Fatalf("objects after Apply:\n%s\nwant:\n%s", strings.Join(keys(got), "\n"), strings.Join(want, "\n"))
@@ -158,35 +154,43 @@ func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
 		}
 	}
 
-	svc := got["Service kube-system/kube-dns"].(*corev1.Service)
-	if svc.Spec.ClusterIP != "10.43.0.10" || len(svc.Spec.Ports) != 2 || len(svc.Spec.Selector) != 0 {
-		t.Errorf("kube-dns Service spec %+v, want cluster IP 10.43.0.10, ports dns and dns-tcp, no selector", svc.Spec)
-	}
 	join := got["ClusterRoleBinding /kelp:supervisor"].(*rbacv1.ClusterRoleBinding)
 	if len(join.Subjects) != 2 || join.Subjects[0].Name != "system:unauthenticated" || join.Subjects[1].Name != "system:authenticated" {
 		t.Errorf("kelp:supervisor is bound to %+v, want everyone", join.Subjects)
 	}
 }
 
-// Without cluster DNS a DNS of the user's own may hold kube-dns.
-func TestApplyWithoutDNSLeavesDNSObjectsAlone(t *testing.T) {
+// Without cluster DNS a DNS of the user's own may hold kube-dns at any
+// address.
+func TestApplyWithoutDNSLeavesKubeDNSAlone(t *testing.T) {
 	ctx := context.Background()
 	own := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: "kube-system"},
-		Spec:       corev1.ServiceSpec{ClusterIP: "10.43.0.10", Selector: map[string]string{"app": "my-dns"}},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.43.0.53", Selector: map[string]string{"app": "my-dns"}},
 	}
 	c := fake.NewClientset(own)
 	if err := Apply(ctx, c, Config{}); err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
-	got := objects(t, c)
-	for k := range got {
-		if strings.Contains(k, "dns") && k != "Service kube-system/kube-dns" {
-			t.Errorf("%s applied without DNS", k)
-		}
-	}
-	if svc := got["Service kube-system/kube-dns"]; !reflect.DeepEqual(svc, own) {
+	if svc := objects(t, c)["Service kube-system/kube-dns"]; !reflect.DeepEqual(svc, own) {
 		t.Errorf("the user's kube-dns Service changed to %+v", svc)
+	}
+}
+
+// The kube-dns Service itself comes from the coredns manifest; Apply only
+// checks an existing one, and leaves a missing one to the manifest.
+func TestApplyAcceptsKubeDNSAtTheClusterDNSAddress(t *testing.T) {
+	for _, existing := range [][]runtime.Object{nil, {&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Namespace: "kube-system"},
+		Spec:       corev1.ServiceSpec{ClusterIP: "10.43.0.10"},
+	}}} {
+		c := fake.NewClientset(existing...)
+		if err := Apply(context.Background(), c, withDNS); err != nil {
+			t.Errorf("Apply with kube-dns %v: %v", existing, err)
+		}
+		if got := len(objects(t, c)); got != 4+len(existing) {
+			t.Errorf("Apply with kube-dns %v left %d objects, want kelp's 4 and the Service", existing, got)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@
 //	testapp serve [-listen :8080]  HTTP: / answers "<hostname> <client addr>", /healthz, /file?path=
 //	testapp get URL [TIMEOUT]       print the body of an HTTP GET (exit 1 on failure; default timeout 5s)
 //	testapp cat FILE                print a file
+//	testapp write FILE TEXT         write TEXT to FILE
 //	testapp exit CODE               exit with CODE (for Jobs)
 //	testapp udpserve [-listen :5353] UDP: answer every datagram with the hostname
 //	testapp udpget ADDR             send a datagram from UDP port 40000, print the answer
@@ -64,6 +65,8 @@ func main() {
 			os.Exit(1)
 		}
 		_, _ = os.Stdout.Write(data)
+	case "write":
+		exitOn(os.WriteFile(os.Args[2], []byte(os.Args[3]), 0o644))
 	case "udpserve":
 		fs := flag.NewFlagSet("udpserve", flag.ExitOnError)
 		listen := fs.String("listen", ":5353", "address to listen on")
