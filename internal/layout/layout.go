@@ -12,7 +12,10 @@
 //	│   ├── cred/                    kubeconfigs of the in-process clients
 //	│   ├── db/                      state.db (SQLite) or etcd/
 //	│   │   └── snapshots/           kelp snapshot save
+//	│   ├── manifests/               auto-deploy manifests (package addons)
+//	│   ├── static/charts/           Helm charts served at /static/charts/
 //	│   ├── token, agent-token       join tokens
+//	├── storage/                     local-path volumes (--default-local-storage-path)
 //	└── agent/                       Agent(dataDir)
 //	    ├── bin/                     kubectl, crictl, ctr links
 //	    ├── tls/                     a joined node's certificates, named by pki.NodeFilesIn
