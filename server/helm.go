@@ -5,10 +5,19 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/helmchart"
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // startHelmController installs, upgrades and uninstalls the charts of
 // HelmChart objects.
 func startHelmController(ctx context.Context, g *component.Group, cfg config.Server) error {
-	return nil
+	hc := helmchart.Config{
+		Kubeconfig: layout.Server(cfg.DataDir).AdminKubeconfig,
+		// Servers that share a datastore take turns. On SQLite there is
+		// only ever one server, and a Lease would cost a write every 15 s
+		// for nothing.
+		LeaderElection: cfg.Datastore.Endpoint != "" || cfg.EmbeddedEtcd(),
+	}
+	return g.Go("helm-controller", func(ctx context.Context) error { return helmchart.Run(ctx, hc) })
 }

@@ -308,4 +308,21 @@ func TestManifests(t *testing.T) {
 			t.Errorf("the Addon of an unchanged file was written at the restart: resourceVersion %s, was %s", after.GetResourceVersion(), gadgetAddon.GetResourceVersion())
 		}
 	})
+
+	t.Run("a CustomResourceDefinition is never deleted", func(t *testing.T) {
+		if err := os.Remove(filepath.Join(dir, "gadget.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the Addon gadget deleted", func() (bool, error) {
+			_, err := addons.Get(ctx, "gadget", metav1.GetOptions{})
+			return gone(err)
+		})
+		if _, err := dyn.Resource(gadgetsResource).Namespace("default").Get(ctx, "g1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the Gadget of a removed file: %v", err)
+		}
+		crds := apiextclient.NewForConfigOrDie(n.RestConfig()).ApiextensionsV1().CustomResourceDefinitions()
+		if crd, err := crds.Get(ctx, gadgetsResource.GroupResource().String(), metav1.GetOptions{}); err != nil || crd.DeletionTimestamp != nil {
+			t.Errorf("the CustomResourceDefinition of a removed file was deleted: %v", err)
+		}
+	})
 }

@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -23,6 +25,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/controllermanager"
 	"github.com/kelp-dev/kelp/internal/datastore"
 	"github.com/kelp-dev/kelp/internal/etcdmembers"
+	"github.com/kelp-dev/kelp/internal/helmchart"
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -122,7 +125,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		AdmissionConfigFile:  paths.AdmissionConfig,
 		EncryptionConfigFile: encryption,
 		ExtraArgs:            cfg.ExtraArgs.APIServer,
-	}, joinapi.Routes(joinapi.Config{
+	}, routes(cfg, joinapi.Config{
 		Certs:                certs,
 		TokenFile:            tokens.server,
 		AgentTokenFile:       tokens.agent,
@@ -217,6 +220,16 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	}
 	log.WithFields(logrus.Fields{"node": cfg.NodeName, "took": time.Since(began).Round(time.Millisecond)}).Info("kelp node is running")
 	return nil
+}
+
+// routes are kelp's own paths on the apiserver's port: the join API and,
+// with the Helm controller, the charts it serves.
+func routes(cfg config.Server, join joinapi.Config) map[string]http.Handler {
+	r := joinapi.Routes(join)
+	if !cfg.Disable.HelmController {
+		maps.Copy(r, helmchart.Routes(layout.Server(cfg.DataDir).StaticCharts))
+	}
+	return r
 }
 
 func pkiConfig(cfg config.Server) pki.Config {

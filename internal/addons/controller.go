@@ -482,9 +482,16 @@ func (c *Controller) remove(ctx context.Context, p *pass, a *Addon, kept []Ref) 
 
 // delete deletes one object a manifest applied. An object already gone,
 // or whose kind is gone (its CustomResourceDefinition was deleted),
-// counts as deleted.
+// counts as deleted. A CustomResourceDefinition is left in place and
+// counts as deleted too: deleting it would delete every object of its
+// kind, which are the user's (a HelmChart's release would even be left
+// behind, with no controller to uninstall it).
 func (c *Controller) delete(ctx context.Context, p *pass, r Ref) error {
 	gk := schema.FromAPIVersionAndKind(r.APIVersion, r.Kind).GroupKind()
+	if gk == crdKind {
+		log.WithField("crd", r.Name).Info("CustomResourceDefinition no longer in a manifest, kept with its objects: kubectl delete crd " + r.Name + " removes them")
+		return nil
+	}
 	mapping, err := c.mapping(ctx, p, gk)
 	if meta.IsNoMatchError(err) {
 		return nil
