@@ -84,6 +84,11 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	if err := cni.EnsureMasquerade(cfg.ClusterCIDR); err != nil {
 		return err
 	}
+	// Before any client is made: a test's short-lived certificates make the
+	// clients look for renewed ones more often.
+	if err := startCertRenewal(g, cfg, creds); err != nil {
+		return err
+	}
 	clients, err := writeClients(p, creds)
 	if err != nil {
 		return err
@@ -194,7 +199,7 @@ func writeClients(p layout.AgentPaths, creds Credentials) (clients, error) {
 		{p.DNSKubeconfig, creds.Files.DNS, &c.dns},
 		{p.ControllerKubeconfig, creds.Files.Controller, &c.controller},
 	} {
-		if err := kubeconfig.Write(k.path, 0o600, kubeconfig.Client{Server: creds.Server, CAFile: creds.Files.ServerCA, Cert: k.cert}); err != nil {
+		if err := kubeconfig.WriteLocal(k.path, kubeconfig.Client{Server: creds.Server, CAFile: creds.Files.ServerCA, Cert: k.cert}); err != nil {
 			return clients{}, err
 		}
 		client, err := clientFor(k.path)

@@ -495,10 +495,15 @@ func TestNode(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(podManifests, "static-web.yaml"), []byte(staticPod), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the static pod's mirror pod running", func() (bool, error) {
-			p, err := c.CoreV1().Pods("default").Get(context.Background(), "static-web-"+testcluster.NodeName, metav1.GetOptions{})
+		var last string
+		ok := wait.PollUntilContextTimeout(context.Background(), time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+			p, err := c.CoreV1().Pods("default").Get(ctx, "static-web-"+testcluster.NodeName, metav1.GetOptions{})
+			last = fmt.Sprintf("%v %+v", err, p.Status)
 			return err == nil && p.Status.Phase == corev1.PodRunning, nil
 		})
+		if ok != nil {
+			t.Fatalf("the static pod's mirror pod is not running: %s", last)
+		}
 	})
 
 	t.Run("restart keeps containers", func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/metrics"
 	"github.com/kelp-dev/kelp/internal/registries"
 )
 
@@ -25,7 +26,10 @@ func preflight(cfg config.Server) error {
 		{Addr: loopback, Port: 10257, What: "kube-controller-manager"},
 		{Addr: loopback, Port: 10259, What: "kube-scheduler"},
 	}
-	if cfg.ClusterInit {
+	if !cfg.Disable.MetricsServer {
+		ports = append(ports, agent.Port{Addr: cfg.BindAddress, Port: metrics.Port, What: "the metrics API (--disable metrics-server if you run metrics-server yourself)"})
+	}
+	if cfg.EmbeddedEtcd() {
 		ports = append(ports,
 			agent.Port{Addr: loopback, Port: 2379, What: "embedded etcd clients"},
 			agent.Port{Addr: cfg.AdvertiseAddress, Port: 2380, What: "embedded etcd peers"})

@@ -2,10 +2,13 @@ package server_test
 
 import (
 	"context"
+	"crypto/tls"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,7 +20,7 @@ import (
 // TestAuditAndPodSecurity runs a server with an audit log and the
 // restricted Pod Security default: a create is logged (without the
 // object's data), a privileged pod is refused in default and admitted in
-// kube-system.
+// kube-system; anonymous requests reach only the paths that need them.
 func TestAuditAndPodSecurity(t *testing.T) {
 	n := testcluster.NewNode(t)
 	auditLog := filepath.Join(n.Dir, "audit", "audit.log")
@@ -62,5 +65,24 @@ func TestAuditAndPodSecurity(t *testing.T) {
 	waitServiceAccount(t, c, "kube-system")
 	if err := privileged("kube-system"); err != nil {
 		t.Errorf("a privileged pod in kube-system, which is exempt: %v", err)
+	}
+
+	// Requests without credentials reach the join API and the health
+	// checks, and nothing else, whatever RBAC would grant them.
+	anonymous := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: n.DialContext, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	for path, want := range map[string]int{
+		"/cacerts": http.StatusOK, "/ping": http.StatusOK, "/readyz": http.StatusOK, "/version": http.StatusOK,
+		"/api": http.StatusUnauthorized, "/apis": http.StatusUnauthorized, "/openapi/v2": http.StatusUnauthorized,
+	} {
+		resp, err := anonymous.Get(n.URL() + path)
+		if err != nil {
+			t.Errorf("anonymous GET %s: %v", path, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("anonymous GET %s: %s, want %d", path, resp.Status, want)
+		}
 	}
 }

@@ -112,19 +112,20 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	// elections and no bookkeeping of other apiservers.
 	single := store.Backend().Kind == datastore.KindSQLite
 	if err := g.Start(apiserver.Start(apiserver.Config{
-		BindAddress:          cfg.BindAddress,
-		Port:                 cfg.HTTPSPort,
-		AdvertiseAddress:     cfg.AdvertiseAddress,
-		ServiceCIDR:          cfg.ServiceCIDR,
-		ServiceNodePortRange: cfg.ServiceNodePortRange,
-		ClusterDomain:        cfg.ClusterDomain,
-		Certs:                certs,
-		Storage:              store.Backend(),
-		SingleServer:         single,
-		Audit:                audit,
-		AdmissionConfigFile:  paths.AdmissionConfig,
-		EncryptionConfigFile: encryption,
-		ExtraArgs:            cfg.ExtraArgs.APIServer,
+		BindAddress:              cfg.BindAddress,
+		Port:                     cfg.HTTPSPort,
+		AdvertiseAddress:         cfg.AdvertiseAddress,
+		ServiceCIDR:              cfg.ServiceCIDR,
+		ServiceNodePortRange:     cfg.ServiceNodePortRange,
+		ClusterDomain:            cfg.ClusterDomain,
+		Certs:                    certs,
+		Storage:                  store.Backend(),
+		SingleServer:             single,
+		Audit:                    audit,
+		AdmissionConfigFile:      paths.AdmissionConfig,
+		AuthenticationConfigFile: paths.AuthenticationConfig,
+		EncryptionConfigFile:     encryption,
+		ExtraArgs:                cfg.ExtraArgs.APIServer,
 	}, routes(cfg, joinapi.Config{
 		Certs:                certs,
 		TokenFile:            tokens.server,
@@ -141,12 +142,22 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err := writeKubeconfigs(cfg, url, certs); err != nil {
 		return err
 	}
+	if err := startCertRenewal(ctx, g, cfg, certs); err != nil {
+		return err
+	}
 	admin, err := adminClient(paths.AdminKubeconfig)
 	if err != nil {
 		return err
 	}
 	if err := systemobjects.Apply(ctx, admin, systemobjects.Config{DNS: !cfg.Disable.CoreDNS, ClusterDNS: cfg.ClusterDNS}); err != nil {
 		return err
+	}
+	// The metrics API listens before the manifests register it with the
+	// apiserver, which would otherwise report it unreachable.
+	if !cfg.Disable.MetricsServer {
+		if err := startMetrics(ctx, g, cfg, certs); err != nil {
+			return err
+		}
 	}
 	if err := startAddons(ctx, g, cfg, certs); err != nil {
 		return err
@@ -192,11 +203,6 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	}
 	if !cfg.Disable.ServiceLB {
 		if err := g.Go("servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, admin) }); err != nil {
-			return err
-		}
-	}
-	if !cfg.Disable.MetricsServer {
-		if err := startMetrics(ctx, g, cfg, certs); err != nil {
 			return err
 		}
 	}
@@ -267,11 +273,25 @@ func datastoreConfig(cfg config.Server, certs pki.Files) datastore.Config {
 	}
 }
 
-// writeAPIServerFiles writes the apiserver's admission configuration and,
+// anonymousPaths are all a request without credentials reaches: the
+// join API's, which nodes call before they have any, and upstream's
+// health and version endpoints.
+func anonymousPaths() []string {
+	return []string{
+		joinapi.CACertsPath, joinapi.PingPath, joinapi.JoinPath, joinapi.ServerJoinPath,
+		"/healthz", "/livez", "/readyz", "/version",
+	}
+}
+
+// writeAPIServerFiles writes the apiserver's admission and authentication
+// configuration and,
 // with an audit log but no policy of the user's, kelp's audit policy.
 func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
 	paths := layout.Server(cfg.DataDir)
 	if err := apiserver.WriteAdmissionConfig(paths.AdmissionConfig, cfg.PodSecurityDefault); err != nil {
+		return apiserver.Audit{}, err
+	}
+	if err := apiserver.WriteAuthenticationConfig(paths.AuthenticationConfig, anonymousPaths()); err != nil {
 		return apiserver.Audit{}, err
 	}
 	a := cfg.Audit
@@ -319,7 +339,7 @@ func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) error {
 		{paths.SchedulerKubeconfig, certs.Scheduler},
 		{paths.AdminKubeconfig, certs.Admin},
 	} {
-		if err := kubeconfig.Write(f.path, 0o600, kubeconfig.Client{Server: url, CAFile: certs.ServerCA.Cert, Cert: f.cert}); err != nil {
+		if err := kubeconfig.WriteLocal(f.path, kubeconfig.Client{Server: url, CAFile: certs.ServerCA.Cert, Cert: f.cert}); err != nil {
 			return err
 		}
 	}

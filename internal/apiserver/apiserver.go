@@ -55,7 +55,11 @@ type Config struct {
 	// EncryptionConfigFile holds the keys Secrets are encrypted with;
 	// empty: stored in the clear. The apiserver reloads it when it changes.
 	EncryptionConfigFile string
-	ExtraArgs            []string
+	// AuthenticationConfigFile limits anonymous requests to the paths
+	// that need them (see WriteAuthenticationConfig); empty: anonymous
+	// requests reach whatever RBAC grants system:unauthenticated.
+	AuthenticationConfigFile string
+	ExtraArgs                []string
 }
 
 // Args returns the kube-apiserver command line for cfg.
@@ -97,6 +101,10 @@ func Args(cfg Config) []string {
 		// Without it, shutdown waits up to --request-timeout (60 s) for
 		// the watches of in-process clients; with it, 2 s after draining.
 		"shutdown-send-retry-after": "true",
+		// Aggregated APIs (metrics.k8s.io, served by kelp itself) are
+		// reached at their Service's endpoints, not its ClusterIP: a server
+		// with --disable-agent runs no Service proxy.
+		"enable-aggregator-routing": "true",
 	}
 	if cfg.SingleServer {
 		// The kubernetes Service's endpoint is this server, without the
@@ -105,6 +113,13 @@ func Args(cfg Config) []string {
 		flags["endpoint-reconciler-type"] = "master-count"
 		flags["apiserver-count"] = "1"
 		flags["feature-gates"] = "UnknownVersionInteroperabilityProxy=false"
+	}
+	// The apiserver refuses --anonymous-auth beside a configuration file
+	// that configures anonymous access: a user's own choice of either
+	// wins over kelp's file.
+	if cfg.AuthenticationConfigFile != "" && !kubeargs.Sets(cfg.ExtraArgs, "anonymous-auth") && !kubeargs.Sets(cfg.ExtraArgs, "authentication-config") {
+		delete(flags, "anonymous-auth")
+		flags["authentication-config"] = cfg.AuthenticationConfigFile
 	}
 	if cfg.AdmissionConfigFile != "" {
 		flags["admission-control-config-file"] = cfg.AdmissionConfigFile

@@ -2,8 +2,13 @@ package apiserver
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/kelp-dev/kelp/internal/datastore"
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -48,6 +53,7 @@ func TestArgs(t *testing.T) {
 				"--service-account-signing-key-file=/tls/service.key",
 				"--profiling=false",
 				"--endpoint-reconciler-type=lease",
+				"--enable-aggregator-routing=true",
 			},
 			not: []string{"--etcd-cafile=", "--etcd-certfile=", "--feature-gates=", "--audit-log-path=", "--admission-control-config-file=", "--encryption-provider-config="},
 		},
@@ -121,5 +127,43 @@ func TestLocalURL(t *testing.T) {
 		if got := LocalURL(netip.MustParseAddr(bind), 6443); got != want {
 			t.Errorf("%s: got %s want %s", bind, got, want)
 		}
+	}
+}
+
+// TestAnonymousAuthentication checks that kelp's authentication file
+// replaces --anonymous-auth, and that a user's own choice of either wins.
+func TestAnonymousAuthentication(t *testing.T) {
+	cfg := Config{AuthenticationConfigFile: "/etc/authn.yaml"}
+	args := strings.Join(Args(cfg), " ")
+	if !strings.Contains(args, "--authentication-config=/etc/authn.yaml") || strings.Contains(args, "--anonymous-auth") {
+		t.Errorf("with kelp's file: %s", args)
+	}
+	for _, extra := range []string{"anonymous-auth=false", "authentication-config=/mine.yaml"} {
+		cfg.ExtraArgs = []string{extra}
+		args := strings.Join(Args(cfg), " ")
+		if strings.Contains(args, "/etc/authn.yaml") || !strings.Contains(args, "--"+extra) {
+			t.Errorf("with --kube-apiserver-arg %s: %s", extra, args)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "authn.yaml")
+	if err := WriteAuthenticationConfig(path, []string{"/cacerts", "/readyz"}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parsed struct {
+		Kind      string
+		Anonymous struct {
+			Enabled    bool
+			Conditions []struct{ Path string }
+		}
+	}
+	if err := yaml.Unmarshal(data, &parsed); err != nil {
+		t.Fatal(err)
+	}
+	if parsed.Kind != "AuthenticationConfiguration" || !parsed.Anonymous.Enabled || len(parsed.Anonymous.Conditions) != 2 || parsed.Anonymous.Conditions[1].Path != "/readyz" {
+		t.Errorf("file %+v:\n%s", parsed, data)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
@@ -71,6 +72,27 @@ plugins:
     exemptions:
       namespaces: [kube-system]
 `, level))
+}
+
+// WriteAuthenticationConfig writes to path an authentication
+// configuration that lets anonymous requests reach only paths: those of
+// kelp's join API, which nodes call before they have credentials, and
+// the health and version endpoints. Any other anonymous request is
+// refused as unauthenticated, whatever RBAC grants system:unauthenticated
+// (the CIS benchmark's anonymous-auth check, without breaking joins).
+func WriteAuthenticationConfig(path string, paths []string) error {
+	var b strings.Builder
+	b.WriteString(`# Written by kelp at every start.
+apiVersion: apiserver.config.k8s.io/v1
+kind: AuthenticationConfiguration
+anonymous:
+  enabled: true
+  conditions:
+`)
+	for _, p := range paths {
+		fmt.Fprintf(&b, "  - path: %q\n", p)
+	}
+	return writeConfig(path, b.String())
 }
 
 // writeConfig writes content to path unless it is there already: these

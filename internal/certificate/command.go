@@ -33,7 +33,7 @@ func Command() *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name:  "check",
-				Usage: fmt.Sprintf("list each certificate with its expiry, days left and OK, WARN (renewed at the next start) or EXPIRED; exit status %d if one expired, %d if one is due", exitExpired, exitWarn),
+				Usage: fmt.Sprintf("list each certificate with its expiry, days left and OK, WARN (due: running kelp renews a leaf within the hour, never a CA) or EXPIRED; exit status %d if one expired, %d if one is due", exitExpired, exitWarn),
 				Flags: []cli.Flag{config.ConfigFlag(), dataDir},
 				Action: func(c *cli.Context) error {
 					return check(c.App.Writer, c.String("data-dir"), time.Now())
@@ -84,7 +84,7 @@ func check(w io.Writer, dataDir string, now time.Time) error {
 	}
 	switch worst {
 	case pki.StatusExpired:
-		return cli.Exit("a certificate has expired: restart kelp to renew leaf certificates (`kelp certificate rotate` first to renew them all)", exitExpired)
+		return cli.Exit("a certificate has expired: kelp renews leaf certificates while it runs, so check that it runs and what it logged; starting it renews them too (on a stopped server, `kelp certificate rotate` first renews them all)", exitExpired)
 	case pki.StatusWarn:
 		return cli.Exit("", exitWarn)
 	}
@@ -94,7 +94,7 @@ func check(w io.Writer, dataDir string, now time.Time) error {
 func rotate(w io.Writer, dataDir string, services []string, now time.Time) error {
 	dir := layout.Server(dataDir).TLS
 	if _, err := os.Stat(dir); err != nil {
-		return fmt.Errorf("%w: rotate runs on a server, with its --data-dir (an agent gets new certificates at every start)", err)
+		return fmt.Errorf("%w: rotate runs on a server, with its --data-dir (an agent renews its certificates while it runs and gets new ones at every start)", err)
 	}
 	if err := os.MkdirAll(layout.Server(dataDir).DB, 0o700); err != nil {
 		return err

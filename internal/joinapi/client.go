@@ -29,6 +29,9 @@ type Client struct {
 	// CAFile is the server CA pinned at an earlier join; if it does not
 	// exist, the server's is fetched and checked against the token's hash.
 	CAFile string
+	// Cert is a joined node's client certificate, which it renews its
+	// certificates with instead of a token; empty: none.
+	Cert pki.Pair
 }
 
 // Post sends req to path and decodes the answer into resp. It returns the
@@ -50,9 +53,19 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 	if err != nil {
 		return nil, err
 	}
-	r.Header.Set(TokenHeader, c.Token.User+":"+c.Token.Secret)
+	if c.Token.Secret != "" {
+		r.Header.Set(TokenHeader, c.Token.User+":"+c.Token.Secret)
+	}
 	r.Header.Set("Content-Type", "application/json")
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	tlsConfig := &tls.Config{RootCAs: pool}
+	if c.Cert.Cert != "" {
+		cert, err := tls.LoadX509KeyPair(c.Cert.Cert, c.Cert.Key)
+		if err != nil {
+			return nil, fmt.Errorf("load the client certificate: %w", err)
+		}
+		tlsConfig.Certificates = []tls.Certificate{cert}
+	}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}}
 	answer, err := client.Do(r)
 	if err != nil {
 		return nil, fmt.Errorf("join %s: %w", c.Server, err)
@@ -64,7 +77,7 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 	}
 	switch answer.StatusCode {
 	case http.StatusOK:
-	case http.StatusUnauthorized, http.StatusConflict, http.StatusBadRequest:
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusConflict, http.StatusBadRequest:
 		return nil, fmt.Errorf("%w: %s", ErrRefused, strings.TrimSpace(string(data)))
 	default:
 		return nil, fmt.Errorf("join %s: %s: %s", c.Server, answer.Status, strings.TrimSpace(string(data)))

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	genericrequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -135,21 +137,26 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
 		return
 	}
-	ok, err := s.authorized(r.Context(), r.Header.Get(TokenHeader))
-	if err != nil {
-		msg := "could not check the token"
-		if errors.Is(err, errNoServerToken) {
-			// The node goes on trying; the server's operator can fix this.
-			msg = "the server's token file is missing or empty, so it cannot check this token; restart the server to write it again, or run `kelp token rotate` on it"
+	// A node that joined renews its certificates with them, not with a
+	// token: the one it joined with may have expired or been rotated since.
+	node, renewal := certifiedNode(r.Context())
+	if !renewal {
+		ok, err := s.authorized(r.Context(), r.Header.Get(TokenHeader))
+		if err != nil {
+			msg := "could not check the token"
+			if errors.Is(err, errNoServerToken) {
+				// The node goes on trying; the server's operator can fix this.
+				msg = "the server's token file is missing or empty, so it cannot check this token; restart the server to write it again, or run `kelp token rotate` on it"
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
+			log.WithError(err).Error("check a join token")
+			return
 		}
-		http.Error(w, msg, http.StatusServiceUnavailable)
-		log.WithError(err).Error("check a join token")
-		return
-	}
-	if !ok {
-		log.WithField("from", r.RemoteAddr).Warn("a node presented a wrong token")
-		http.Error(w, "the token is not valid for this cluster: copy it from the server's <data-dir>/server/token", http.StatusUnauthorized)
-		return
+		if !ok {
+			log.WithField("from", r.RemoteAddr).Warn("a node presented a wrong token")
+			http.Error(w, "the token is not valid for this cluster: copy it from the server's <data-dir>/server/token", http.StatusUnauthorized)
+			return
+		}
 	}
 	var req JoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
@@ -160,6 +167,17 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
+	}
+	if renewal {
+		if err := s.mayRenew(r.Context(), node, req.NodeName); err != nil {
+			status := http.StatusInternalServerError
+			if errors.Is(err, errRenewalRefused) {
+				status = http.StatusForbidden
+			}
+			log.WithError(err).WithFields(logrus.Fields{"from": r.RemoteAddr, "node": node}).Warn("renewal refused")
+			http.Error(w, err.Error(), status)
+			return
+		}
 	}
 	select {
 	case s.slots <- struct{}{}:
@@ -184,7 +202,44 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(resp)
+	if renewal {
+		log.WithFields(logrus.Fields{"node": req.NodeName, "ips": req.NodeIPs}).Info("renewed a node's certificates")
+		return
+	}
 	log.WithFields(logrus.Fields{"node": req.NodeName, "ips": req.NodeIPs}).Info("node joined")
+}
+
+var errRenewalRefused = errors.New("renewal refused")
+
+// mayRenew lets the node whose certificate the request came with renew
+// the certificates of name: its own, while its Node exists. A node's
+// certificates cannot be revoked, but `kubectl delete node` stops their
+// renewal: the machine then needs a valid token to join again.
+func (s *joinAPI) mayRenew(ctx context.Context, node, name string) error {
+	if name != node {
+		return fmt.Errorf("%w: the certificate of node %q renews only that node's certificates", errRenewalRefused, node)
+	}
+	c, err := s.kube()
+	if err != nil {
+		return err
+	}
+	_, err = c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: node %q was deleted; to join again, restart kelp agent on it with a valid token", errRenewalRefused, name)
+	}
+	return err
+}
+
+// certifiedNode is the name of the node whose client certificate
+// (system:node:<name> in system:nodes) the apiserver authenticated the
+// request with, if any.
+func certifiedNode(ctx context.Context) (string, bool) {
+	u, ok := genericrequest.UserFrom(ctx)
+	if !ok || !slices.Contains(u.GetGroups(), "system:nodes") {
+		return "", false
+	}
+	name, ok := strings.CutPrefix(u.GetName(), "system:node:")
+	return name, ok && name != ""
 }
 
 // errNoServerToken is a join whose token matched nothing while the server

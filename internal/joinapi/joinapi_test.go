@@ -2,7 +2,10 @@ package joinapi
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +17,8 @@ import (
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
+	genericrequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -276,5 +281,88 @@ func TestJoinTokenFileMissingOrEmpty(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A node that joined renews its certificates with its client certificate
+// and its password, without a token: the server takes the node's name
+// from the certificate the apiserver authenticated. Deleting the Node
+// ends that.
+func TestRenewWithNodeCertificate(t *testing.T) {
+	s, client := testJoinAPI(t)
+	req := JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.99.0.3"}, Password: "0123456789abcdef0123"}
+	w := joinAs(s, "node:agent-secret", req)
+	if w.Code != http.StatusOK {
+		t.Fatalf("join: %d %s", w.Code, w.Body)
+	}
+	var joined JoinResponse
+	if err := json.Unmarshal(w.Body.Bytes(), &joined); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "agent-1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The apiserver in front of the join API authenticates client
+	// certificates; this stands in for it.
+	dir := t.TempDir()
+	files := pki.NodeFilesIn(dir)
+	if err := files.Write(joined.ServerCA, joined.ClientCA, joined.Certs); err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TLS.PeerCertificates) > 0 {
+			c := r.TLS.PeerCertificates[0]
+			u := &user.DefaultInfo{Name: c.Subject.CommonName, Groups: append(c.Subject.Organization, "system:authenticated")}
+			r = r.WithContext(genericrequest.WithUser(r.Context(), u))
+		}
+		s.join(w, r)
+	}))
+	serving, err := tls.LoadX509KeyPair(s.cfg.Certs.APIServer.Cert, s.cfg.Certs.APIServer.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCAs := x509.NewCertPool()
+	clientCAs.AppendCertsFromPEM(joined.ClientCA)
+	front.TLS = &tls.Config{Certificates: []tls.Certificate{serving}, ClientCAs: clientCAs, ClientAuth: tls.VerifyClientCertIfGiven}
+	front.StartTLS()
+	defer front.Close()
+
+	renew := Client{Server: front.URL, CAFile: files.ServerCA, Cert: files.KubeletClient}
+	var renewed JoinResponse
+	if _, err := renew.Post(t.Context(), JoinPath, req, &renewed); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	if len(renewed.Certs.KubeletClient.Cert) == 0 || bytes.Equal(renewed.Certs.KubeletClient.Cert, joined.Certs.KubeletClient.Cert) {
+		t.Error("the renewal answered no new client certificate")
+	}
+
+	for _, tc := range []struct {
+		name   string
+		client Client
+		req    JoinRequest
+		want   string
+	}{
+		{"another node's name", renew, JoinRequest{NodeName: "agent-2", Password: req.Password}, "renews only that node's certificates"},
+		{"another password", renew, JoinRequest{NodeName: "agent-1", Password: "someone-elses-password"}, "joined before with another node password"},
+		{"no certificate and no token", Client{Server: front.URL, CAFile: files.ServerCA}, req, "the token is not valid"},
+		{"a certificate that is not a node's", Client{Server: front.URL, CAFile: files.ServerCA, Cert: files.Proxy}, req, "the token is not valid"},
+	} {
+		var resp JoinResponse
+		_, err := tc.client.Post(t.Context(), JoinPath, tc.req, &resp)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want a refusal that says %q", tc.name, err, tc.want)
+		}
+	}
+
+	// Deleting the Node stops its renewals; a token still joins it.
+	if err := client.CoreV1().Nodes().Delete(t.Context(), "agent-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := renew.Post(t.Context(), JoinPath, req, &renewed); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "was deleted") {
+		t.Errorf("renewal of a deleted node: %v", err)
+	}
+	if w := joinAs(s, "node:agent-secret", req); w.Code != http.StatusOK {
+		t.Errorf("the deleted node with a token: %d %s", w.Code, w.Body)
 	}
 }

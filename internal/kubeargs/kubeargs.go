@@ -49,3 +49,14 @@ func Render(defaults map[string]string, extra []string) []string {
 	}
 	return out
 }
+
+// Sets says whether extra, "name=value" flags as Render takes them,
+// sets the flag name.
+func Sets(extra []string, name string) bool {
+	for _, e := range extra {
+		if n, _, _ := strings.Cut(strings.TrimLeft(e, "-"), "="); n == name {
+			return true
+		}
+	}
+	return false
+}

@@ -49,3 +49,31 @@ func Write(path string, mode os.FileMode, c Client) error {
 	}
 	return atomicfile.Write(path, data, mode)
 }
+
+// WriteLocal writes a kubeconfig for c to path, for a client on this
+// machine: it names the certificate files instead of embedding them, so
+// that the client follows its certificate when it is renewed (client-go
+// reloads only certificates it was given by file).
+func WriteLocal(path string, c Client) error {
+	files := []*string{&c.CAFile, &c.Cert.Cert, &c.Cert.Key}
+	for _, f := range files {
+		abs, err := filepath.Abs(*f)
+		if err != nil {
+			return fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		*f = abs
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["default"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthority: c.CAFile}
+	cfg.AuthInfos["default"] = &clientcmdapi.AuthInfo{ClientCertificate: c.Cert.Cert, ClientKey: c.Cert.Key}
+	cfg.Contexts["default"] = &clientcmdapi.Context{Cluster: "default", AuthInfo: "default"}
+	cfg.CurrentContext = "default"
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	return atomicfile.Write(path, data, 0o600)
+}

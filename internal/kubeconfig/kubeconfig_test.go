@@ -47,3 +47,35 @@ func TestWrite(t *testing.T) {
 		t.Error("a missing certificate must be an error")
 	}
 }
+
+// A client made from the kubeconfig reads the certificate from its files,
+// which is what makes client-go reload it.
+func TestWriteLocal(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	if err := os.Mkdir("tls", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"tls/ca.crt", "tls/c.crt", "tls/c.key"} {
+		if err := os.WriteFile(name, []byte("PEM of "+name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "cred", "admin.kubeconfig")
+	if err := WriteLocal(path, Client{Server: "https://127.0.0.1:6443", CAFile: "tls/ca.crt", Cert: pki.Pair{Cert: "tls/c.crt", Key: "tls/c.key"}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: %v %v", path, st, err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tls := rc.TLSClientConfig
+	if rc.Host != "https://127.0.0.1:6443" || tls.CAFile != filepath.Join(dir, "tls/ca.crt") ||
+		tls.CertFile != filepath.Join(dir, "tls/c.crt") || tls.KeyFile != filepath.Join(dir, "tls/c.key") ||
+		len(tls.CAData)+len(tls.CertData)+len(tls.KeyData) != 0 {
+		t.Errorf("client config %s %+v, want absolute files and no data", rc.Host, tls)
+	}
+}

@@ -69,9 +69,9 @@ type ServerPaths struct {
 	AgentToken string // joins agents only
 	// Versions records which kelp and Kubernetes last ran the server.
 	Versions string
-	// Files kelp writes for the apiserver: its default audit policy and
-	// its admission plugins' configuration.
-	AuditPolicy, AdmissionConfig string
+	// Files kelp writes for the apiserver: its default audit policy, its
+	// admission plugins' and its authenticators' configuration.
+	AuditPolicy, AdmissionConfig, AuthenticationConfig string
 	// EncryptionConfig holds the keys Secrets are encrypted with.
 	EncryptionConfig string
 	// Manifests are applied to the cluster while their files exist;
@@ -96,6 +96,7 @@ func Server(dataDir string) ServerPaths {
 		Versions:                    filepath.Join(dir, "versions.json"),
 		AuditPolicy:                 filepath.Join(dir, "etc", "audit-policy.yaml"),
 		AdmissionConfig:             filepath.Join(dir, "etc", "admission.yaml"),
+		AuthenticationConfig:        filepath.Join(dir, "etc", "authentication.yaml"),
 		EncryptionConfig:            filepath.Join(cred, "encryption-config.json"),
 		Manifests:                   filepath.Join(dir, "manifests"),
 		StaticCharts:                filepath.Join(dir, "static", "charts"),

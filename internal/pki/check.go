@@ -15,7 +15,7 @@ import (
 // Certificate states, worst last.
 const (
 	StatusOK      = "OK"
-	StatusWarn    = "WARN"    // within the renewal window: renewed at the next start
+	StatusWarn    = "WARN"    // due: a running kelp renews a leaf within the hour, never a CA
 	StatusExpired = "EXPIRED" // clients refuse it now
 )
 
@@ -50,10 +50,14 @@ func Check(dir string, now time.Time) ([]CertStatus, error) {
 		}
 		s := CertStatus{Path: path, Subject: cert.Subject.CommonName, NotAfter: cert.NotAfter, CA: cert.IsCA, Status: StatusOK}
 		s.DaysLeft = int(cert.NotAfter.Sub(now).Hours() / 24)
+		due := renewAt(cert)
+		if cert.IsCA {
+			due = cert.NotAfter.Add(-renewBefore)
+		}
 		switch {
 		case now.After(cert.NotAfter):
 			s.Status = StatusExpired
-		case cert.NotAfter.Sub(now) < renewBefore:
+		case !now.Before(due):
 			s.Status = StatusWarn
 		}
 		out = append(out, s)

@@ -8,9 +8,14 @@
 // Ensure stops with an error that says which file and what to do. Leaf
 // certificates are cheap and are reissued whenever they are close to expiry
 // or no longer match what the node needs, and are otherwise left untouched.
+// Renew does the same for leaves while the server runs (package certrenew
+// calls it); NextExpiry says when the first of some leaves is due.
 //
 // IssueNode signs the credentials of a node that joins, which travel as
-// PEMPairs (contents) and land, by NodeFiles.Write, at Pairs (paths).
+// PEMPairs (contents) and land, by NodeFiles.Write (NodeFiles.WriteRenewed
+// on a running node), at Pairs (paths).
+// IssueServing signs, in memory, the certificate of a server that makes a
+// new one at every start (the metrics API).
 // internal/layout says where the TLS directories are; the names of the
 // files in them are spelled here only, in FilesIn and NodeFilesIn.
 package pki

@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 )
@@ -24,46 +25,43 @@ type leafSpec struct {
 	sans   []string // normalized, see normalizeSANs
 }
 
-func (is issuer) ensureLeaf(l leafSpec) error {
+// ensureLeaf reissues the leaf l when the one on disk cannot be kept, and
+// says whether it did.
+func (is issuer) ensureLeaf(l leafSpec) (bool, error) {
 	certPEM, err := readOptional(l.files.Cert)
 	if err != nil {
-		return err
+		return false, err
 	}
 	keyPEM, err := readOptional(l.files.Key)
 	if err != nil {
-		return err
+		return false, err
 	}
 	reason := is.reissueReason(l, certPEM, keyPEM)
 	if reason == "" {
-		return nil
+		return false, nil
 	}
 
 	key, err := newKey()
 	if err != nil {
-		return err
+		return false, err
 	}
 	der, err := is.sign(l, key)
 	if err != nil {
-		return err
+		return false, err
 	}
 	newKeyPEM, err := encodeKey(key)
 	if err != nil {
-		return err
+		return false, err
 	}
-	// A crash between the two writes leaves a key that does not match the
-	// certificate, which the next start detects and reissues.
-	if err := writeFile(l.files.Key, newKeyPEM); err != nil {
-		return err
-	}
-	if err := writeFile(l.files.Cert, encodeCert(der)); err != nil {
-		return err
+	if err := writePair(l.files, encodeCert(der), newKeyPEM); err != nil {
+		return false, err
 	}
 	msg := "reissued certificate"
 	if certPEM == nil {
 		msg = "created certificate"
 	}
 	is.log.WithFields(logrus.Fields{"cert": l.files.Cert, "reason": reason}).Info(msg)
-	return nil
+	return true, nil
 }
 
 // reissueReason says why the leaf on disk cannot be kept, or returns "" when
@@ -110,13 +108,29 @@ func (is issuer) reissueReason(l leafSpec, certPEM, keyPEM []byte) string {
 	}
 	// A leaf cannot outlive its CA; once it is as long-lived as the CA
 	// allows, reissuing would only churn (ensureCA warns instead).
-	if left := cert.NotAfter.Sub(is.now); left < renewBefore && cert.NotAfter.Before(l.ca.cert.NotAfter) {
+	if !cert.NotAfter.Before(l.ca.cert.NotAfter) {
+		return ""
+	}
+	if left := cert.NotAfter.Sub(is.now); !is.now.Before(renewAt(cert)) {
 		if left <= 0 {
-			return fmt.Sprintf("expired %d days ago", int(-left.Hours()/24))
+			return "expired " + humanDuration(-left) + " ago"
 		}
-		return fmt.Sprintf("expires in %d days", int(left.Hours()/24))
+		return "expires in " + humanDuration(left)
+	}
+	// A shorter lifetime (a test's) takes effect at once.
+	if cert.NotAfter.Sub(cert.NotBefore) > is.leafLifetime()+backdate {
+		return "lives longer than the leaf lifetime of " + is.leafLifetime().String()
 	}
 	return ""
+}
+
+// humanDuration says d in days, or for a test's short-lived leaves in
+// seconds.
+func humanDuration(d time.Duration) string {
+	if d < 24*time.Hour {
+		return d.Round(time.Second).String()
+	}
+	return fmt.Sprintf("%d days", int(d.Hours()/24))
 }
 
 func (is issuer) sign(l leafSpec, key *ecdsa.PrivateKey) ([]byte, error) {
@@ -124,7 +138,7 @@ func (is issuer) sign(l leafSpec, key *ecdsa.PrivateKey) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	notAfter := is.now.Add(leafValidity)
+	notAfter := is.now.Add(is.leafLifetime())
 	if notAfter.After(l.ca.cert.NotAfter) {
 		notAfter = l.ca.cert.NotAfter
 	}

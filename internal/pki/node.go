@@ -90,9 +90,9 @@ func (f NodeFiles) Write(serverCA, clientCA []byte, certs NodeCerts) error {
 }
 
 // IssueNode signs new credentials for the node name with the addresses
-// ips, with the CAs in f.
+// ips, with the CAs in f, as long-lived as the server's own leaves.
 func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
-	is := issuer{now: time.Now().UTC(), log: logrus.WithField("component", "pki")}
+	is := issuer{now: time.Now().UTC(), lifetime: f.leafLifetime(), log: logrus.WithField("component", "pki")}
 	serverCA, err := loadAuthority(f.ServerCA)
 	if err != nil {
 		return NodeCerts{}, err
@@ -117,20 +117,11 @@ func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
 		{leafSpec{ca: clientCA, cn: "system:kelp-dns", usages: clientAuth}, &out.DNS},
 		{leafSpec{ca: clientCA, cn: "system:kelp-controller", usages: clientAuth}, &out.Controller},
 	} {
-		l.spec.files.Cert = l.spec.cn // names the certificate in errors
-		key, err := newKey()
+		pair, err := is.issue(l.spec)
 		if err != nil {
 			return NodeCerts{}, err
 		}
-		der, err := is.sign(l.spec, key)
-		if err != nil {
-			return NodeCerts{}, err
-		}
-		keyPEM, err := encodeKey(key)
-		if err != nil {
-			return NodeCerts{}, err
-		}
-		*l.dst = PEMPair{Cert: encodeCert(der), Key: keyPEM}
+		*l.dst = pair
 	}
 	return out, nil
 }

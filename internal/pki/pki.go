@@ -18,9 +18,11 @@ import (
 const (
 	caValidity   = 10 * 365 * 24 * time.Hour
 	leafValidity = 365 * 24 * time.Hour
-	// renewBefore is how long before expiry a leaf is reissued. Servers are
-	// restarted at least every few months by upgrades, so 120 days leaves
-	// room for a node that is rarely restarted.
+	// renewBefore is how long before expiry a leaf of leafValidity is
+	// reissued, and a CA warned about. A running server or node renews its
+	// leaves itself (package certrenew), but one that was stopped for
+	// months, or cannot reach its server, still has room. Leaves of other
+	// lifetimes are renewed in the same share of their life (renewAt).
 	renewBefore = 120 * 24 * time.Hour
 	// backdate tolerates clock skew between this node and the ones that
 	// verify a freshly issued certificate.
@@ -36,6 +38,9 @@ type Config struct {
 	ServiceIP     net.IP           // first IP of the service CIDR
 	ClusterDomain string           // e.g. cluster.local
 	Now           func() time.Time // nil = time.Now
+	// LeafLifetime is how long new leaf certificates live; zero: a year.
+	// Only tests shorten it (see package certrenew).
+	LeafLifetime time.Duration
 }
 
 // Validate reports the first setting Ensure cannot work with.
@@ -45,6 +50,9 @@ func (c Config) Validate() error {
 	}
 	if strings.TrimSpace(c.Hostname) == "" {
 		return errors.New("pki: hostname is empty; set --node-name")
+	}
+	if c.LeafLifetime < 0 {
+		return fmt.Errorf("pki: negative leaf lifetime %s", c.LeafLifetime)
 	}
 	if !validIP(c.ServiceIP) {
 		return errors.New("pki: service IP is missing; check --service-cidr")
@@ -136,12 +144,7 @@ func FilesIn(dir string) Files {
 
 func (f Files) all() []string {
 	out := []string{f.ServiceAccountKey, f.ServiceAccountPub}
-	for _, p := range []Pair{
-		f.ServerCA, f.ClientCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA,
-		f.APIServer, f.Admin, f.ControllerManager, f.Scheduler, f.APIServerKubeletClient,
-		f.KubeletClient, f.KubeletServing, f.KubeProxy, f.DNS, f.Controller, f.AuthProxy,
-		f.EtcdServer, f.EtcdClient, f.EtcdPeer,
-	} {
+	for _, p := range append([]Pair{f.ServerCA, f.ClientCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA}, f.Leaves()...) {
 		out = append(out, p.Cert, p.Key)
 	}
 	return out
@@ -182,24 +185,14 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 	if cfg.Now != nil {
 		now = cfg.Now
 	}
-	is := issuer{now: now().UTC(), log: log}
+	is := issuer{now: now().UTC(), lifetime: cfg.LeafLifetime, log: log}
 	f := FilesIn(dir)
 	if err := is.removeRetired(dir); err != nil {
 		return Files{}, err
 	}
 
-	var serverCA, clientCA, requestHeaderCA, etcdServerCA, etcdPeerCA *authority
-	for _, ca := range []struct {
-		name  string
-		files Pair
-		dst   **authority
-	}{
-		{"kelp-server-ca", f.ServerCA, &serverCA},
-		{"kelp-client-ca", f.ClientCA, &clientCA},
-		{"kelp-request-header-ca", f.RequestHeaderCA, &requestHeaderCA},
-		{"kelp-etcd-server-ca", f.EtcdServerCA, &etcdServerCA},
-		{"kelp-etcd-peer-ca", f.EtcdPeerCA, &etcdPeerCA},
-	} {
+	var cas loadedCAs
+	for _, ca := range cas.slots(f) {
 		a, err := is.ensureCA(ca.name, ca.files)
 		if err != nil {
 			return Files{}, err
@@ -211,25 +204,8 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		return Files{}, err
 	}
 
-	apiserverSANs := cfg.apiserverSANs()
-	nodeSANs := cfg.nodeSANs()
-	for _, l := range []leafSpec{
-		{ca: serverCA, files: f.APIServer, cn: "kube-apiserver", usages: serverAuth, sans: apiserverSANs},
-		{ca: clientCA, files: f.Admin, cn: "system:admin", orgs: []string{"system:masters"}, usages: clientAuth},
-		{ca: clientCA, files: f.ControllerManager, cn: "system:kube-controller-manager", usages: clientAuth},
-		{ca: clientCA, files: f.Scheduler, cn: "system:kube-scheduler", usages: clientAuth},
-		{ca: clientCA, files: f.APIServerKubeletClient, cn: "system:kube-apiserver", orgs: []string{"system:masters"}, usages: clientAuth},
-		{ca: clientCA, files: f.KubeletClient, cn: "system:node:" + strings.ToLower(cfg.Hostname), orgs: []string{"system:nodes"}, usages: clientAuth},
-		{ca: serverCA, files: f.KubeletServing, cn: strings.ToLower(cfg.Hostname), usages: serverAuth, sans: nodeSANs},
-		{ca: clientCA, files: f.KubeProxy, cn: "system:kube-proxy", usages: clientAuth},
-		{ca: clientCA, files: f.DNS, cn: "system:kelp-dns", usages: clientAuth},
-		{ca: clientCA, files: f.Controller, cn: "system:kelp-controller", usages: clientAuth},
-		{ca: requestHeaderCA, files: f.AuthProxy, cn: "system:auth-proxy", usages: clientAuth},
-		{ca: etcdServerCA, files: f.EtcdServer, cn: "etcd-server", usages: serverClientAuth, sans: nodeSANs},
-		{ca: etcdServerCA, files: f.EtcdClient, cn: "etcd-client", usages: clientAuth},
-		{ca: etcdPeerCA, files: f.EtcdPeer, cn: "etcd-peer", usages: serverClientAuth, sans: nodeSANs},
-	} {
-		if err := is.ensureLeaf(l); err != nil {
+	for _, l := range cfg.leaves(f, cas) {
+		if _, err := is.ensureLeaf(l); err != nil {
 			return Files{}, err
 		}
 	}
@@ -261,10 +237,63 @@ func (is issuer) removeRetired(dir string) error {
 	return nil
 }
 
+// loadedCAs are the CAs leaves are signed with.
+type loadedCAs struct {
+	server, client, requestHeader, etcdServer, etcdPeer *authority
+}
+
+// caSlot is one CA: its name, its files, and where it goes once loaded.
+type caSlot struct {
+	name  string
+	files Pair
+	dst   **authority
+}
+
+func (a *loadedCAs) slots(f Files) []caSlot {
+	return []caSlot{
+		{"kelp-server-ca", f.ServerCA, &a.server},
+		{"kelp-client-ca", f.ClientCA, &a.client},
+		{"kelp-request-header-ca", f.RequestHeaderCA, &a.requestHeader},
+		{"kelp-etcd-server-ca", f.EtcdServerCA, &a.etcdServer},
+		{"kelp-etcd-peer-ca", f.EtcdPeerCA, &a.etcdPeer},
+	}
+}
+
+// leaves are the leaf certificates of the server in c, signed by cas.
+func (c Config) leaves(f Files, cas loadedCAs) []leafSpec {
+	apiserverSANs := c.apiserverSANs()
+	nodeSANs := c.nodeSANs()
+	return []leafSpec{
+		{ca: cas.server, files: f.APIServer, cn: "kube-apiserver", usages: serverAuth, sans: apiserverSANs},
+		{ca: cas.client, files: f.Admin, cn: "system:admin", orgs: []string{"system:masters"}, usages: clientAuth},
+		{ca: cas.client, files: f.ControllerManager, cn: "system:kube-controller-manager", usages: clientAuth},
+		{ca: cas.client, files: f.Scheduler, cn: "system:kube-scheduler", usages: clientAuth},
+		{ca: cas.client, files: f.APIServerKubeletClient, cn: "system:kube-apiserver", orgs: []string{"system:masters"}, usages: clientAuth},
+		{ca: cas.client, files: f.KubeletClient, cn: "system:node:" + strings.ToLower(c.Hostname), orgs: []string{"system:nodes"}, usages: clientAuth},
+		{ca: cas.server, files: f.KubeletServing, cn: strings.ToLower(c.Hostname), usages: serverAuth, sans: nodeSANs},
+		{ca: cas.client, files: f.KubeProxy, cn: "system:kube-proxy", usages: clientAuth},
+		{ca: cas.client, files: f.DNS, cn: "system:kelp-dns", usages: clientAuth},
+		{ca: cas.client, files: f.Controller, cn: "system:kelp-controller", usages: clientAuth},
+		{ca: cas.requestHeader, files: f.AuthProxy, cn: "system:auth-proxy", usages: clientAuth},
+		{ca: cas.etcdServer, files: f.EtcdServer, cn: "etcd-server", usages: serverClientAuth, sans: nodeSANs},
+		{ca: cas.etcdServer, files: f.EtcdClient, cn: "etcd-client", usages: clientAuth},
+		{ca: cas.etcdPeer, files: f.EtcdPeer, cn: "etcd-peer", usages: serverClientAuth, sans: nodeSANs},
+	}
+}
+
 // issuer carries what every step of one Ensure call shares.
 type issuer struct {
-	now time.Time
-	log logrus.FieldLogger
+	now      time.Time
+	lifetime time.Duration // of the leaves it signs; zero: leafValidity
+	log      logrus.FieldLogger
+}
+
+// leafLifetime is how long the leaves is signs live.
+func (is issuer) leafLifetime() time.Duration {
+	if is.lifetime > 0 {
+		return is.lifetime
+	}
+	return leafValidity
 }
 
 func (is issuer) tightenMode(path string) error {

@@ -1,0 +1,78 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/certrenew"
+	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/joinapi"
+	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
+)
+
+// startCertRenewal renews, while it runs, the certificates of a node that
+// joined, through the join API; the server's own node's are the server's,
+// which renews them. The node's clients follow them by file
+// (kubeconfig.WriteLocal).
+func startCertRenewal(g *component.Group, cfg config.Agent, creds Credentials) error {
+	p := layout.Agent(cfg.DataDir)
+	// Only a node that joined keeps its credentials in the agent's TLS
+	// directory; the server's own node uses the server's.
+	if creds.Files != pki.NodeFilesIn(p.TLS) {
+		return nil
+	}
+	// The server decides how long the leaves live; a test's minutes need
+	// the clients to look for renewed ones as often.
+	first := pki.NextExpiry(creds.Files.Leaves())
+	certrenew.SpeedUpClientReload(first.NotAfter.Sub(first.RenewAt))
+
+	data, err := os.ReadFile(p.NodePassword)
+	if err != nil {
+		return fmt.Errorf("read the node password: %w", err)
+	}
+	req := joinapi.JoinRequest{NodeName: cfg.NodeName, Password: strings.TrimSpace(string(data))}
+	for _, ip := range cfg.NodeIPs {
+		req.NodeIPs = append(req.NodeIPs, ip.String())
+	}
+	// The node's client certificate stands in for the token it joined
+	// with, which may have expired or been rotated since.
+	server := joinapi.Client{Server: creds.Server, CAFile: creds.Files.ServerCA, Cert: creds.Files.KubeletClient}
+	renew := func(ctx context.Context) error {
+		return renewNode(ctx, server, req, creds.Files, p.SavedJoin)
+	}
+	return g.Go("certificate renewal", certrenew.Loop{Leaves: creds.Files.Leaves(), Renew: renew}.Run)
+}
+
+// renewNode gets new certificates for the node from the join API and puts
+// them where the node's components read them. The saved join goes first:
+// a node that restarts without its server starts from it, and would put
+// back certificates older than those in place.
+func renewNode(ctx context.Context, server joinapi.Client, req joinapi.JoinRequest, files pki.NodeFiles, savedPath string) error {
+	resp, err := joinOnce(ctx, server, req)
+	if errors.Is(err, joinapi.ErrRefused) {
+		// An expired certificate is refused too.
+		return fmt.Errorf("%w; restarting kelp agent joins again with its token", err)
+	}
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(savedPath, data, 0o600); err != nil {
+		return fmt.Errorf("save the renewed join: %w", err)
+	}
+	if err := files.WriteRenewed(resp.Certs); err != nil {
+		return fmt.Errorf("save the renewed certificates: %w", err)
+	}
+	log.Info("renewed the node's certificates")
+	return nil
+}
