@@ -52,6 +52,23 @@ func (f Files) Node() NodeFiles {
 	}
 }
 
+// filePEM is where a node's certificate and key go, and what they hold.
+type filePEM struct {
+	files Pair
+	pem   PEMPair
+}
+
+// pairsOf pairs each of a node's credentials with its files in f.
+func (f NodeFiles) pairsOf(certs NodeCerts) []filePEM {
+	return []filePEM{
+		{f.KubeletClient, certs.KubeletClient},
+		{f.KubeletServing, certs.KubeletServing},
+		{f.Proxy, certs.Proxy},
+		{f.DNS, certs.DNS},
+		{f.Controller, certs.Controller},
+	}
+}
+
 // NodeFilesIn names the files of a node that joined in dir. They have the
 // names the server gives its own node's, so a node's files are found by one
 // rule whichever way it got them.
@@ -61,16 +78,7 @@ func NodeFilesIn(dir string) NodeFiles { return FilesIn(dir).Node() }
 // and clientCA in f. It writes nothing unless every one of them is there.
 func (f NodeFiles) Write(serverCA, clientCA []byte, certs NodeCerts) error {
 	files := map[string][]byte{f.ServerCA: serverCA, f.ClientCA: clientCA}
-	for _, c := range []struct {
-		files Pair
-		pem   PEMPair
-	}{
-		{f.KubeletClient, certs.KubeletClient},
-		{f.KubeletServing, certs.KubeletServing},
-		{f.Proxy, certs.Proxy},
-		{f.DNS, certs.DNS},
-		{f.Controller, certs.Controller},
-	} {
+	for _, c := range f.pairsOf(certs) {
 		files[c.files.Cert], files[c.files.Key] = c.pem.Cert, c.pem.Key
 	}
 	for path, data := range files {

@@ -68,16 +68,7 @@ func tempFile(path string, data []byte) (string, error) {
 // certificate with its key as writePair does. The CA certificates stay:
 // they do not change while the node runs.
 func (f NodeFiles) WriteRenewed(certs NodeCerts) error {
-	pairs := []struct {
-		files Pair
-		pem   PEMPair
-	}{
-		{f.KubeletClient, certs.KubeletClient},
-		{f.KubeletServing, certs.KubeletServing},
-		{f.Proxy, certs.Proxy},
-		{f.DNS, certs.DNS},
-		{f.Controller, certs.Controller},
-	}
+	pairs := f.pairsOf(certs)
 	for _, p := range pairs {
 		for path, data := range map[string][]byte{p.files.Cert: p.pem.Cert, p.files.Key: p.pem.Key} {
 			if len(data) == 0 {
