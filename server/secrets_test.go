@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,8 +70,63 @@ func TestSecretsEncryption(t *testing.T) {
 	n.Stop()
 	n.Start()
 	n.WaitReady(startTimeout)
-	s, err := n.Client().CoreV1().Secrets("default").Get(ctx, "precious", metav1.GetOptions{})
+	c = n.Client()
+	s, err := c.CoreV1().Secrets("default").Get(ctx, "precious", metav1.GetOptions{})
 	if err != nil || string(s.Data["password"]) != "plain-sight" {
 		t.Errorf("after a restart: %v %q", err, s.Data["password"])
 	}
+
+	// A rotation killed midway (after the new key writes, while Secrets
+	// are being rewritten) loses no Secret, and reencrypt finishes it.
+	const many = 150
+	for i := range many {
+		if _, err := c.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("more-%d", i)},
+			Data:       map[string][]byte{"n": []byte(strconv.Itoa(i))},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rotation := n.Command(testcluster.Binary(t), "secrets-encrypt", "rotate-keys", "--data-dir", n.DataDir)
+	if err := testcluster.Spawn(rotation); err != nil {
+		t.Fatal(err)
+	}
+	// rotate-keys waits 20 s for the apiserver to read with the new key,
+	// then makes it the writing one and rewrites the Secrets.
+	time.Sleep(23 * time.Second)
+	if err := rotation.Process.Kill(); err != nil {
+		t.Fatalf("kill -9 kelp secrets-encrypt rotate-keys: %v", err)
+	}
+	_ = rotation.Wait()
+	readAll := func(when string) {
+		t.Helper()
+		list, err := c.CoreV1().Secrets("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatalf("%s: list Secrets: %v", when, err)
+		}
+		found := 0
+		for _, s := range list.Items {
+			if strings.HasPrefix(s.Name, "more-") && string(s.Data["n"]) == strings.TrimPrefix(s.Name, "more-") {
+				found++
+			}
+		}
+		if found != many {
+			t.Errorf("%s: %d of %d Secrets read back right", when, found, many)
+		}
+	}
+	readAll("after rotate-keys was killed")
+	out = encrypt("reencrypt")
+	var keys, stored string
+	for _, line := range strings.Split(out, "\n") {
+		if k, ok := strings.CutPrefix(line, "Keys: "); ok {
+			keys = k
+		}
+		if s, ok := strings.CutPrefix(line, "Secrets in the datastore: "); ok {
+			stored = s
+		}
+	}
+	if keys == "" || strings.Contains(keys, ",") || strings.Contains(stored, ",") || !strings.Contains(stored, keys) {
+		t.Errorf("reencrypt after a killed rotation: want one key left and every Secret stored with it:\n%s", out)
+	}
+	readAll("after reencrypt")
 }
