@@ -37,7 +37,7 @@ import (
 
 const (
 	// crashKills is how many times each datastore is killed.
-	crashKills = 20
+	crashKills = 10
 	// crashObjects ConfigMaps are written by crashWriters clients at once,
 	// each client updating its own share of them over and over.
 	crashObjects = 50
