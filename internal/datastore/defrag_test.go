@@ -95,7 +95,9 @@ func (c *churner) write(t *testing.T, value string) {
 // apiserver does every 5 minutes.
 func (c *churner) compact(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// kine's poller, which a compaction waits for, has been seen to fall
+	// more than 2 minutes behind while the cluster tests load both cores.
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	resp, err := c.cli.Get(ctx, "/registry/churn/none")
 	if err != nil {
