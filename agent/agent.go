@@ -121,7 +121,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	}); err != nil {
 		return err
 	}
-	if err := startLocalStorage(ctx, g, cfg, clients.controller); err != nil {
+	if err := startLocalStorage(g, cfg, clients.controller); err != nil {
 		return err
 	}
 	ocfg := overlay.Config{Backend: cfg.Overlay, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.OverlayIface, ClusterCIDR: cfg.ClusterCIDR}

@@ -14,7 +14,7 @@ import (
 // every node: a node does not know whether the server disabled local
 // storage, and the provisioner waits quietly until the cluster grants it
 // access, which only the local-path manifest does.
-func startLocalStorage(_ context.Context, g *component.Group, cfg config.Agent, c kubernetes.Interface) error {
+func startLocalStorage(g *component.Group, cfg config.Agent, c kubernetes.Interface) error {
 	return g.Go("local storage", func(ctx context.Context) error {
 		return localstorage.Run(ctx, c, localstorage.Config{NodeName: cfg.NodeName, Path: cfg.LocalStoragePath})
 	})

@@ -10,14 +10,13 @@ import (
 )
 
 // startHelmController installs, upgrades and uninstalls the charts of
-// HelmChart objects.
-func startHelmController(ctx context.Context, g *component.Group, cfg config.Server) error {
+// HelmChart objects. Servers that share a datastore take turns
+// (leaderElection); on SQLite there is only ever one server, and a Lease
+// would cost a write every 15 s for nothing.
+func startHelmController(g *component.Group, cfg config.Server, leaderElection bool) error {
 	hc := helmchart.Config{
-		Kubeconfig: layout.Server(cfg.DataDir).AdminKubeconfig,
-		// Servers that share a datastore take turns. On SQLite there is
-		// only ever one server, and a Lease would cost a write every 15 s
-		// for nothing.
-		LeaderElection: cfg.Datastore.Endpoint != "" || cfg.EmbeddedEtcd(),
+		Kubeconfig:     layout.Server(cfg.DataDir).AdminKubeconfig,
+		LeaderElection: leaderElection,
 	}
 	return g.Go("helm-controller", func(ctx context.Context) error { return helmchart.Run(ctx, hc) })
 }

@@ -207,7 +207,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		}
 	}
 	if !cfg.Disable.HelmController {
-		if err := startHelmController(ctx, g, cfg); err != nil {
+		if err := startHelmController(g, cfg, !single); err != nil {
 			return err
 		}
 	}
