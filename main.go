@@ -56,9 +56,7 @@ func main() {
 }
 
 // multicall returns the tool to run when kelp is started under another
-// program's name (a link named kubectl, crictl, ctr, containerd or etcdctl), or the
-// way a containerd shim calls containerd's binary to publish events:
-// `<containerd> --address A publish …`.
+// program's name (a link named kubectl, crictl, ctr or etcdctl).
 func multicall(args []string) func() error {
 	switch {
 	case filepath.Base(args[0]) == "kubectl":
@@ -67,12 +65,8 @@ func multicall(args []string) func() error {
 		return func() error { return crictl.Main(args) }
 	case filepath.Base(args[0]) == "ctr":
 		return func() error { return containerd.CtrMain(args) }
-	case filepath.Base(args[0]) == "containerd":
-		return func() error { return containerd.Main(args) }
 	case filepath.Base(args[0]) == "etcdctl":
 		return func() error { return etcdctl.Main(args) }
-	case len(args) > 3 && args[1] == "--address" && args[3] == "publish":
-		return func() error { return containerd.Main(append([]string{"containerd"}, args[1:]...)) }
 	}
 	return nil
 }
@@ -138,15 +132,6 @@ func newApp() *cli.App {
 				Usage:           "run containerd's ctr against kelp's containerd",
 				SkipFlagParsing: true,
 				Action:          func(c *cli.Context) error { return containerd.CtrMain(append([]string{"ctr"}, c.Args().Slice()...)) },
-			},
-			{
-				Name:            "containerd",
-				Usage:           "run containerd (kelp starts it for its node)",
-				Hidden:          true,
-				SkipFlagParsing: true,
-				Action: func(c *cli.Context) error {
-					return containerd.Main(append([]string{"containerd"}, c.Args().Slice()...))
-				},
 			},
 			{
 				Name:            "etcdctl",

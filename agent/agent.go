@@ -70,7 +70,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		return err
 	}
 	env := append(os.Environ(), "PATH="+p.BinDir+":"+staged.BinDir+":"+os.Getenv("PATH"))
-	if err := g.Start(containerd.Supervise(self, p.ContainerdConfig, p.ContainerdLog, env)); err != nil {
+	if err := g.Start(containerd.Supervise(filepath.Join(staged.BinDir, "containerd"), p.ContainerdConfig, p.ContainerdLog, env)); err != nil {
 		return err
 	}
 	images, err := startImages(ctx, ccfg, staged, p)

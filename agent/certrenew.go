@@ -1,12 +1,16 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/certrenew"
@@ -44,24 +48,71 @@ func startCertRenewal(g *component.Group, cfg config.Agent, creds Credentials) e
 	// The node's client certificate stands in for the token it joined
 	// with, which may have expired or been rotated since.
 	server := joinapi.Client{Server: creds.Server, CAFile: creds.Files.ServerCA, Cert: creds.Files.KubeletClient}
+	var mu sync.Mutex
 	renew := func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
 		return renewNode(ctx, server, req, creds.Files, p.SavedJoin)
 	}
-	return g.Go("certificate renewal", certrenew.Loop{Leaves: creds.Files.Leaves(), Renew: renew}.Run)
+	if err := g.Go("certificate renewal", certrenew.Loop{Leaves: creds.Files.Leaves(), Renew: renew}.Run); err != nil {
+		return err
+	}
+	return g.Go("CA rotation watch", func(ctx context.Context) error {
+		return watchServerCA(ctx, server, renew)
+	})
+}
+
+// caCheckInterval is how often a node asks its server whether the
+// cluster's CAs changed (kelp certificate rotate-ca): one small GET.
+const caCheckInterval = time.Minute
+
+// watchServerCA renews the node's certificates, and with them its CA
+// bundles, as soon as the server serves another server CA bundle than the
+// node has: the server rotated its CAs, and the node's certificates and
+// trust must follow before the old CAs are dropped.
+func watchServerCA(ctx context.Context, server joinapi.Client, renew func(context.Context) error) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(caCheckInterval):
+		}
+		served, err := server.CACerts(ctx)
+		if err != nil {
+			log.WithError(err).Debug("could not ask the server for its CA")
+			continue
+		}
+		pinned, err := os.ReadFile(server.CAFile)
+		if err != nil || bytes.Equal(served, pinned) {
+			continue
+		}
+		log.Info("the cluster's CAs changed; renewing the node's certificates and CA bundles")
+		if err := renew(ctx); err != nil && ctx.Err() == nil {
+			log.WithError(err).Warn("renewing after a CA change failed; trying again in a minute")
+		}
+	}
 }
 
 // renewNode gets new certificates for the node from the join API and puts
 // them where the node's components read them. The saved join goes first:
 // a node that restarts without its server starts from it, and would put
 // back certificates older than those in place.
+//
+// The server's CA bundles in the answer may differ from the node's: the
+// server rotated its CAs. The answer came over a connection the node's
+// own bundle verified, so the node takes them.
 func renewNode(ctx context.Context, server joinapi.Client, req joinapi.JoinRequest, files pki.NodeFiles, savedPath string) error {
-	resp, err := joinOnce(ctx, server, req)
+	var resp joinapi.JoinResponse
+	_, err := server.Post(ctx, joinapi.JoinPath, req, &resp)
 	if errors.Is(err, joinapi.ErrRefused) {
 		// An expired certificate is refused too.
 		return fmt.Errorf("%w; restarting kelp agent joins again with its token", err)
 	}
 	if err != nil {
 		return err
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(resp.ServerCA) || !x509.NewCertPool().AppendCertsFromPEM(resp.ClientCA) {
+		return fmt.Errorf("join %s: the server's answer lacks its CA certificates", server.Server)
 	}
 	data, err := json.Marshal(resp)
 	if err != nil {
@@ -70,7 +121,7 @@ func renewNode(ctx context.Context, server joinapi.Client, req joinapi.JoinReque
 	if err := atomicfile.Write(savedPath, data, 0o600); err != nil {
 		return fmt.Errorf("save the renewed join: %w", err)
 	}
-	if err := files.WriteRenewed(resp.Certs); err != nil {
+	if err := files.WriteRenewed(resp.ServerCA, resp.ClientCA, resp.Certs); err != nil {
 		return fmt.Errorf("save the renewed certificates: %w", err)
 	}
 	log.Info("renewed the node's certificates")

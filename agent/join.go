@@ -21,6 +21,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/loadbalancer"
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/profiling"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -43,6 +44,11 @@ func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 	}
 	if err := CheckWritable(cfg.Node.DataDir); err != nil {
 		return err
+	}
+	if cfg.Node.PprofAddress.IsValid() {
+		if err := g.Start(profiling.Start(cfg.Node.PprofAddress)); err != nil {
+			return err
+		}
 	}
 	lbAddr := netip.MustParseAddrPort(LoadBalancerAddress)
 	lbPort := Port{Addr: lbAddr.Addr(), Port: int(lbAddr.Port()), What: "the agent's load balancer"}

@@ -1,6 +1,6 @@
-// Package embed carries the runtime binaries kelp does not implement itself
-// (runc, the CNI reference plugins) and the pause image, and stages them on
-// disk once per bundle version.
+// Package embed carries the runtime binaries kelp does not run itself
+// (containerd and its shim, runc, the CNI reference plugins) and the pause
+// image, and stages them on disk once per bundle version.
 //
 // The bundle is built by scripts/bundle.sh from modules pinned in
 // scripts/bundle/go.mod and is never committed: run the script before
@@ -31,9 +31,9 @@ var bundleSum string
 type Staged struct {
 	// Dir is <data-dir>/data/<hash>; it never changes while its bundle is in use.
 	Dir string
-	// BinDir holds runc, containerd-shim-runc-v2 and the CNI plugins
-	// (bridge, host-local, loopback, bandwidth); put it on PATH and use it
-	// as the CNI bin dir.
+	// BinDir holds containerd, containerd-shim-runc-v2, runc and the CNI
+	// plugins (bridge, host-local, loopback, bandwidth); put it on PATH and
+	// use it as the CNI bin dir.
 	BinDir string
 	// PauseImage is the name of the image in PauseImageTar.
 	PauseImage string

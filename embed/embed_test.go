@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -39,7 +40,7 @@ func TestStageEmbeddedBundle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, bin := range []string{"runc", "bridge", "host-local", "loopback", "bandwidth"} {
+	for _, bin := range []string{"containerd", "containerd-shim-runc-v2", "runc", "bridge", "host-local", "loopback", "bandwidth"} {
 		fi, err := os.Stat(filepath.Join(staged.BinDir, bin))
 		if err != nil {
 			t.Fatal(err)
@@ -48,6 +49,8 @@ func TestStageEmbeddedBundle(t *testing.T) {
 			t.Errorf("%s is not executable: %v", bin, fi.Mode())
 		}
 	}
+
+	checkContainerd(t, filepath.Join(staged.BinDir, "containerd"))
 
 	index, config := readPauseImage(t, staged.PauseImageTar)
 	if len(index.Manifests) != 1 {
@@ -58,6 +61,30 @@ func TestStageEmbeddedBundle(t *testing.T) {
 	}
 	if got := config.Config.Entrypoint; len(got) != 1 || got[0] != "/pause" {
 		t.Errorf("pause image entrypoint = %q, want [/pause]", got)
+	}
+}
+
+// checkContainerd runs the bundle's containerd: it has kelp's plugins, not
+// upstream's full set.
+func checkContainerd(t *testing.T, bin string) {
+	t.Helper()
+	out, err := exec.Command(bin, "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "containerd github.com/containerd/containerd/v2 v2.") {
+		t.Fatalf("containerd --version: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, "--config", os.DevNull, "config", "default").CombinedOutput()
+	if err != nil {
+		t.Fatalf("containerd config default: %v\n%s", err, out)
+	}
+	for _, plugin := range []string{"io.containerd.cri.v1.runtime", "io.containerd.snapshotter.v1.overlayfs"} {
+		if !strings.Contains(string(out), plugin) {
+			t.Errorf("the bundle's containerd lacks plugin %s", plugin)
+		}
+	}
+	for _, plugin := range []string{"io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs", "io.containerd.snapshotter.v1.blockfile"} {
+		if strings.Contains(string(out), plugin) {
+			t.Errorf("the bundle's containerd has plugin %s, which kelp leaves out (scripts/bundle/containerd)", plugin)
+		}
 	}
 }
 

@@ -115,14 +115,18 @@ printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss, app answ
   "$(secs $t_api)" "$(secs $t_node)" "$(secs $t_pod)" "$(secs $t_dns)"
 
 # Every process of the node (containers have mount namespaces of their own):
-# the kelp binary (server, containerd) and the runc shims.
+# kelp, containerd (the bundle's, or `kelp containerd` of a kelp before it)
+# and the runc shims.
 node_pids() {
-  local ns pid
+  local ns pid exe
   ns=$(readlink "/proc/${holder[server]}/ns/mnt")
   for pid in /proc/[0-9]*; do
     pid=${pid#/proc/}
     [[ $pid != "${holder[server]}" && $(readlink "/proc/$pid/ns/mnt" 2>/dev/null) == "$ns" ]] || continue
-    if [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$KELP" ]]; then echo "kelp $pid"; else echo "shim $pid"; fi
+    exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
+    if [[ ${exe##*/} == containerd || $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) == "$KELP containerd "* ]]; then
+      echo "ctrd $pid"
+    elif [[ $exe == "$KELP" ]]; then echo "kelp $pid"; else echo "shim $pid"; fi
   done
 }
 sample() { # prints: kind pid cputicks write_bytes rss_kb pss_kb

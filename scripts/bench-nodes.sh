@@ -351,16 +351,17 @@ YAML
 
 # agent_processes prints "kind pid" for every process of the agent's node
 # (containers have mount namespaces of their own): the agent's kelp, its
-# containerd (the kelp binary, a child of the agent) and the rest (shims).
+# containerd (a child of the agent: the bundle's, or the kelp binary of a kelp
+# before it) and the rest (shims).
 agent_processes() {
-  local ns pid agent=${kelp_pid[agent]}
+  local ns pid exe agent=${kelp_pid[agent]}
   ns=$(readlink "/proc/${holder[agent]}/ns/mnt")
   for pid in /proc/[0-9]*; do
     pid=${pid#/proc/}
     [[ $pid != "${holder[agent]}" && $(readlink "/proc/$pid/ns/mnt" 2>/dev/null) == "$ns" ]] || continue
     if [[ $pid == "$agent" ]]; then
       echo "kelp $pid"
-    elif [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$KELP" && $(awk '{ print $4 }' "/proc/$pid/stat") == "$agent" ]]; then
+    elif exe=$(readlink "/proc/$pid/exe" 2>/dev/null) && [[ ($exe == "$KELP" || ${exe##*/} == containerd) && $(awk '{ print $4 }' "/proc/$pid/stat") == "$agent" ]]; then
       echo "containerd $pid"
     else
       echo "other $pid"

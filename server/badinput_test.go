@@ -14,6 +14,7 @@ import (
 // TestBadInput runs kelp server with each mistake a user can make and
 // checks the error says what is wrong and that nothing was lost.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	fail := func(t *testing.T, args []string, want ...string) string {
 		t.Helper()

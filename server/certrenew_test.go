@@ -55,17 +55,20 @@ spec:
 // (the scheduler's and the controller-manager's), and the admin
 // kubeconfig.
 func TestCertificateRenewal(t *testing.T) {
+	t.Parallel()
 	const lifetime = 90 * time.Second
-	t.Setenv(certrenew.TestLifetimeEnv, lifetime.String())
+	env := []string{certrenew.TestLifetimeEnv + "=" + lifetime.String()}
 	lab := testcluster.NewLab(t)
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 	srv := lab.NewNode("server", "10.99.0.2")
+	srv.Env = env
 	srv.AddImage(image)
 	srv.Agent = true
 	srv.Start("--cluster-init")
 	srv.WaitReady(startTimeout)
 	srv.WaitLog("kelp node is running", startTimeout)
 	agent := lab.NewNode("agent-1", "10.99.0.3")
+	agent.Env = env
 	agent.AddImage(image)
 	agent.StartAgent(srv.URL(), srv.TokenFile())
 	agent.WaitLog("kelp node is running", startTimeout)

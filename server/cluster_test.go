@@ -37,6 +37,7 @@ const (
 var widgets = schema.GroupVersionResource{Group: "kelp.test", Version: "v1", Resource: "widgets"}
 
 func TestServerSQLite(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	testPersistence(t, n, false)
 	checkMode(t, n.Kubeconfig, 0o600)
@@ -45,6 +46,7 @@ func TestServerSQLite(t *testing.T) {
 // TestKubectl runs the built-in kubectl as `kelp kubectl` and through a
 // link named kubectl, the way users call it.
 func TestKubectl(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	n.Start()
 	n.WaitReady(startTimeout)
@@ -69,12 +71,14 @@ func TestKubectl(t *testing.T) {
 }
 
 func TestServerEmbeddedEtcd(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	testPersistence(t, n, true, "--cluster-init", "--write-kubeconfig-mode", "0644")
 	checkMode(t, n.Kubeconfig, 0o644)
 }
 
 func TestServerPostgres(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	pg := testcluster.StartPostgres(t, n)
 	testPersistence(t, n, true, "--datastore-endpoint", pg.URL("kelp"))
@@ -90,6 +94,7 @@ func TestServerPostgres(t *testing.T) {
 // TestStopDuringStart stops the server while the apiserver is starting:
 // a requested stop is a clean exit, not a failure, and the next start works.
 func TestStopDuringStart(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	n.Start()
 	n.WaitLog("datastore", startTimeout)

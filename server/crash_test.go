@@ -55,6 +55,7 @@ const (
 // intact. A write that failed or was cut off by the kill may or may not have
 // happened; an acknowledged one must never be lost.
 func TestCrash(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -68,6 +69,7 @@ func TestCrash(t *testing.T) {
 		{"EmbeddedEtcd", []string{"--cluster-init"}, etcdIntact, &etcdHistory{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			n := testcluster.NewNode(t)
 			crashRepeatedly(t, n, tc.args, tc.intact, tc.history)
 		})

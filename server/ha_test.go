@@ -52,6 +52,7 @@ spec:
 // starts again; losing the majority stops writes, and --cluster-reset on
 // the survivor brings the cluster back with every object written before.
 func TestHA(t *testing.T) {
+	t.Parallel()
 	lab := testcluster.NewLab(t)
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 	s1, s2, s3 := lab.NewNode("server-1", "10.99.0.2"), lab.NewNode("server-2", "10.99.0.3"), lab.NewNode("server-3", "10.99.0.4")

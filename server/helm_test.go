@@ -50,6 +50,7 @@ data:
 // their status while the others install. Once all is done, nothing is
 // written any more.
 func TestHelm(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	charts := t.TempDir()
 	for _, v := range []string{"0.1.0", "0.2.0"} {

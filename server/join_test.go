@@ -1,11 +1,14 @@
 package server_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
@@ -13,6 +16,7 @@ import (
 // TestJoinBadInput runs `kelp agent` against a server with each mistake a
 // joining node can meet, and checks it says what is wrong.
 func TestJoinBadInput(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	n.Start()
 	n.WaitReady(startTimeout)
@@ -64,16 +68,29 @@ func TestJoinBadInput(t *testing.T) {
 		// An agent that never joined keeps trying, with backoff, and says so.
 		cmd := n.Command(testcluster.Binary(t), "agent", "--data-dir", t.TempDir(), "--node-name", "joiner", "--node-ip", testcluster.NodeIP,
 			"--server", "https://10.99.0.9:6443", "--token", tok)
-		out := &strings.Builder{}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
+		logPath := filepath.Join(t.TempDir(), "agent.log")
+		log, err := os.Create(logPath)
+		if err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(8 * time.Second)
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-		if got := strings.Count(out.String(), "cannot join yet; trying again"); got < 2 {
-			t.Errorf("%d retries logged in 8 s, want at least 2:\n%s", got, out)
+		defer log.Close()
+		cmd.Stdout, cmd.Stderr = log, log
+		if err := testcluster.Spawn(cmd); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_ = cmd.Process.Signal(os.Interrupt)
+			_ = cmd.Wait()
+		}()
+		// The retries come 1 s, 2 s, 4 s … apart, each after a dial
+		// that times out: a second one shows the agent keeps trying.
+		var out []byte
+		err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+			out, err = os.ReadFile(logPath)
+			return strings.Count(string(out), "cannot join yet; trying again") >= 2, err
+		})
+		if err != nil {
+			t.Errorf("want the agent to log at least 2 retries: %v\n%s", err, out)
 		}
 	})
 }

@@ -90,6 +90,7 @@ const waitingManifest = `{"apiVersion": "v1", "kind": "List", "items": [
 // on their Addons while the other files apply. The built-in coredns
 // manifest makes the kube-dns Service, which --disable coredns removes.
 func TestManifests(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	dir := layout.Server(n.DataDir).Manifests
 	if err := os.MkdirAll(dir, 0o700); err != nil {

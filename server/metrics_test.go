@@ -79,6 +79,7 @@ spec:
 // HorizontalPodAutoscaler that scales a Deployment up under load and down
 // once the load is gone.
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	// A node of a lab has cgroups of its own, which no other test's
 	// kubelet removes.
 	n := testcluster.NewLab(t).NewNode("server", "10.99.0.2")

@@ -51,8 +51,15 @@ spec:
 
 // The server is away for a minute once, and briefly in the other run, to
 // keep the suite short.
-func TestMultiNodeVXLAN(t *testing.T)  { testMultiNode(t, "vxlan", time.Minute) }
-func TestMultiNodeHostGW(t *testing.T) { testMultiNode(t, "host-gw", 5*time.Second) }
+func TestMultiNodeVXLAN(t *testing.T) {
+	t.Parallel()
+	testMultiNode(t, "vxlan", time.Minute)
+}
+
+func TestMultiNodeHostGW(t *testing.T) {
+	t.Parallel()
+	testMultiNode(t, "host-gw", 5*time.Second)
+}
 
 // testMultiNode runs a server and two agents in a lab with the overlay
 // backend, and checks pods on different nodes reach each other, by pod IP

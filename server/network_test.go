@@ -89,6 +89,7 @@ spec:
 // port, headless Services and pod records in DNS, and a NetworkPolicy
 // truth table checked by real connections.
 func TestNetwork(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	n.Agent = true
 	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -142,6 +144,7 @@ spec:
 // a missing image, crictl and ctr, a static pod, a restart that keeps the containers,
 // containerd killed and restarted, and killall leaving nothing behind.
 func TestNode(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	n.Agent = true
 	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
@@ -521,9 +524,10 @@ func TestNode(t *testing.T) {
 		}
 	})
 	t.Run("containerd killed", func(t *testing.T) {
-		out, err := n.Run(time.Minute, n.Command("pkill", "-KILL", "-f", "containerd --config "+n.DataDir))
-		if err != nil {
-			t.Fatalf("kill containerd: %v %s", err, out)
+		before := containerIDs(t, c)
+		pid := bundledContainerd(t, n)
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill containerd: %v", err)
 		}
 		n.WaitLog("containerd restarted", time.Minute)
 		eventually(t, "crictl ps answers again", func() (bool, error) {
@@ -531,6 +535,12 @@ func TestNode(t *testing.T) {
 			return err == nil && strings.Contains(out, " web "), nil
 		})
 		waitNodeReady(t, c)
+		if pid2 := bundledContainerd(t, n); pid2 == pid {
+			t.Errorf("containerd %d still runs after kill -9", pid)
+		}
+		if after := containerIDs(t, c); !equalMaps(before, after) {
+			t.Errorf("containers changed across a containerd restart:\nbefore %v\nafter  %v", before, after)
+		}
 	})
 	t.Run("killall", func(t *testing.T) {
 		n.Stop()
@@ -539,6 +549,33 @@ func TestNode(t *testing.T) {
 		}
 		nothingLeft(t, n)
 	})
+}
+
+// bundledContainerd returns the pid of the node's containerd, which must be
+// the binary of the bundle staged in its data dir, not kelp.
+func bundledContainerd(t *testing.T, n *testcluster.Node) int {
+	t.Helper()
+	var pids []int
+	for _, p := range n.Processes() {
+		if pid, comm, _ := strings.Cut(p, " "); comm == "containerd" {
+			id, err := strconv.Atoi(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pids = append(pids, id)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("want one containerd process, got %v among %v", pids, n.Processes())
+	}
+	exe, err := n.Run(time.Minute, n.Command("readlink", fmt.Sprintf("/proc/%d/exe", pids[0])))
+	if err != nil {
+		t.Fatalf("containerd's binary: %v %s", err, exe)
+	}
+	if bundle := filepath.Join(n.DataDir, "data") + "/"; !strings.HasPrefix(exe, bundle) || filepath.Base(strings.TrimSpace(exe)) != "containerd" {
+		t.Errorf("containerd runs %s, want the bundle's under %s", exe, bundle)
+	}
+	return pids[0]
 }
 
 // nothingLeft checks that killall removed every process, mount, interface,
@@ -573,8 +610,10 @@ func nothingLeft(t *testing.T, n *testcluster.Node) {
 	for _, tb := range tables {
 		t.Errorf("nftables table left: %s", tb.Name)
 	}
-	if m, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods*"); len(m) > 0 {
-		t.Errorf("cgroups left: %v", m)
+	// In the node's own view of the cgroups, where its kubelet made them:
+	// the machine's may hold the kubepods of other tests' nodes.
+	if out, _ := n.Run(time.Minute, n.Command("sh", "-c", "ls -d /sys/fs/cgroup/kubepods* /sys/fs/cgroup/*/kubepods* 2>/dev/null")); strings.TrimSpace(out) != "" {
+		t.Errorf("cgroups left: %s", out)
 	}
 }
 

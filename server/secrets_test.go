@@ -19,6 +19,7 @@ import (
 // `reencrypt`, encrypted after, with the new key after `rotate-keys`, and
 // still readable through the API after a restart.
 func TestSecretsEncryption(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	n.Start()
 	n.WaitReady(startTimeout)

@@ -22,6 +22,7 @@ import (
 // object's data), a privileged pod is refused in default and admitted in
 // kube-system; anonymous requests reach only the paths that need them.
 func TestAuditAndPodSecurity(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	auditLog := filepath.Join(n.Dir, "audit", "audit.log")
 	n.Start("--audit-log-path", auditLog, "--pod-security-default", "restricted")

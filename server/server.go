@@ -31,6 +31,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/nodeaddress"
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/profiling"
 	"github.com/kelp-dev/kelp/internal/scheduler"
 	"github.com/kelp-dev/kelp/internal/secretsencrypt"
 	"github.com/kelp-dev/kelp/internal/servicelb"
@@ -59,6 +60,11 @@ func Run(ctx context.Context, cfg config.Server) error {
 func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err := preflight(cfg); err != nil {
 		return err
+	}
+	if cfg.PprofAddress.IsValid() {
+		if err := g.Start(profiling.Start(cfg.PprofAddress)); err != nil {
+			return err
+		}
 	}
 	began := time.Now()
 	paths := layout.Server(cfg.DataDir)
@@ -111,6 +117,17 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	// Nothing else can ever use a SQLite datastore: one server, so no
 	// elections and no bookkeeping of other apiservers.
 	single := store.Backend().Kind == datastore.KindSQLite
+	// With one server, its RAM store is the only copy of the leases, so
+	// it is as consistent as the datastore; on etcd or an external
+	// datastore, which other servers share, it would not be.
+	var ram datastore.Backend
+	if single && !cfg.DisableRAMStore {
+		rs, err := datastore.StartRAM(ctx, datastore.RAMConfig{DataDir: cfg.DataDir})
+		if err := g.Start(rs, err); err != nil {
+			return err
+		}
+		ram = rs.Backend()
+	}
 	if err := g.Start(apiserver.Start(apiserver.Config{
 		BindAddress:              cfg.BindAddress,
 		Port:                     cfg.HTTPSPort,
@@ -120,6 +137,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		ClusterDomain:            cfg.ClusterDomain,
 		Certs:                    certs,
 		Storage:                  store.Backend(),
+		RAMStorage:               ram,
 		SingleServer:             single,
 		Audit:                    audit,
 		AdmissionConfigFile:      paths.AdmissionConfig,

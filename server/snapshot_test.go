@@ -22,8 +22,15 @@ import (
 // `kelp server --cluster-reset --cluster-reset-restore-path` on embedded
 // etcd, which refuses a corrupt copy first.
 func TestSnapshotRestore(t *testing.T) {
-	t.Run("sqlite", func(t *testing.T) { testSnapshotRestore(t, "sqlite") })
-	t.Run("etcd", func(t *testing.T) { testSnapshotRestore(t, "etcd", "--cluster-init") })
+	t.Parallel()
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		testSnapshotRestore(t, "sqlite")
+	})
+	t.Run("etcd", func(t *testing.T) {
+		t.Parallel()
+		testSnapshotRestore(t, "etcd", "--cluster-init")
+	})
 }
 
 func testSnapshotRestore(t *testing.T, kind string, args ...string) {

@@ -51,9 +51,11 @@ spec:
 // is at first blocked by a file: the StatefulSet's claim stays Pending
 // with a Warning that names the path. Once the file is gone, the claim
 // gets a volume on the node; a pod that is not root writes to it, and the
-// pod made again finds what it wrote; deleting the claim removes the
-// volume and its directory.
+// pod made again finds what it wrote; the volume deleted by hand keeps
+// its data while its claim is bound, and deleting the claim then removes
+// the volume and its directory.
 func TestLocalStorage(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	n.Agent = true
 	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
@@ -137,6 +139,12 @@ func TestLocalStorage(t *testing.T) {
 		t.Errorf("the pod made again reads %q from its volume", out)
 	}
 
+	// The volume deleted by hand first, as an admin cleaning up does: it
+	// waits for its claim, and then its directory goes with it.
+	kubectl(t, n, "delete", "pv", volume.Name, "--wait=false")
+	if out := strings.TrimSpace(kubectl(t, n, "exec", "db-0", "--", "/testapp", "cat", "/data/greeting")); out != "hello from "+string(pod.UID) {
+		t.Errorf("a volume deleted while its claim is bound lost its data: the pod reads %q", out)
+	}
 	kubectl(t, n, "delete", "statefulset", "db")
 	kubectl(t, n, "delete", "pvc", claimName, "--wait=false")
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {

@@ -20,6 +20,7 @@ const nextVersion = "v99.0.0-upgrade-test"
 // version. Going back to a kelp with an older Kubernetes minor than the one
 // recorded is refused with the way out.
 func TestUpgrade(t *testing.T) {
+	t.Parallel()
 	n := testcluster.NewNode(t)
 	n.Agent = true
 	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))

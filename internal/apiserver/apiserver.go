@@ -44,6 +44,9 @@ type Config struct {
 	ClusterDomain        string
 	Certs                pki.Files
 	Storage              datastore.Backend
+	// RAMStorage, when it has endpoints, holds ramResources instead of
+	// Storage: the RAM store of a server on SQLite.
+	RAMStorage datastore.Backend
 	// SingleServer is set where no second apiserver can ever share the
 	// datastore (SQLite): the apiservers' bookkeeping of each other, a
 	// datastore write every 10 s each, is then left out.
@@ -135,6 +138,9 @@ func Args(cfg Config) []string {
 		flags["audit-log-maxbackup"] = strconv.Itoa(a.MaxBackups)
 		flags["audit-log-maxage"] = strconv.Itoa(a.MaxAgeDays)
 	}
+	if len(cfg.RAMStorage.Endpoints) > 0 {
+		flags["etcd-servers-overrides"] = storageOverrides(ramResources, cfg.RAMStorage.Endpoints)
+	}
 	if cfg.Storage.CAFile != "" {
 		flags["etcd-cafile"] = cfg.Storage.CAFile
 	}
@@ -143,6 +149,23 @@ func Args(cfg Config) []string {
 		flags["etcd-keyfile"] = cfg.Storage.KeyFile
 	}
 	return kubeargs.Render(flags, cfg.ExtraArgs)
+}
+
+// ramResources are what a RAM store holds, as group/resource: Leases,
+// which every node renews every 10 s, nearly all that an idle cluster
+// writes, and Events, which expire after an hour anyway. events.k8s.io
+// Events are stored as core Events.
+var ramResources = []string{"coordination.k8s.io/leases", "/events"}
+
+// storageOverrides is --etcd-servers-overrides: each of resources stored
+// at endpoints.
+func storageOverrides(resources, endpoints []string) string {
+	servers := strings.Join(endpoints, ";")
+	overrides := make([]string, len(resources))
+	for i, r := range resources {
+		overrides[i] = r + "#" + servers
+	}
+	return strings.Join(overrides, ",")
 }
 
 // Start parses the flags Args(cfg) the way the kube-apiserver command does
@@ -171,7 +194,9 @@ func Start(cfg Config, routes map[string]http.Handler) (*component.Running, erro
 	for _, f := range named.FlagSets {
 		fs.AddFlagSet(f)
 	}
-	if err := fs.Parse(Args(cfg)); err != nil {
+	args := Args(cfg)
+	kubeargs.Log("kube-apiserver", args)
+	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("kube-apiserver flags: %w (check --kube-apiserver-arg)", err)
 	}
 	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kelp-dev/kelp/internal/datastore"
@@ -55,7 +56,7 @@ func TestArgs(t *testing.T) {
 				"--endpoint-reconciler-type=lease",
 				"--enable-aggregator-routing=true",
 			},
-			not: []string{"--etcd-cafile=", "--etcd-certfile=", "--feature-gates=", "--audit-log-path=", "--admission-control-config-file=", "--encryption-provider-config="},
+			not: []string{"--etcd-cafile=", "--etcd-certfile=", "--etcd-servers-overrides=", "--feature-gates=", "--audit-log-path=", "--admission-control-config-file=", "--encryption-provider-config="},
 		},
 		{
 			name: "audit and admission",
@@ -80,6 +81,32 @@ func TestArgs(t *testing.T) {
 				c.Storage = datastore.Backend{Endpoints: []string{"https://127.0.0.1:2379", "https://10.0.0.2:2379"}, CAFile: "/ca", CertFile: "/c", KeyFile: "/k"}
 			},
 			want: []string{"--etcd-servers=https://127.0.0.1:2379,https://10.0.0.2:2379", "--etcd-cafile=/ca", "--etcd-certfile=/c", "--etcd-keyfile=/k"},
+		},
+		{
+			name: "RAM store",
+			change: func(c *Config) {
+				c.RAMStorage = datastore.Backend{Endpoints: []string{"unix:///run/kelp/ram/0123/kine.sock"}}
+			},
+			want: []string{
+				"--etcd-servers=unix:///var/lib/kelp/server/db/kine.sock",
+				"--etcd-servers-overrides=coordination.k8s.io/leases#unix:///run/kelp/ram/0123/kine.sock,/events#unix:///run/kelp/ram/0123/kine.sock",
+			},
+		},
+		{
+			name: "RAM store with several endpoints",
+			change: func(c *Config) {
+				c.RAMStorage = datastore.Backend{Endpoints: []string{"unix:///a.sock", "unix:///b.sock"}}
+			},
+			want: []string{"--etcd-servers-overrides=coordination.k8s.io/leases#unix:///a.sock;unix:///b.sock,/events#unix:///a.sock;unix:///b.sock"},
+		},
+		{
+			name: "user overrides win",
+			change: func(c *Config) {
+				c.RAMStorage = datastore.Backend{Endpoints: []string{"unix:///run/kelp/ram/0123/kine.sock"}}
+				c.ExtraArgs = []string{"etcd-servers-overrides=/events#https://10.0.0.9:2379"}
+			},
+			want: []string{"--etcd-servers-overrides=/events#https://10.0.0.9:2379"},
+			not:  []string{"--etcd-servers-overrides=coordination.k8s.io/leases#unix:///run/kelp/ram/0123/kine.sock,/events#unix:///run/kelp/ram/0123/kine.sock"},
 		},
 		{
 			name:   "user args win",
@@ -113,6 +140,31 @@ func TestArgs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRAMStorageOverridesParse checks that the apiserver reads kelp's
+// overrides as meant: Leases and Events, each at the RAM store.
+func TestRAMStorageOverridesParse(t *testing.T) {
+	cfg := testConfig()
+	cfg.RAMStorage = datastore.Backend{Endpoints: []string{"unix:///a.sock", "unix:///b.sock"}}
+	var value string
+	for _, a := range Args(cfg) {
+		if v, ok := strings.CutPrefix(a, "--etcd-servers-overrides="); ok {
+			value = v
+		}
+	}
+	overrides, err := genericoptions.ParseEtcdServersOverrides(strings.Split(value, ","))
+	if err != nil {
+		t.Fatalf("%q: %v", value, err)
+	}
+	var got []string
+	for _, o := range overrides {
+		got = append(got, o.GroupResource.String()+" at "+strings.Join(o.Servers, " "))
+	}
+	want := []string{"leases.coordination.k8s.io at unix:///a.sock unix:///b.sock", "events at unix:///a.sock unix:///b.sock"}
+	if !slices.Equal(got, want) {
+		t.Errorf("overrides %q parse as %q, want %q", value, got, want)
 	}
 }
 

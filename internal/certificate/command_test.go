@@ -115,3 +115,72 @@ func TestRotate(t *testing.T) {
 		}
 	}
 }
+
+// rotate-ca runs on a stopped server, in two steps: the second rotation
+// before finishing is refused, and so is a finish with nothing to finish.
+func TestRotateCA(t *testing.T) {
+	dataDir, cfg := serverDir(t)
+	f := pki.FilesIn(cfg.Dir)
+	oldCA, err := os.ReadFile(f.ServerCA.Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	agentDir := t.TempDir()
+	if err := os.MkdirAll(layout.Agent(agentDir).TLS, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		dataDir string
+		path    string
+		finish  bool
+		want    string
+	}{
+		{"an agent's data dir", agentDir, "", false, "is an agent's data dir"},
+		{"an empty data dir", t.TempDir(), "", false, "runs on a server"},
+		{"--path that is no directory", dataDir, f.ServerCA.Cert, false, "not a directory"},
+		{"--finish with --path", dataDir, t.TempDir(), true, "--finish takes no --path"},
+		{"--finish before a rotation", dataDir, "", true, "no CA rotation is in progress"},
+	} {
+		if err := rotateCA(&bytes.Buffer{}, tc.dataDir, tc.path, tc.finish, t0); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+
+	release, err := datastore.Lock(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rotateCA(&bytes.Buffer{}, dataDir, "", false, t0); err == nil || !strings.Contains(err.Error(), "stop kelp server first") {
+		t.Errorf("rotate-ca while the server runs: %v", err)
+	}
+	release()
+
+	var out bytes.Buffer
+	if err := rotateCA(&out, dataDir, "", false, t0); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), f.ServerCA.Cert) || !strings.Contains(out.String(), "--finish") {
+		t.Errorf("rotate-ca said:\n%s", out.String())
+	}
+	if err := rotateCA(&bytes.Buffer{}, dataDir, "", false, t0); !errors.Is(err, pki.ErrCARotationInProgress) {
+		t.Errorf("rotate-ca twice: %v", err)
+	}
+	out.Reset()
+	if err := check(&out, dataDir, t0); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "also trusts kelp-server-ca@") {
+		t.Errorf("check during the rotation:\n%s", out.String())
+	}
+	if err := rotateCA(&bytes.Buffer{}, dataDir, "", true, t0); err != nil {
+		t.Fatal(err)
+	}
+	if now, _ := os.ReadFile(f.ServerCA.Cert); bytes.Contains(now, oldCA) {
+		t.Error("after --finish, server-ca.crt still holds the old CA")
+	}
+	if err := rotateCA(&bytes.Buffer{}, dataDir, "", true, t0); !errors.Is(err, pki.ErrNoCARotation) {
+		t.Errorf("--finish twice: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/profiling"
 )
 
 // Node is a node's own settings, the same whether `kelp server` runs the
@@ -38,6 +40,9 @@ type Node struct {
 	// ProtectKernelDefaults makes the kubelet require its kernel settings
 	// instead of setting them (a CIS benchmark item).
 	ProtectKernelDefaults bool
+	// PprofAddress is the loopback address the process's profiles are
+	// served at (package profiling); not valid: not served.
+	PprofAddress netip.AddrPort
 }
 
 // nodeInput holds the values of a node's flags until parse validates them.
@@ -46,6 +51,7 @@ type Node struct {
 type nodeInput struct {
 	node                                                          Node
 	nodeIPs, nodeExternalIPs, nodeLabels, nodeTaints, kubeletArgs cli.StringSlice
+	pprofAddress                                                  string
 }
 
 // ConfigFlag is --config. WithFileArgs reads the files before the flags
@@ -72,6 +78,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 		&cli.StringFlag{Name: "pod-manifests", EnvVars: env("pod-manifests"), Destination: &in.node.PodManifests, Usage: "directory of static pod manifests the kubelet runs even with the apiserver away (default: <data-dir>/agent/pod-manifests)"},
 		&cli.BoolFlag{Name: "protect-kernel-defaults", EnvVars: env("protect-kernel-defaults"), Destination: &in.node.ProtectKernelDefaults, Usage: "do not let the kubelet change kernel settings; fail if they differ from what it needs (CIS benchmark)"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
+		&cli.StringFlag{Name: "pprof-address", EnvVars: env("pprof-address"), Destination: &in.pprofAddress, Usage: "serve Go profiles of this kelp process (net/http/pprof) at this loopback address, e.g. 127.0.0.1:6060 (default: not served)"},
 	}
 }
 
@@ -115,7 +122,28 @@ func (in *nodeInput) parse(host Host, check func(error)) Node {
 		}
 	}
 	check(checkExtraArgs(n.KubeletArgs))
+	if in.pprofAddress != "" {
+		n.PprofAddress, err = pprofAddress(in.pprofAddress)
+		check(err)
+	}
 	return n
+}
+
+// pprofAddress parses --pprof-address: host:port with a loopback IP or
+// localhost.
+func pprofAddress(raw string) (netip.AddrPort, error) {
+	s := raw
+	if host, port, err := net.SplitHostPort(raw); err == nil && host == "localhost" {
+		s = net.JoinHostPort("127.0.0.1", port)
+	}
+	addr, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("--pprof-address %q: want a loopback address and port, e.g. 127.0.0.1:6060", raw)
+	}
+	if err := profiling.CheckAddress(addr); err != nil {
+		return netip.AddrPort{}, fmt.Errorf("--pprof-address %w", err)
+	}
+	return addr, nil
 }
 
 // nodePath is the directory given with flag, or def without one.

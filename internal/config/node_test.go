@@ -73,6 +73,7 @@ func TestNodeSameForServerAndAgent(t *testing.T) {
 		"--node-external-ip", "203.0.113.9", "--node-label", "zone=a", "--node-taint", "k=v:NoSchedule",
 		"--private-registry", "/srv/registries.yaml", "--overlay-iface", "eth1", "--kubelet-arg", "v=2",
 		"--default-local-storage-path", "/mnt/ssd", "--pod-manifests", "/etc/pods", "--protect-kernel-defaults",
+		"--pprof-address", "127.0.0.1:6060",
 	}
 	s, err := runServer(t, args...)
 	if err != nil {
@@ -114,6 +115,32 @@ func TestNodeDirs(t *testing.T) {
 	for _, flag := range []string{"--default-local-storage-path", "--pod-manifests"} {
 		if _, err := runAgent(t, "--server", "https://10.99.0.2:6443", "--token", "x", flag, "storage"); err == nil || !strings.Contains(err.Error(), flag+` "storage": want an absolute path`) {
 			t.Errorf("%s relative: %v", flag, err)
+		}
+	}
+}
+
+// TestPprofAddress checks --pprof-address: off by default, loopback only,
+// localhost taken for 127.0.0.1.
+func TestPprofAddress(t *testing.T) {
+	s, err := runServer(t)
+	if err != nil || s.PprofAddress.IsValid() {
+		t.Errorf("default: %v, %v; want not served", s.PprofAddress, err)
+	}
+	for raw, want := range map[string]string{"127.0.0.1:6060": "127.0.0.1:6060", "localhost:6061": "127.0.0.1:6061", "[::1]:6060": "[::1]:6060"} {
+		s, err := runServer(t, "--pprof-address", raw)
+		if err != nil || s.PprofAddress.String() != want {
+			t.Errorf("%s: got %v, %v; want %s", raw, s.PprofAddress, err, want)
+		}
+	}
+	for raw, wantErr := range map[string]string{
+		"0.0.0.0:6060":     "not a loopback address",
+		"10.99.0.7:6060":   "not a loopback address",
+		"6060":             "want a loopback address and port",
+		"example.com:6060": "want a loopback address and port",
+	} {
+		_, err := runAgent(t, "--server", "https://10.99.0.2:6443", "--token", "x", "--pprof-address", raw)
+		if err == nil || !strings.Contains(err.Error(), "--pprof-address") || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%s: got %v, want an error with %q", raw, err, wantErr)
 		}
 	}
 }

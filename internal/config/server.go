@@ -37,6 +37,9 @@ type Server struct {
 	DisableAgent         bool
 	Disable              Disable
 	ExtraArgs            ExtraArgs
+	// DisableRAMStore is --disable-ram-store: a server on SQLite keeps
+	// Leases and Events in state.db too, instead of in its RAM store.
+	DisableRAMStore bool
 	// Token and AgentToken are the secrets nodes join with (--token,
 	// --agent-token); empty: the token kept in the data dir, or none.
 	Token, AgentToken string
@@ -123,6 +126,7 @@ type ServerInput struct {
 	token, agentToken, overlay, joinServer, restorePath, podSecurityDefault          string
 	httpsPort                                                                        int
 	clusterInit, clusterReset, disableAgent, disableNetworkPolicy, secretsEncryption bool
+	disableRAMStore                                                                  bool
 	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable                           cli.StringSlice
 }
 
@@ -153,6 +157,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "secret nodes join with (default: made at first start, kept in <data-dir>/server/token)"},
 		&cli.StringFlag{Name: "agent-token", EnvVars: env("agent-token"), Destination: &in.agentToken, Usage: "secret that joins agents only (written to <data-dir>/server/agent-token)"},
 		&cli.StringFlag{Name: "overlay", EnvVars: env("overlay"), Value: "vxlan", Destination: &in.overlay, Usage: "pod network between nodes: vxlan, host-gw (nodes on one L2 network) or none (bring your own CNI)"},
+		&cli.BoolFlag{Name: "disable-ram-store", EnvVars: env("disable-ram-store"), Destination: &in.disableRAMStore, Usage: "on SQLite, keep Leases and Events on disk in the datastore instead of in RAM under /run/kelp"},
 		&cli.BoolFlag{Name: "disable-network-policy", EnvVars: env("disable-network-policy"), Destination: &in.disableNetworkPolicy, Usage: "do not enforce NetworkPolicies on the nodes"},
 		&cli.StringFlag{Name: "audit-log-path", EnvVars: env("audit-log-path"), Destination: &in.audit.LogPath, Usage: "log the apiserver's requests to this file (default: no audit log)"},
 		&cli.StringFlag{Name: "audit-policy-file", EnvVars: env("audit-policy-file"), Destination: &in.audit.PolicyFile, Usage: "audit policy (default: kelp's, who did what to which object, no bodies)"},
@@ -190,6 +195,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		WriteKubeconfig:         in.writeKubeconfig,
 		ClusterInit:             in.clusterInit,
 		DisableAgent:            in.disableAgent,
+		DisableRAMStore:         in.disableRAMStore,
 		Disable:                 Disable{NetworkPolicy: in.disableNetworkPolicy},
 		Token:                   strings.TrimSpace(in.token),
 		JoinServer:              strings.TrimRight(in.joinServer, "/"),

@@ -1,4 +1,6 @@
-// Package containerd runs containerd and ctr from the kelp binary, and
-// supervises containerd as a child process of the node. Its runc shim is a
-// binary of the bundle.
+// Package containerd renders the configuration of a node's containerd and
+// supervises it as a child process, and runs ctr from the kelp binary.
+// containerd itself and its runc shim are binaries of the bundle
+// (scripts/bundle/containerd): kelp's package initialisation would cost
+// every process started from the kelp binary some 80 MiB.
 package containerd

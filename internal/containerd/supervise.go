@@ -47,11 +47,12 @@ type Supervisor struct {
 	proc *os.Process // the current containerd
 }
 
-// Supervise starts `<self> containerd --config <configPath>` and keeps it
-// running. Its output goes to logPath; env is its environment.
-func Supervise(self, configPath, logPath string, env []string) (*Supervisor, error) {
+// Supervise starts `<binary> --config <configPath>`, the bundle's
+// containerd, and keeps it running. Its output goes to logPath; env is its
+// environment.
+func Supervise(binary, configPath, logPath string, env []string) (*Supervisor, error) {
 	s := &Supervisor{
-		args:    []string{self, "containerd", "--config", configPath},
+		args:    []string{binary, "--config", configPath},
 		env:     env,
 		logPath: logPath,
 		stop:    make(chan struct{}),

@@ -54,13 +54,13 @@ func Args(cfg Config) []string {
 		// Kubelet client and apiserver client certificates are signed by
 		// the client CA the apiserver trusts; serving certificates by the
 		// server CA clients trust.
-		"cluster-signing-kube-apiserver-client-cert-file": cfg.Certs.ClientCA.Cert,
+		"cluster-signing-kube-apiserver-client-cert-file": cfg.Certs.ClientCASigner,
 		"cluster-signing-kube-apiserver-client-key-file":  cfg.Certs.ClientCA.Key,
-		"cluster-signing-kubelet-client-cert-file":        cfg.Certs.ClientCA.Cert,
+		"cluster-signing-kubelet-client-cert-file":        cfg.Certs.ClientCASigner,
 		"cluster-signing-kubelet-client-key-file":         cfg.Certs.ClientCA.Key,
-		"cluster-signing-kubelet-serving-cert-file":       cfg.Certs.ServerCA.Cert,
+		"cluster-signing-kubelet-serving-cert-file":       cfg.Certs.ServerCASigner,
 		"cluster-signing-kubelet-serving-key-file":        cfg.Certs.ServerCA.Key,
-		"cluster-signing-legacy-unknown-cert-file":        cfg.Certs.ServerCA.Cert,
+		"cluster-signing-legacy-unknown-cert-file":        cfg.Certs.ServerCASigner,
 		"cluster-signing-legacy-unknown-key-file":         cfg.Certs.ServerCA.Key,
 		// Without it the controller-manager exits the whole process when
 		// its context ends; with it, it releases its lease and returns,
@@ -88,7 +88,9 @@ func Start(cfg Config) (*component.Running, error) {
 	for _, f := range named.FlagSets {
 		fs.AddFlagSet(f)
 	}
-	if err := fs.Parse(Args(cfg)); err != nil {
+	args := Args(cfg)
+	kubeargs.Log("kube-controller-manager", args)
+	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("kube-controller-manager flags: %w (check --kube-controller-manager-arg)", err)
 	}
 	if err := s.ComponentGlobalsRegistry.Set(); err != nil {

@@ -182,6 +182,7 @@ var (
 
 // Datastore is a running datastore. Its methods are safe for concurrent use.
 type Datastore struct {
+	name         string // in the server's lifecycle
 	desc         string // names the datastore in messages, without secrets
 	backend      Backend
 	eng          engine
@@ -240,8 +241,15 @@ func Start(ctx context.Context, cfg Config) (*Datastore, error) {
 	if cfg.InitialCluster != "" {
 		timeout = max(timeout, joinReadyTimeout)
 	}
+	return newDatastore("datastore", desc, eng, be, timeout, log), nil
+}
+
+// newDatastore watches and probes the running backend eng, which be
+// reaches, for up to timeout.
+func newDatastore(name, desc string, eng engine, be Backend, timeout time.Duration, log *logrus.Entry) *Datastore {
 	probeCtx, probeCancel := context.WithTimeout(context.Background(), timeout)
 	d := &Datastore{
+		name:         name,
 		desc:         desc,
 		backend:      be,
 		eng:          eng,
@@ -258,7 +266,7 @@ func Start(ctx context.Context, cfg Config) (*Datastore, error) {
 	go d.watch()
 	go d.probe(probeCtx)
 	log.WithField("endpoints", be.Endpoints).Infof("Started %s", desc)
-	return d, nil
+	return d
 }
 
 // Backend returns how kube-apiserver reaches the datastore.
@@ -297,8 +305,9 @@ func (d *Datastore) WaitReady(ctx context.Context) error {
 // including when it never becomes ready. It is never closed.
 func (d *Datastore) Err() <-chan error { return d.errc }
 
-// Name names the datastore in the server's lifecycle.
-func (d *Datastore) Name() string { return "datastore" }
+// Name names the datastore in the server's lifecycle: "datastore", or
+// "ram store".
+func (d *Datastore) Name() string { return d.name }
 
 // Stop stops the datastore: kine's gRPC server and database connections, or
 // embedded etcd. It is idempotent and safe to call concurrently; every call

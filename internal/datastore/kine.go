@@ -52,33 +52,70 @@ type kineEngine struct {
 	lock   *dirLock
 }
 
-func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) (_ engine, desc string, _ Backend, rerr error) {
+func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) (engine, string, Backend, error) {
 	dbDir, err := cfg.dbDir()
 	if err != nil {
 		return nil, "", Backend{}, err
 	}
-	var dsn string
+	spec := kineSpec{
+		dbDir:  dbDir,
+		runDir: orDefault(cfg.runDir, layout.RunDir),
+		tls:    kinetls.Config{CAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile},
+		secret: cfg.Endpoint,
+	}
+	connectTimeout := orDefault(cfg.connectTimeout, remoteConnectTimeout)
 	switch kind {
 	case KindSQLite:
 		dbPath := filepath.Join(dbDir, stateDBName)
-		desc = "SQLite datastore " + dbPath
+		spec.desc = "SQLite datastore " + dbPath
 		// kine's DSN for SQLite is a path followed by mattn/go-sqlite3 style
 		// parameters, which it translates for modernc.org/sqlite.
-		dsn = "sqlite://" + dbPath + "?" + sqliteParams
+		spec.dsn = "sqlite://" + dbPath + "?" + sqliteParams
+		spec.check = func(ctx context.Context) error {
+			if wal.Exist(filepath.Join(dbDir, etcdDirName, "member", "wal")) {
+				return fmt.Errorf("%s: an embedded etcd datastore exists at %s: start with --cluster-init to use it, or move it away to start an empty SQLite datastore", spec.desc, filepath.Join(dbDir, etcdDirName))
+			}
+			return checkSQLite(ctx, dbPath)
+		}
 	case KindPostgres:
-		desc = "PostgreSQL datastore " + Redact(cfg.Endpoint)
-		dsn = cfg.Endpoint
+		spec.desc = "PostgreSQL datastore " + Redact(cfg.Endpoint)
+		spec.dsn = cfg.Endpoint
+		spec.check = func(ctx context.Context) error {
+			return checkPostgres(ctx, spec.desc, cfg.Endpoint, spec.tls, connectTimeout)
+		}
 	case KindMySQL:
-		desc = "MySQL datastore " + Redact(cfg.Endpoint)
-		dsn = cfg.Endpoint
+		spec.desc = "MySQL datastore " + Redact(cfg.Endpoint)
+		spec.dsn = cfg.Endpoint
+		spec.check = func(ctx context.Context) error {
+			return checkMySQL(ctx, spec.desc, cfg.Endpoint, spec.tls, connectTimeout)
+		}
 	}
+	eng, be, err := listenKine(ctx, spec, log)
+	return eng, spec.desc, be, err
+}
 
-	if err := makePrivateDir(dbDir); err != nil {
-		return nil, "", Backend{}, fmt.Errorf("%s: %w", desc, err)
+// kineSpec is one kine: the database it serves and where it listens.
+type kineSpec struct {
+	desc   string // names the database in messages, without secrets
+	dbDir  string // holds the lock and, when the path fits, the socket
+	runDir string // holds the socket when it does not
+	dsn    string
+	tls    kinetls.Config // to a remote database
+	// secret is an endpoint whose passwords are scrubbed from errors.
+	secret string
+	// check refuses a database kine must not open; it runs under the lock.
+	check func(context.Context) error
+}
+
+// listenKine starts kine as spec says, holding the lock on its directory
+// until it stops; ctx bounds the check, not kine.
+func listenKine(ctx context.Context, spec kineSpec, log *logrus.Entry) (_ engine, _ Backend, rerr error) {
+	if err := makePrivateDir(spec.dbDir); err != nil {
+		return nil, Backend{}, fmt.Errorf("%s: %w", spec.desc, err)
 	}
-	lock, err := lockDir(dbDir)
+	lock, err := lockDir(spec.dbDir)
 	if err != nil {
-		return nil, "", Backend{}, err
+		return nil, Backend{}, err
 	}
 	defer func() {
 		if rerr != nil {
@@ -86,39 +123,24 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 		}
 	}()
 
-	sock, err := kineSocket(dbDir, orDefault(cfg.runDir, layout.RunDir), log)
+	sock, err := kineSocket(spec.dbDir, spec.runDir, log)
 	if err != nil {
-		return nil, "", Backend{}, fmt.Errorf("%s: %w", desc, err)
+		return nil, Backend{}, fmt.Errorf("%s: %w", spec.desc, err)
 	}
-
-	backendTLS := kinetls.Config{CAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile}
-	connectTimeout := orDefault(cfg.connectTimeout, remoteConnectTimeout)
-	switch kind {
-	case KindSQLite:
-		if wal.Exist(filepath.Join(dbDir, etcdDirName, "member", "wal")) {
-			err = fmt.Errorf("%s: an embedded etcd datastore exists at %s: start with --cluster-init to use it, or move it away to start an empty SQLite datastore", desc, filepath.Join(dbDir, etcdDirName))
-			break
-		}
-		err = checkSQLite(ctx, filepath.Join(dbDir, stateDBName))
-	case KindPostgres:
-		err = checkPostgres(ctx, desc, cfg.Endpoint, backendTLS, connectTimeout)
-	case KindMySQL:
-		err = checkMySQL(ctx, desc, cfg.Endpoint, backendTLS, connectTimeout)
-	}
-	if err != nil {
-		return nil, "", Backend{}, scrubError(err, cfg.Endpoint)
+	if err := spec.check(ctx); err != nil {
+		return nil, Backend{}, scrubError(err, spec.secret)
 	}
 
 	// kine ties its lifetime to this context, not to Start's.
 	kctx, cancel := context.WithCancel(context.Background())
 	wg := &sync.WaitGroup{}
-	etcdCfg, err := endpoint.Listen(kctx, kineConfig("unix://"+sock, dsn, wg, backendTLS))
+	etcdCfg, err := endpoint.Listen(kctx, kineConfig("unix://"+sock, spec.dsn, wg, spec.tls))
 	if err != nil {
 		cancel()
 		waitGroupTimeout(wg, kineStopTimeout)
-		return nil, "", Backend{}, scrubError(fmt.Errorf("%s: %w", desc, err), cfg.Endpoint)
+		return nil, Backend{}, scrubError(fmt.Errorf("%s: %w", spec.desc, err), spec.secret)
 	}
-	return &kineEngine{cancel: cancel, wg: wg, lock: lock}, desc, Backend{Endpoints: etcdCfg.Endpoints}, nil
+	return &kineEngine{cancel: cancel, wg: wg, lock: lock}, Backend{Endpoints: etcdCfg.Endpoints}, nil
 }
 
 func (k *kineEngine) failed() <-chan error { return nil }

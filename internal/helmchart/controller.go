@@ -24,12 +24,15 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/workqueue"
+
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 var log = logrus.WithField("component", "helm-controller")
 
 const (
+	// coalesce is how long the controller waits after a change for more.
+	coalesce = 100 * time.Millisecond
 	// workers is how many HelmCharts are worked on at once: a chart
 	// whose hooks take minutes does not hold up all the others.
 	workers = 2
@@ -114,83 +117,106 @@ type controller struct {
 	dynamic  dynamic.Interface
 	fetch    fetcher
 	releases releases
+
+	// What follows belongs to the reconcile loop's goroutine.
+	charts cache.Store
+	// busy holds the HelmCharts a worker has, by namespace/name: one at a
+	// time for each, at most workers in all.
+	busy map[string]bool
+	// failed holds back the work whose last try failed (by workKey): a
+	// new spec or a deletion is new work, tried at once.
+	failed  reconcile.Backoff[string]
+	done    chan result
+	workers sync.WaitGroup
+}
+
+// result is how a worker's try went.
+type result struct {
+	chart, key string
+	err        error
 }
 
 // run works on HelmCharts until ctx ends.
 func (c *controller) run(ctx context.Context) error {
 	informer := dynamicinformer.NewFilteredDynamicInformer(c.dynamic, Resource, metav1.NamespaceAll, 0, cache.Indexers{}, nil).Informer()
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](retryMin, retryMax),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "helmcharts"})
-	defer queue.ShutDown()
-	enqueue := func(obj any) {
-		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
-			queue.Add(key)
+	c.charts = informer.GetStore()
+	c.busy = map[string]bool{}
+	c.failed = reconcile.Backoff[string]{First: retryMin, Max: retryMax}
+	// Never more results than workers: a worker never waits to hand one in.
+	c.done = make(chan result, workers)
+	// The loop's context, which the workers have, ends as it returns.
+	defer c.workers.Wait()
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{"helmcharts": informer},
+		Coalesce:  coalesce,
+		// A failed try is due again after retryMin at the earliest, and a
+		// worker that finishes leaves the next chart waiting: both are
+		// seen on the tick.
+		Resync: retryMin,
+		Sync:   c.dispatch,
+	}.Run(ctx)
+}
+
+// dispatch hands each HelmChart that has work to a worker, unless one has
+// it already, all are busy, or its last try failed too recently.
+func (c *controller) dispatch(ctx context.Context, _ bool) error {
+	c.collect()
+	pending := map[string]bool{}
+	for _, item := range c.charts.List() {
+		obj := item.(*unstructured.Unstructured)
+		key := workKey(obj)
+		if key == "" {
+			continue
 		}
-	}
-	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue,
-		// Only a new spec or a deletion is work: the controller's own
-		// status writes come back here too.
-		UpdateFunc: func(old, cur any) {
-			o, n := old.(*unstructured.Unstructured), cur.(*unstructured.Unstructured)
-			if o.GetGeneration() == n.GetGeneration() && (o.GetDeletionTimestamp() == nil) == (n.GetDeletionTimestamp() == nil) {
-				return
-			}
-			if key, err := cache.MetaNamespaceKeyFunc(cur); err == nil {
-				queue.Forget(key) // a new spec is tried at once
-				queue.Add(key)
-			}
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("watch HelmCharts: %w", err)
-	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wg.Go(func() { informer.RunWithContext(ctx) })
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		if ctx.Err() != nil {
-			return nil
+		pending[key] = true
+		chart := obj.GetNamespace() + "/" + obj.GetName()
+		if c.busy[chart] || len(c.busy) >= workers || !c.failed.Due(key) {
+			continue
 		}
-		return errors.New("HelmCharts not listed")
+		c.busy[chart] = true
+		c.workers.Go(func() { c.done <- result{chart: chart, key: key, err: c.sync(ctx, obj)} })
 	}
-	for range workers {
-		wg.Go(func() {
-			for c.next(ctx, informer.GetIndexer(), queue) {
-			}
-		})
-	}
-	<-ctx.Done()
-	queue.ShutDown()
+	c.failed.Keep(pending)
 	return nil
 }
 
-// next works on one HelmChart of queue; false once queue shut down.
-func (c *controller) next(ctx context.Context, store cache.Store, queue workqueue.TypedRateLimitingInterface[string]) bool {
-	key, shutdown := queue.Get()
-	if shutdown {
-		return false
+// collect takes in what the workers finished.
+func (c *controller) collect() {
+	for {
+		select {
+		case r := <-c.done:
+			delete(c.busy, r.chart)
+			f, isFailure := errors.AsType[*failure](r.err)
+			switch {
+			case r.err == nil:
+				c.failed.Forget(r.key)
+			case isFailure && f.final:
+				c.failed.Refuse(r.key)
+			default:
+				log.WithError(r.err).WithField("helmchart", r.chart).Debug("retry later")
+				c.failed.Fail(r.key)
+			}
+		default:
+			return
+		}
 	}
-	defer queue.Done(key)
-	obj, exists, err := store.GetByKey(key)
-	if err != nil || !exists {
-		queue.Forget(key)
-		return true
+}
+
+// workKey names the work obj asks for, or is empty if it asks for none:
+// a release to deploy for its spec's generation, or to uninstall.
+func workKey(obj *unstructured.Unstructured) string {
+	key := fmt.Sprintf("%s/%s@%d", obj.GetNamespace(), obj.GetName(), obj.GetGeneration())
+	finalized := slices.Contains(obj.GetFinalizers(), Finalizer)
+	if obj.GetDeletionTimestamp() != nil {
+		if !finalized {
+			return ""
+		}
+		return key + " uninstall"
 	}
-	err = c.sync(ctx, obj.(*unstructured.Unstructured))
-	f, isFailure := errors.AsType[*failure](err)
-	switch {
-	case err == nil, isFailure && f.final:
-		queue.Forget(key)
-	case ctx.Err() != nil:
-	default:
-		log.WithError(err).WithField("helmchart", key).Debug("retry later")
-		queue.AddRateLimited(key)
+	if hc, err := decode(obj); err == nil && finalized && hc.deployed() {
+		return ""
 	}
-	return true
+	return key
 }
 
 // sync brings the release of obj in line with its spec, or uninstalls it

@@ -10,10 +10,11 @@
 // server serves that directory (StaticHandler) and Run fetches it with the
 // admin credentials.
 //
-// Each HelmChart is its own unit of work with its own retry backoff, and an
-// install can take minutes (hooks), so the controller runs a work queue per
-// object instead of reconcile's list-everything pass. It acts only when a
-// spec's hash differs from the one its status records as deployed: an idle
-// cluster costs no datastore writes and no chart downloads. A finalizer
+// The controller runs kelp's reconcile loop: each pass hands the HelmCharts
+// that have work to a few workers, since an install can take minutes
+// (hooks), and holds back each failed one with its own backoff. A chart has
+// work only when its spec's hash differs from the one its status records
+// as deployed: an idle cluster costs no datastore writes and no chart
+// downloads. A finalizer
 // keeps a HelmChart until its release is uninstalled.
 package helmchart

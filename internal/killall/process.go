@@ -17,6 +17,10 @@ import (
 // names it.
 const kelpProgram = "github.com/kelp-dev/kelp"
 
+// containerdProgram is the main package of the bundle's containerd, as its
+// Go build info names it.
+const containerdProgram = "github.com/kelp-dev/kelp/scripts/bundle/containerd"
+
 // shimBinary is the runc shim of the bundle; shims detach from containerd
 // and must be found on their own.
 const shimBinary = "containerd-shim-runc-v2"
@@ -133,6 +137,9 @@ func (c classifier) ownerOf(p process) (owner, error) {
 	if filepath.Base(strings.TrimSuffix(p.exe, deleted)) == shimBinary {
 		return c.shimOwner(p), nil
 	}
+	if p.program == containerdProgram && len(p.cmdline) > 0 {
+		return c.containerdOwner(p.cmdline[1:]), nil
+	}
 	if p.program != kelpProgram || len(p.cmdline) < 2 {
 		return nobody, nil
 	}
@@ -148,18 +155,25 @@ func (c classifier) ownerOf(p process) (owner, error) {
 			return thisNode, nil
 		}
 	case "containerd":
-		// kelp starts containerd with --config <data-dir>/agent/etc/…
-		// (internal/containerd.Supervise).
-		config := last(flagValues(args, "--config", "-config", "--c", "-c"))
-		if config == "" {
-			return nobody, nil
-		}
-		if c.resolve(config) == c.resolve(layout.Agent(c.dataDir).ContainerdConfig) {
-			return thisNode, nil
-		}
-		return otherNode, nil
+		// Until the bundle carried containerd, kelp ran it itself; a node
+		// started before an upgrade still does.
+		return c.containerdOwner(args), nil
 	}
 	return nobody, nil
+}
+
+// containerdOwner tells whose a containerd with args (after its program
+// name) is: kelp starts it with --config <data-dir>/agent/etc/…
+// (internal/containerd.Supervise).
+func (c classifier) containerdOwner(args []string) owner {
+	config := last(flagValues(args, "--config", "-config", "--c", "-c"))
+	if config == "" {
+		return nobody
+	}
+	if c.resolve(config) == c.resolve(layout.Agent(c.dataDir).ContainerdConfig) {
+		return thisNode
+	}
+	return otherNode
 }
 
 // shimOwner tells whose a runc shim is. A node's containerd runs the shim

@@ -24,6 +24,12 @@ func kelp(pid, ppid int, args ...string) process {
 		cmdline: append([]string{"kelp"}, args...), cwd: "/root"}
 }
 
+// containerd is the bundle's containerd at exe, started with config.
+func containerd(pid, ppid int, exe, config string) process {
+	return process{pid: pid, ppid: ppid, mountNS: hostNS, exe: exe, program: containerdProgram,
+		cmdline: []string{exe, "--config", config}, cwd: "/"}
+}
+
 // shim is a runc shim from exe on the containerd socket address.
 func shim(pid int, exe, address string) process {
 	return process{pid: pid, ppid: 1, mountNS: hostNS, exe: exe,
@@ -62,19 +68,22 @@ func machine(procs ...process) []process {
 	}, procs...)
 }
 
-const ownShim = "/var/lib/kelp/data/1f2e/bin/containerd-shim-runc-v2"
+const (
+	ownContainerd = "/var/lib/kelp/data/1f2e/bin/containerd"
+	ownShim       = "/var/lib/kelp/data/1f2e/bin/containerd-shim-runc-v2"
+)
 
 func TestPlan(t *testing.T) {
 	node := []process{
 		kelp(200, 1, "server", "--data-dir", "/var/lib/kelp"),
-		kelp(201, 200, "containerd", "--config", "/var/lib/kelp/agent/etc/containerd/config.toml"),
+		containerd(201, 200, ownContainerd, "/var/lib/kelp/agent/etc/containerd/config.toml"),
 		shim(300, ownShim, "/run/kelp/containerd/containerd.sock"),
 		container(301, 300),
 		container(302, 301),
 	}
 	other := []process{
 		kelp(500, 1, "agent", "--data-dir", "/srv/kelp", "--server", "https://10.0.0.1:6443"),
-		kelp(501, 500, "containerd", "--config", "/srv/kelp/agent/etc/containerd/config.toml"),
+		containerd(501, 500, "/srv/kelp/data/9a9a/bin/containerd", "/srv/kelp/agent/etc/containerd/config.toml"),
 		shim(502, "/srv/kelp/data/9a9a/bin/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock"),
 		container(503, 502),
 	}
@@ -103,6 +112,20 @@ func TestPlan(t *testing.T) {
 				process{pid: 210, ppid: 1, mountNS: hostNS, exe: "/opt/kelp-1.2/kelp" + deleted, program: kelpProgram,
 					cmdline: []string{"/opt/kelp-1.2/kelp", "agent", "-d=/var/lib/kelp"}}),
 			kill: []int{200, 201, 210, 300, 301},
+		},
+		{
+			name:    "the containerd kelp ran itself before an upgrade",
+			dataDir: "/var/lib/kelp",
+			procs: machine(node[0], kelp(201, 1, "containerd", "--config", "/var/lib/kelp/agent/etc/containerd/config.toml"),
+				kelp(501, 1, "containerd", "--config", "/srv/kelp/agent/etc/containerd/config.toml")),
+			kill: []int{200, 201},
+			rest: []int{501},
+		},
+		{
+			name:    "the machine's own containerd",
+			dataDir: "/var/lib/kelp",
+			procs: machine(process{pid: 400, ppid: 1, mountNS: hostNS, exe: "/usr/bin/containerd",
+				program: "github.com/containerd/containerd/v2/cmd/containerd", cmdline: []string{"/usr/bin/containerd"}}),
 		},
 		{
 			name:    "another data dir's node and its pods are left alone",
@@ -199,7 +222,7 @@ func TestPlan(t *testing.T) {
 			dataDir: "/data/kelp", // killall's, resolved
 			procs: machine(
 				kelp(200, 1, "server", "--data-dir", "/var/lib/kelp"),
-				kelp(201, 200, "containerd", "--config", "/var/lib/kelp/agent/etc/containerd/config.toml"),
+				containerd(201, 200, "/data/kelp/data/1f2e/bin/containerd", "/var/lib/kelp/agent/etc/containerd/config.toml"),
 				// The kernel shows the file by its real path.
 				shim(300, "/data/kelp/data/1f2e/bin/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock"),
 			),

@@ -4,8 +4,11 @@
 package kubeargs
 
 import (
+	"encoding/json"
 	"sort"
 	"strings"
+
+	"github.com/sirupsen/logrus"
 )
 
 // WithLeaderElection adds kelp's leader election settings to the flags of
@@ -59,4 +62,13 @@ func Sets(extra []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// Log records at Debug the command line kelp runs component with, as a JSON
+// array in the field args: `kelp server --debug` shows what each upstream
+// component was given, and scripts/bench-baseline.sh starts the same
+// components as separate processes with exactly these.
+func Log(component string, args []string) {
+	line, _ := json.Marshal(args) // a []string always marshals
+	logrus.WithField("component", component).WithField("args", string(line)).Debug("command line")
 }

@@ -1,8 +1,13 @@
 package kubeargs
 
 import (
+	"encoding/json"
 	"reflect"
 	"testing"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/kelp-dev/kelp/internal/testlog"
 )
 
 func TestRender(t *testing.T) {
@@ -11,5 +16,27 @@ func TestRender(t *testing.T) {
 	want := []string{"--a=x=y", "--b=1", "--c=", "--leader-elect=false", "--v=4"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %v\nwant %v", got, want)
+	}
+}
+
+func TestLog(t *testing.T) {
+	hook := testlog.Capture(t)
+	level := logrus.GetLevel()
+	logrus.SetLevel(logrus.DebugLevel)
+	t.Cleanup(func() { logrus.SetLevel(level) })
+
+	args := []string{"--config=/data dir/kubelet.yaml", `--node-labels=a="b"`}
+	Log("kubelet", args)
+
+	e := hook.LastEntry()
+	if e == nil || e.Level != logrus.DebugLevel || e.Message != "command line" || e.Data["component"] != "kubelet" {
+		t.Fatalf("logged %+v, want a Debug command line of the kubelet", e)
+	}
+	var got []string
+	if err := json.Unmarshal([]byte(e.Data["args"].(string)), &got); err != nil {
+		t.Fatalf("args field %q: %v", e.Data["args"], err)
+	}
+	if !reflect.DeepEqual(got, args) {
+		t.Errorf("args decode to %q, want %q", got, args)
 	}
 }

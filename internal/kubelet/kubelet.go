@@ -141,6 +141,7 @@ func Start(cfg Config) (*component.Running, error) {
 	// The kubelet keeps what its set-up builds, so it gets no deadline.
 	ctx := context.Background()
 	args := Args(cfg)
+	kubeargs.Log("kubelet", args)
 	flags := options.NewKubeletFlags()
 	probe := pflag.NewFlagSet("kubelet", pflag.ContinueOnError)
 	probe.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)

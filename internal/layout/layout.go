@@ -26,11 +26,16 @@
 //	    ├── node-password, join.json a joined node's secret and last join
 //	    └── *.kubeconfig             the node's clients
 //	/run/kelp                        RunDir: sockets, containerd state, CNI leases
+//	└── ram/<hash of data dir>/      RAMStore: a SQLite server's Leases and Events
 //	/var/lib/kubelet                 KubeletRoot
 //	/var/log/pods                    PodLogsDir (and /var/log/containers, kubelet's links)
 package layout
 
-import "path/filepath"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"path/filepath"
+)
 
 // Fixed places on the host.
 const (
@@ -55,6 +60,15 @@ const (
 	ContainerdAddress = ContainerdState + "/containerd.sock"
 	CNINetworks       = RunDir + "/cni/networks"
 )
+
+// RAMStore is where a server on SQLite keeps the datastore of what may be
+// lost at a reboot (Leases and Events): under RunDir, a tmpfs, so that
+// their writes never reach the disk. dataDir is absolute; each data dir
+// has its own, so that a server never reads another cluster's leases.
+func RAMStore(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return filepath.Join(RunDir, "ram", hex.EncodeToString(sum[:8]))
+}
 
 // BundleDir holds the staged bundles: one directory per content hash.
 func BundleDir(dataDir string) string { return filepath.Join(dataDir, "data") }

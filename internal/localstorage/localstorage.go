@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -82,7 +83,7 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 		}
 	}
 	p := &provisioner{
-		cfg: cfg, client: client, events: events, now: time.Now, failed: map[types.UID]backoff{},
+		cfg: cfg, client: client, events: events, failed: reconcile.Backoff[types.UID]{First: firstBackoff, Max: maxBackoff},
 		claims: claims.Lister(), classes: classes.Lister(), volumes: volumes.Lister(),
 	}
 	return reconcile.Loop{Informers: watched, Coalesce: coalesce, Resync: retryEvery, Sync: p.sync}.Run(ctx)
@@ -107,20 +108,12 @@ type provisioner struct {
 	claims  corelisters.PersistentVolumeClaimLister
 	classes storagelisters.StorageClassLister
 	volumes corelisters.PersistentVolumeLister
-	now     func() time.Time
 	// running says the first sync ran: the cluster granted access.
 	running bool
 	// failed holds the claims and volumes whose last attempt failed, or
 	// that kelp refuses: they are tried again only after their backoff,
 	// so a broken disk costs an event now and then, not one per sync.
-	failed map[types.UID]backoff
-}
-
-// backoff is when to try a claim or volume again; a refused one never is.
-type backoff struct {
-	next    time.Time
-	wait    time.Duration
-	refused bool
+	failed reconcile.Backoff[types.UID]
 }
 
 // sync provisions the claims that wait for this node and deletes the
@@ -152,7 +145,7 @@ func (p *provisioner) sync(ctx context.Context, _ bool) error {
 			continue // the class's own event brings another sync
 		}
 		pending[claim.UID] = true
-		if p.due(claim.UID) {
+		if p.failed.Due(claim.UID) {
 			p.provision(ctx, claim, class)
 		}
 	}
@@ -161,30 +154,12 @@ func (p *provisioner) sync(ctx context.Context, _ bool) error {
 			continue
 		}
 		pending[v.UID] = true
-		if p.due(v.UID) {
+		if p.failed.Due(v.UID) {
 			p.delete(ctx, v)
 		}
 	}
-	for uid := range p.failed {
-		if !pending[uid] {
-			delete(p.failed, uid)
-		}
-	}
+	p.failed.Keep(pending)
 	return nil
-}
-
-// due says whether the backoff of the claim or volume uid is over.
-func (p *provisioner) due(uid types.UID) bool {
-	b, ok := p.failed[uid]
-	return !ok || (!b.refused && !p.now().Before(b.next))
-}
-
-// fail backs off the claim or volume uid.
-func (p *provisioner) fail(uid types.UID) {
-	b := p.failed[uid]
-	b.wait = min(max(2*b.wait, firstBackoff), maxBackoff)
-	b.next = p.now().Add(b.wait)
-	p.failed[uid] = b
 }
 
 // provision makes claim's directory and its volume, or says on the claim
@@ -192,7 +167,7 @@ func (p *provisioner) fail(uid types.UID) {
 func (p *provisioner) provision(ctx context.Context, claim *corev1.PersistentVolumeClaim, class *storagev1.StorageClass) {
 	l := log.WithField("claim", claim.Namespace+"/"+claim.Name)
 	if err := refusal(claim); err != nil {
-		p.failed[claim.UID] = backoff{refused: true}
+		p.failed.Refuse(claim.UID)
 		l.WithError(err).Warn("local-path volume refused")
 		p.events.Event(claim, corev1.EventTypeWarning, "ProvisioningFailed", err.Error())
 		return
@@ -200,7 +175,7 @@ func (p *provisioner) provision(ctx context.Context, claim *corev1.PersistentVol
 	dir := filepath.Join(p.cfg.Path, dirName(claim))
 	created, err := p.makeDir(dir)
 	if err != nil {
-		p.fail(claim.UID)
+		p.failed.Fail(claim.UID)
 		err = fmt.Errorf("create the volume's directory under %s on node %s: %w; make %[1]s writable by root there, or start kelp with --default-local-storage-path set to a writable directory",
 			p.cfg.Path, p.cfg.NodeName, err)
 		l.WithError(err).Warn("local-path volume not provisioned; trying again")
@@ -213,14 +188,14 @@ func (p *provisioner) provision(ctx context.Context, claim *corev1.PersistentVol
 	case apierrors.IsAlreadyExists(err):
 		// Made by the last sync; the cache has not seen it yet.
 	case err != nil:
-		p.fail(claim.UID)
+		p.failed.Fail(claim.UID)
 		if created {
 			_ = os.Remove(dir) // empty: no pod had it
 		}
 		l.WithError(err).Warn("local-path volume not created; trying again")
 		p.events.Eventf(claim, corev1.EventTypeWarning, "ProvisioningFailed", "create the volume %s: %v", volume.Name, err)
 	default:
-		delete(p.failed, claim.UID)
+		p.failed.Forget(claim.UID)
 		l.WithFields(logrus.Fields{"volume": volume.Name, "path": dir}).Info("local-path volume provisioned")
 		p.events.Eventf(claim, corev1.EventTypeNormal, "ProvisioningSucceeded", "Successfully provisioned volume %s at %s on node %s", volume.Name, dir, p.cfg.NodeName)
 	}
@@ -243,31 +218,53 @@ func (p *provisioner) makeDir(dir string) (bool, error) {
 	return created, os.Chmod(dir, 0o777)
 }
 
-// delete removes volume's directory and then the volume, or says on the
-// volume why it cannot.
+// delete removes volume's directory if its reclaim policy says Delete,
+// then its finalizer, then the volume unless it is being deleted already;
+// or says on the volume why it cannot.
 func (p *provisioner) delete(ctx context.Context, volume *corev1.PersistentVolume) {
 	l := log.WithField("volume", volume.Name)
-	if volume.Spec.Local == nil || !inStorage(p.cfg.Path, volume.Spec.Local.Path) {
-		p.failed[volume.UID] = backoff{refused: true}
+	removeDir := volume.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimDelete
+	if removeDir && (volume.Spec.Local == nil || !inStorage(p.cfg.Path, volume.Spec.Local.Path)) {
+		p.failed.Refuse(volume.UID)
 		msg := fmt.Sprintf("the volume's path is not a volume directory under this node's storage path %s: kelp does not remove it; remove what needs removing and delete the volume yourself", p.cfg.Path)
 		l.Warn(msg)
 		p.events.Event(volume, corev1.EventTypeWarning, "VolumeFailedDelete", msg)
-		return
+		if volume.DeletionTimestamp == nil {
+			return
+		}
+		removeDir = false // deleted by hand: it goes, its path stays
 	}
-	dir := volume.Spec.Local.Path
-	if err := os.RemoveAll(dir); err != nil {
-		p.fail(volume.UID)
-		l.WithError(err).Warn("local-path volume's directory not removed; trying again")
-		p.events.Eventf(volume, corev1.EventTypeWarning, "VolumeFailedDelete", "remove %s on node %s: %v", dir, p.cfg.NodeName, err)
-		return
+	var dir string
+	if removeDir {
+		dir = volume.Spec.Local.Path
+		if err := os.RemoveAll(dir); err != nil {
+			p.failed.Fail(volume.UID)
+			l.WithError(err).Warn("local-path volume's directory not removed; trying again")
+			p.events.Eventf(volume, corev1.EventTypeWarning, "VolumeFailedDelete", "remove %s on node %s: %v", dir, p.cfg.NodeName, err)
+			return
+		}
 	}
-	err := p.client.CoreV1().PersistentVolumes().Delete(ctx, volume.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &volume.UID}})
-	if err != nil && !apierrors.IsNotFound(err) {
-		p.fail(volume.UID)
-		l.WithError(err).Warn("local-path volume not deleted; trying again")
-		return
+	if slices.Contains(volume.Finalizers, Finalizer) {
+		// An update, not a patch: it must not drop a finalizer that
+		// another controller added meanwhile.
+		updated := volume.DeepCopy()
+		updated.Finalizers = slices.DeleteFunc(updated.Finalizers, func(f string) bool { return f == Finalizer })
+		_, err := p.client.CoreV1().PersistentVolumes().Update(ctx, updated, metav1.UpdateOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			p.failed.Fail(volume.UID)
+			l.WithError(err).Warn("local-path volume's finalizer not removed; trying again")
+			return
+		}
 	}
-	delete(p.failed, volume.UID)
+	if volume.DeletionTimestamp == nil {
+		err := p.client.CoreV1().PersistentVolumes().Delete(ctx, volume.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &volume.UID}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			p.failed.Fail(volume.UID)
+			l.WithError(err).Warn("local-path volume not deleted; trying again")
+			return
+		}
+	}
+	p.failed.Forget(volume.UID)
 	l.WithField("path", dir).Info("local-path volume deleted")
 }
 

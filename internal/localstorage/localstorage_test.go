@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,8 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 // fixture is a provisioner for node n1 whose caches hold what the test
@@ -43,7 +46,7 @@ func newFixture(t *testing.T, path string) *fixture {
 		cfg: Config{NodeName: "n1", Path: path}, client: f.client, events: f.events,
 		claims: corelisters.NewPersistentVolumeClaimLister(f.claims), volumes: corelisters.NewPersistentVolumeLister(f.volumes),
 		classes: storagelisters.NewStorageClassLister(f.classes),
-		now:     func() time.Time { return f.clock }, failed: map[types.UID]backoff{},
+		failed:  reconcile.Backoff[types.UID]{First: firstBackoff, Max: maxBackoff, Now: func() time.Time { return f.clock }},
 	}
 	f.add(t, f.classes, class("local-path", nil))
 	return f
@@ -165,7 +168,7 @@ func TestProvisionUnwritable(t *testing.T) {
 	if f.volume(t, "pvc-uid-0") == nil {
 		t.Error("no volume once the path is fixed")
 	}
-	if len(f.p.failed) != 0 {
+	if f.p.failed.Len() != 0 {
 		t.Errorf("backoff kept after success: %v", f.p.failed)
 	}
 }
@@ -198,7 +201,7 @@ func TestProvisionRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.sync(t)
-	if len(f.p.failed) != 0 {
+	if f.p.failed.Len() != 0 {
 		t.Errorf("a deleted claim is remembered: %v", f.p.failed)
 	}
 }
@@ -254,6 +257,61 @@ func TestDelete(t *testing.T) {
 	f.sync(t)
 	if e := f.event(); e != "" {
 		t.Errorf("second event: %q", e)
+	}
+}
+
+// A volume deleted by hand keeps its directory while a claim holds it;
+// then it loses its directory and its finalizer, and kelp does not delete
+// it again. One whose policy was changed to Retain keeps its directory.
+func TestDeletedByHand(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "storage")
+	f := newFixture(t, root)
+	deleted := func(c *corev1.PersistentVolumeClaim, policy corev1.PersistentVolumeReclaimPolicy) (*corev1.PersistentVolume, string) {
+		dir := filepath.Join(root, dirName(c))
+		if err := os.MkdirAll(dir, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		v := volumeFor(c, class("local-path", nil), "n1", dir)
+		if !slices.Contains(v.Finalizers, Finalizer) {
+			t.Fatalf("a volume of a Delete class has finalizers %v", v.Finalizers)
+		}
+		v.UID, v.Spec.PersistentVolumeReclaimPolicy = c.UID, policy
+		v.Finalizers = append(v.Finalizers, pvProtection)
+		v.DeletionTimestamp = &metav1.Time{Time: f.clock}
+		if _, err := f.client.CoreV1().PersistentVolumes().Create(context.Background(), v, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.add(t, f.volumes, v)
+		return v, dir
+	}
+	drop, dropDir := deleted(claim("data-0"), corev1.PersistentVolumeReclaimDelete)
+	keep, keepDir := deleted(claim("data-1"), corev1.PersistentVolumeReclaimRetain)
+	f.sync(t)
+	if _, err := os.Stat(dropDir); err != nil {
+		t.Errorf("the directory of a volume a claim still holds was removed: %v", err)
+	}
+
+	for _, v := range []*corev1.PersistentVolume{drop, keep} {
+		v.Finalizers = []string{Finalizer}
+		f.add(t, f.volumes, v)
+	}
+	f.client.ClearActions()
+	f.sync(t)
+	if _, err := os.Stat(dropDir); !os.IsNotExist(err) {
+		t.Errorf("%s of a volume deleted by hand is still there: %v", dropDir, err)
+	}
+	if _, err := os.Stat(keepDir); err != nil {
+		t.Errorf("the directory of a Retain volume was removed: %v", err)
+	}
+	for _, name := range []string{drop.Name, keep.Name} {
+		if v := f.volume(t, name); v == nil || len(v.Finalizers) != 0 {
+			t.Errorf("volume %s: %+v, want it there without kelp's finalizer", name, v)
+		}
+	}
+	for _, a := range f.client.Actions() {
+		if a.GetVerb() == "delete" {
+			t.Errorf("a volume being deleted was deleted again: %v", a)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +20,17 @@ const (
 	// NodeLabel names, on each volume kelp provisioned, the node that
 	// holds its directory: each node watches only its own volumes.
 	NodeLabel = "kelp.io/local-path-node"
+	// Finalizer keeps a volume whose class said Delete until its node has
+	// removed its directory: a volume deleted by hand takes its data with
+	// it too, as upstream's provisioners do when they honor the reclaim
+	// policy, instead of leaving a directory nobody knows about.
+	Finalizer = "kelp.io/local-path"
 )
+
+// pvProtection is the finalizer the controller-manager keeps on a volume
+// while a claim is bound to it: a volume deleted by hand keeps its data
+// until no pod can use it.
+const pvProtection = "kubernetes.io/pv-protection"
 
 // hostnameLabel is the node label that volumes' node affinity matches:
 // kelp's kubelets set it to the node name (--hostname-override).
@@ -75,11 +86,16 @@ func volumeFor(claim *corev1.PersistentVolumeClaim, class *storagev1.StorageClas
 	if class.ReclaimPolicy != nil {
 		reclaim = *class.ReclaimPolicy
 	}
+	var finalizers []string
+	if reclaim == corev1.PersistentVolumeReclaimDelete {
+		finalizers = []string{Finalizer}
+	}
 	filesystem := corev1.PersistentVolumeFilesystem
 	return &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:   volumeName(claim),
-			Labels: map[string]string{NodeLabel: node},
+			Name:       volumeName(claim),
+			Labels:     map[string]string{NodeLabel: node},
+			Finalizers: finalizers,
 			// The controller-manager's binder leaves the deletion of a
 			// volume provisioned by an external provisioner to it.
 			Annotations: map[string]string{storagehelpers.AnnDynamicallyProvisioned: Provisioner},
@@ -109,9 +125,14 @@ func wantsVolume(claim *corev1.PersistentVolumeClaim, node string) bool {
 }
 
 // toDelete says whether volume, one of this node's, is one kelp deletes:
-// its claim is gone and its class said Delete.
+// its claim is gone and its class said Delete, or it was deleted by hand
+// and no claim holds it any more.
 func toDelete(volume *corev1.PersistentVolume) bool {
-	return volume.Status.Phase == corev1.VolumeReleased && volume.DeletionTimestamp == nil &&
-		volume.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimDelete &&
-		volume.Annotations[storagehelpers.AnnDynamicallyProvisioned] == Provisioner
+	if volume.Annotations[storagehelpers.AnnDynamicallyProvisioned] != Provisioner {
+		return false
+	}
+	if volume.DeletionTimestamp != nil {
+		return slices.Contains(volume.Finalizers, Finalizer) && !slices.Contains(volume.Finalizers, pvProtection)
+	}
+	return volume.Status.Phase == corev1.VolumeReleased && volume.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimDelete
 }

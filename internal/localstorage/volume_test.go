@@ -51,6 +51,7 @@ func TestVolumeFor(t *testing.T) {
 			Name:        "pvc-uid-0",
 			Labels:      map[string]string{NodeLabel: "n1"},
 			Annotations: map[string]string{"pv.kubernetes.io/provisioned-by": "kelp.io/local-path"},
+			Finalizers:  []string{"kelp.io/local-path"},
 		},
 		Spec: corev1.PersistentVolumeSpec{
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
@@ -68,10 +69,12 @@ func TestVolumeFor(t *testing.T) {
 	if !equality.Semantic.DeepEqual(got, want) {
 		t.Errorf("volume:\n%+v\nwant\n%+v", got, want)
 	}
-
 	retain := volumeFor(c, class("keep", ptr.To(corev1.PersistentVolumeReclaimRetain)), "n1", "/s/x")
 	if retain.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain || retain.Spec.StorageClassName != "keep" {
 		t.Errorf("a class that retains gives %s of class %s", retain.Spec.PersistentVolumeReclaimPolicy, retain.Spec.StorageClassName)
+	}
+	if retain.Finalizers != nil {
+		t.Errorf("a volume of a class that retains has finalizers %v: nothing is removed with it", retain.Finalizers)
 	}
 }
 
@@ -188,7 +191,15 @@ func TestToDelete(t *testing.T) {
 			v.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
 		}, false},
 		{"someone else's", func(v *corev1.PersistentVolume) { v.Annotations["pv.kubernetes.io/provisioned-by"] = "other" }, false},
-		{"being deleted", func(v *corev1.PersistentVolume) { v.DeletionTimestamp = &metav1.Time{} }, false},
+		{"deleted by hand", func(v *corev1.PersistentVolume) { v.DeletionTimestamp = &metav1.Time{} }, true},
+		{"deleted by hand, still bound", func(v *corev1.PersistentVolume) {
+			v.DeletionTimestamp = &metav1.Time{}
+			v.Finalizers = append(v.Finalizers, "kubernetes.io/pv-protection")
+		}, false},
+		{"deleted, kelp's part done", func(v *corev1.PersistentVolume) {
+			v.DeletionTimestamp = &metav1.Time{}
+			v.Finalizers = nil
+		}, false},
 	} {
 		if got := toDelete(released(tc.change)); got != tc.want {
 			t.Errorf("%s: toDelete = %v", tc.name, got)

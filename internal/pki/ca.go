@@ -14,6 +14,10 @@ import (
 type authority struct {
 	cert *x509.Certificate
 	key  crypto.Signer
+	// chain are copies of cert signed by the CA it replaces, while a CA
+	// rotation is in progress (see RotateCA): every leaf carries them, so
+	// that a party that still trusts only the old CA verifies it.
+	chain []*x509.Certificate
 }
 
 // ensureCA loads the CA in ca, creating it only when neither file exists.
@@ -69,7 +73,7 @@ func (is issuer) ensureCA(name string, ca Pair) (*authority, error) {
 		return nil, fmt.Errorf("pki: CA certificate %s exists but its key %s is missing; restore the key from backup, %s", ca.Cert, ca.Key, moveAside)
 	}
 
-	cert, err := parseCert(certPEM)
+	cert, chain, err := parseCAFile(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("pki: CA certificate %s is unparseable (%v); restore it from backup, %s", ca.Cert, err, moveAside)
 	}
@@ -89,10 +93,25 @@ func (is issuer) ensureCA(name string, ca Pair) (*authority, error) {
 	if left := cert.NotAfter.Sub(is.now); left < renewBefore {
 		is.log.WithField("cert", ca.Cert).Warnf("certificate authority expires in %d days; kelp never replaces a CA, install a renewed certificate for the same key", int(left.Hours()/24))
 	}
-	return &authority{cert: cert, key: key}, nil
+	return &authority{cert: cert, key: key, chain: chain}, nil
 }
 
 func (is issuer) writeCACert(name, certPath string, key crypto.Signer) (*authority, error) {
+	cert, err := is.newCACert(name, key)
+	if err != nil {
+		return nil, fmt.Errorf("pki: create CA certificate %s: %w", certPath, err)
+	}
+	if err := writeFile(certPath, encodeCert(cert.Raw)); err != nil {
+		return nil, err
+	}
+	return &authority{cert: cert, key: key}, nil
+}
+
+// caName is the common name of the CA name made at now.
+func caName(name string, now time.Time) string { return fmt.Sprintf("%s@%d", name, now.Unix()) }
+
+// newCACert self-signs a CA certificate for key.
+func (is issuer) newCACert(name string, key crypto.Signer) (*x509.Certificate, error) {
 	serial, err := serialNumber()
 	if err != nil {
 		return nil, err
@@ -101,7 +120,7 @@ func (is issuer) writeCACert(name, certPath string, key crypto.Signer) (*authori
 		SerialNumber: serial,
 		// The timestamp tells apart the CAs of clusters that were torn down
 		// and recreated under the same name.
-		Subject:               pkix.Name{CommonName: fmt.Sprintf("%s@%d", name, is.now.Unix())},
+		Subject:               pkix.Name{CommonName: caName(name, is.now)},
 		NotBefore:             is.now.Add(-backdate),
 		NotAfter:              is.now.Add(caValidity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
@@ -110,16 +129,9 @@ func (is issuer) writeCACert(name, certPath string, key crypto.Signer) (*authori
 	}
 	der, err := x509.CreateCertificate(nil, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		return nil, fmt.Errorf("pki: create CA certificate %s: %w", certPath, err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("pki: create CA certificate %s: %w", certPath, err)
-	}
-	if err := writeFile(certPath, encodeCert(der)); err != nil {
 		return nil, err
 	}
-	return &authority{cert: cert, key: key}, nil
+	return x509.ParseCertificate(der)
 }
 
 // ensureServiceAccountKey creates the key that signs service-account tokens.

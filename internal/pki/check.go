@@ -27,6 +27,9 @@ type CertStatus struct {
 	DaysLeft int
 	Status   string
 	CA       bool
+	// AlsoTrusted are the CAs a CA file trusts besides its own while a
+	// CA rotation is in progress: the ones it replaces.
+	AlsoTrusted []string
 }
 
 // Check reads every certificate under dir (a server's tls directory or a
@@ -44,11 +47,17 @@ func Check(dir string, now time.Time) ([]CertStatus, error) {
 		if err != nil {
 			return err
 		}
-		cert, err := parseCert(data)
+		certs, err := parseCerts(data)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
+		cert := certs[0]
 		s := CertStatus{Path: path, Subject: cert.Subject.CommonName, NotAfter: cert.NotAfter, CA: cert.IsCA, Status: StatusOK}
+		for _, c := range certs[1:] {
+			if cert.IsCA && !crossSigned(cert, c) {
+				s.AlsoTrusted = append(s.AlsoTrusted, c.Subject.CommonName)
+			}
+		}
 		s.DaysLeft = int(cert.NotAfter.Sub(now).Hours() / 24)
 		due := renewAt(cert)
 		if cert.IsCA {

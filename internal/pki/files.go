@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -32,6 +33,16 @@ func writeFile(path string, data []byte) error {
 		return fmt.Errorf("pki: %w", err)
 	}
 	return nil
+}
+
+// writeIfChanged writes data to path unless path holds it already: a start
+// with nothing to change writes nothing.
+func writeIfChanged(path string, data []byte) error {
+	have, err := readOptional(path)
+	if err != nil || bytes.Equal(have, data) {
+		return err
+	}
+	return writeFile(path, data)
 }
 
 // readOptional returns nil data and no error when path does not exist.

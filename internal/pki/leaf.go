@@ -53,7 +53,7 @@ func (is issuer) ensureLeaf(l leafSpec) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if err := writePair(l.files, encodeCert(der), newKeyPEM); err != nil {
+	if err := writePair(l.files, l.ca.leafPEM(der), newKeyPEM); err != nil {
 		return false, err
 	}
 	msg := "reissued certificate"
@@ -89,6 +89,9 @@ func (is issuer) reissueReason(l leafSpec, certPEM, keyPEM []byte) string {
 	}
 	if !bytes.Equal(cert.RawIssuer, l.ca.cert.RawSubject) || cert.CheckSignatureFrom(l.ca.cert) != nil {
 		return "not signed by the current CA"
+	}
+	if !l.ca.carriedBy(certPEM) {
+		return "the CA's chain changed (rotate-ca)"
 	}
 	if cert.Subject.CommonName != l.cn || !slices.Equal(cert.Subject.Organization, l.orgs) {
 		return fmt.Sprintf("subject changed: CN=%s O=%s", l.cn, strings.Join(l.orgs, ","))

@@ -147,7 +147,7 @@ func loadAuthority(ca Pair) (*authority, error) {
 	if certPEM == nil || keyPEM == nil {
 		return nil, fmt.Errorf("pki: CA %s or its key is missing", ca.Cert)
 	}
-	cert, err := parseCert(certPEM)
+	cert, chain, err := parseCAFile(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("pki: CA %s: %w", ca.Cert, err)
 	}
@@ -155,5 +155,5 @@ func loadAuthority(ca Pair) (*authority, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki: CA key %s: %w", ca.Key, err)
 	}
-	return &authority{cert: cert, key: key}, nil
+	return &authority{cert: cert, key: key, chain: chain}, nil
 }

@@ -65,15 +65,30 @@ func tempFile(path string, data []byte) (string, error) {
 }
 
 // WriteRenewed puts a joined node's renewed credentials in f, each
-// certificate with its key as writePair does. The CA certificates stay:
-// they do not change while the node runs.
-func (f NodeFiles) WriteRenewed(certs NodeCerts) error {
+// certificate with its key as writePair does, after the CA certificates
+// serverCA and clientCA. Those change only in a CA rotation (RotateCA),
+// whose bundles trust what the old ones did and the new leaves too: they
+// go first, so that the node trusts the new leaves before it uses them.
+func (f NodeFiles) WriteRenewed(serverCA, clientCA []byte, certs NodeCerts) error {
 	pairs := f.pairsOf(certs)
+	for path, data := range map[string][]byte{f.ServerCA: serverCA, f.ClientCA: clientCA} {
+		if len(data) == 0 {
+			return fmt.Errorf("pki: no %s to write", filepath.Base(path))
+		}
+	}
 	for _, p := range pairs {
 		for path, data := range map[string][]byte{p.files.Cert: p.pem.Cert, p.files.Key: p.pem.Key} {
 			if len(data) == 0 {
 				return fmt.Errorf("pki: no %s to write", filepath.Base(path))
 			}
+		}
+	}
+	for _, ca := range []struct {
+		path string
+		data []byte
+	}{{f.ServerCA, serverCA}, {f.ClientCA, clientCA}} {
+		if err := writeIfChanged(ca.path, ca.data); err != nil {
+			return err
 		}
 	}
 	for _, p := range pairs {

@@ -89,6 +89,11 @@ type Files struct {
 	RequestHeaderCA Pair // signs the aggregator's front-proxy client
 	EtcdServerCA    Pair // signs etcd's serving and client certificates
 	EtcdPeerCA      Pair // signs etcd's peer certificates
+	// ServerCASigner and ClientCASigner hold the certificate of ServerCA
+	// and ClientCA alone, for the controller-manager's CSR signers, which
+	// read exactly one certificate: during a CA rotation the CA files are
+	// trust bundles of three.
+	ServerCASigner, ClientCASigner string
 
 	// Service-account token signing key pair.
 	ServiceAccountKey, ServiceAccountPub string
@@ -123,6 +128,8 @@ func FilesIn(dir string) Files {
 		RequestHeaderCA:        pair("request-header-ca"),
 		EtcdServerCA:           pair("etcd/server-ca"),
 		EtcdPeerCA:             pair("etcd/peer-ca"),
+		ServerCASigner:         filepath.Join(dir, "server-ca-signer.crt"),
+		ClientCASigner:         filepath.Join(dir, "client-ca-signer.crt"),
 		ServiceAccountKey:      filepath.Join(dir, "service.key"),
 		ServiceAccountPub:      filepath.Join(dir, "service.pub"),
 		APIServer:              pair("serving-kube-apiserver"),
@@ -198,6 +205,12 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 			return Files{}, err
 		}
 		*ca.dst = a
+	}
+
+	for path, ca := range map[string]*authority{f.ServerCASigner: cas.server, f.ClientCASigner: cas.client} {
+		if err := writeIfChanged(path, encodeCert(ca.cert.Raw)); err != nil {
+			return Files{}, err
+		}
 	}
 
 	if err := is.ensureServiceAccountKey(f.ServiceAccountKey, f.ServiceAccountPub); err != nil {

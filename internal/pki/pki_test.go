@@ -172,12 +172,12 @@ func TestEnsureCreatesEverything(t *testing.T) {
 
 	wantNames := []string{
 		"client-admin.crt", "client-admin.key", "client-auth-proxy.crt", "client-auth-proxy.key",
-		"client-ca.crt", "client-ca.key", "client-controller.crt", "client-controller.key",
+		"client-ca-signer.crt", "client-ca.crt", "client-ca.key", "client-controller.crt", "client-controller.key",
 		"client-kelp-controller.crt", "client-kelp-controller.key", "client-kelp-dns.crt", "client-kelp-dns.key",
 		"client-kube-apiserver.crt", "client-kube-apiserver.key", "client-kube-proxy.crt", "client-kube-proxy.key",
 		"client-kubelet.crt", "client-kubelet.key",
 		"client-scheduler.crt", "client-scheduler.key", "etcd",
-		"request-header-ca.crt", "request-header-ca.key", "server-ca.crt", "server-ca.key",
+		"request-header-ca.crt", "request-header-ca.key", "server-ca-signer.crt", "server-ca.crt", "server-ca.key",
 		"service.key", "service.pub", "serving-kube-apiserver.crt", "serving-kube-apiserver.key",
 		"serving-kubelet.crt", "serving-kubelet.key",
 	}

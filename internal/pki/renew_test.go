@@ -199,13 +199,13 @@ func TestWriteRenewed(t *testing.T) {
 	}
 	incomplete := renewed
 	incomplete.DNS.Key = nil
-	if err := node.WriteRenewed(incomplete); err == nil || !strings.Contains(err.Error(), "client-kelp-dns.key") {
+	if err := node.WriteRenewed(serverCA, clientCA, incomplete); err == nil || !strings.Contains(err.Error(), "client-kelp-dns.key") {
 		t.Errorf("renewed credentials without the DNS key: %v", err)
 	}
 	if got, _ := os.ReadFile(node.KubeletClient.Cert); string(got) != string(joined.KubeletClient.Cert) {
 		t.Error("an incomplete renewal wrote the kubelet's client certificate")
 	}
-	if err := node.WriteRenewed(renewed); err != nil {
+	if err := node.WriteRenewed(serverCA, clientCA, renewed); err != nil {
 		t.Fatal(err)
 	}
 	for path, want := range map[string][]byte{

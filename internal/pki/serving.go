@@ -33,5 +33,5 @@ func (is issuer) issue(l leafSpec) (PEMPair, error) {
 	if err != nil {
 		return PEMPair{}, err
 	}
-	return PEMPair{Cert: encodeCert(der), Key: keyPEM}, nil
+	return PEMPair{Cert: l.ca.leafPEM(der), Key: keyPEM}, nil
 }

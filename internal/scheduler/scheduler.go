@@ -51,7 +51,9 @@ func Start(cfg Config) (*component.Running, error) {
 	for _, f := range opts.Flags.FlagSets {
 		fs.AddFlagSet(f)
 	}
-	if err := fs.Parse(Args(cfg)); err != nil {
+	args := Args(cfg)
+	kubeargs.Log("kube-scheduler", args)
+	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("kube-scheduler flags: %w (check --kube-scheduler-arg)", err)
 	}
 	if err := opts.ComponentGlobalsRegistry.Set(); err != nil {

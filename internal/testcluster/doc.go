@@ -4,8 +4,10 @@
 // behind: the namespaces die with the processes the tests kill.
 //
 // NewNode makes a single machine. A Lab links several nodes (a server and
-// agents) by a bridge in a namespace of its own, and gives each of them its
-// own cgroup subtree as well, so their kubelets do not share kubepods.
+// agents) by a bridge in a namespace of its own. Every node has its own
+// cgroup subtree as well, which it sees as the cgroup root, so the kubelets
+// of nodes running at once, in one test or in tests run in parallel, do not
+// share kubepods.
 //
 // Cluster tests need root and a built kelp binary ($KELP_BIN, default
 // bin/kelp at the top of the repository; scripts/test.sh builds it).

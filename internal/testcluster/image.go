@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -14,11 +15,40 @@ import (
 // TestImage is the name tests give the image BuildTestImage makes.
 const TestImage = "docker.io/kelp-test/testapp:1.0"
 
+// builtImages are the image tarballs BuildTestImage made, by image name:
+// the tests of one test binary, also those running in parallel, build each
+// once and get a copy each.
+var builtImages = struct {
+	sync.Mutex
+	tars map[string][]byte
+}{tars: map[string][]byte{}}
+
 // BuildTestImage packs testapp (see testapp/main.go) into an OCI image
 // tarball named name with the bundle's own image tool, and returns its
-// path: tests drop it into a node's airgap images directory, as no registry
-// is reachable.
+// path, in a temp dir of t: tests drop it into a node's airgap images
+// directory, as no registry is reachable.
 func BuildTestImage(t *testing.T, name string) string {
+	t.Helper()
+	builtImages.Lock()
+	defer builtImages.Unlock()
+	data, ok := builtImages.tars[name]
+	if !ok {
+		var err error
+		if data, err = os.ReadFile(buildTestImage(t, name)); err != nil {
+			t.Fatal(err)
+		}
+		builtImages.tars[name] = data
+	}
+	tar := filepath.Join(t.TempDir(), "testapp.tar")
+	if err := os.WriteFile(tar, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return tar
+}
+
+// buildTestImage builds the image tarball of BuildTestImage and returns
+// its path.
+func buildTestImage(t *testing.T, name string) string {
 	t.Helper()
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {

@@ -2,9 +2,7 @@ package testcluster
 
 import (
 	"net/netip"
-	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"testing"
 )
@@ -19,9 +17,8 @@ var labNet = netip.MustParsePrefix("10.99.0.0/24")
 
 // Lab is a network of several kelp nodes on one machine: a network
 // namespace, held open by a sleeping process, with a bridge the nodes are
-// wired to. Each node of a Lab has its own cgroup subtree, seen by the node
-// as its cgroup root, so the kubelets of the nodes do not fight over the
-// host's kubepods.
+// wired to. Its nodes are made as by NewNode, each with its own cgroup
+// subtree, but wired to the lab's bridge.
 type Lab struct {
 	t      *testing.T
 	holder *exec.Cmd
@@ -75,27 +72,7 @@ func (l *Lab) NewNode(name, ip string) *Node {
 	}
 	n := newNode(t, name, ip)
 	l.nodes = append(l.nodes, n)
-	n.cgroups, err = newCgroupTree(name)
-	if err != nil {
-		t.Fatalf("node %s: %v", name, err)
-	}
-	t.Cleanup(n.cleanup)
-
-	dirs := privateDirs
-	// Where systemd runs the host, kelp would ask it for the kubelet's and
-	// the containers' cgroups, which it makes outside the node's subtree:
-	// hiding systemd makes kelp manage cgroups itself, as in a container.
-	if _, err := os.Stat("/run/systemd/system"); err == nil {
-		dirs = append(slices.Clone(dirs), "/run/systemd")
-	}
-	setup := append([]string{"ip link set lo up"}, privateMounts(t, dirs)...)
-	setup = append(setup, n.cgroups.mountScript()...)
-	// The holder joins the node's cgroups before it makes its cgroup
-	// namespace, whose root they become.
-	n.holder = joinCgroups(n.cgroups.rootProcs(), "unshare", "--net", "--mount", "--cgroup", "--propagation", "private", "sh", "-c", holderScript(setup))
-	if err := startHolder(n.holder); err != nil {
-		t.Fatalf("set up namespaces of node %s: %v", name, err)
-	}
+	n.makeNamespaces()
 
 	// The veth pair is made in the lab and its far end moved to the node:
 	// neither end is ever in the machine's own namespace.

@@ -18,11 +18,11 @@ import (
 	"github.com/kelp-dev/kelp/internal/layout"
 )
 
-// TestLab makes a lab of three nodes without kelp and checks that the
-// nodes reach each other over the lab bridge and nothing else, that each
-// has a cgroup subtree of its own that it sees as its root, and that
-// nothing of the lab is left after the test, nor ever was in the machine's
-// own network namespace.
+// TestLab makes a lab of three nodes and a single node (NewNode) without
+// kelp and checks that the lab's nodes reach each other over the lab
+// bridge and nothing else, that each node has a cgroup subtree of its own
+// that it sees as its root, and that nothing of the nodes is left after
+// the test, nor ever was in the machine's own network namespace.
 func TestLab(t *testing.T) {
 	NeedRoot(t)
 	links, mounts := rootLinks(t), rootMounts(t)
@@ -34,8 +34,9 @@ func TestLab(t *testing.T) {
 	t.Run("three nodes", func(t *testing.T) {
 		lab := NewLab(t)
 		nodes := []*Node{lab.NewNode("lab-a", "10.99.0.11"), lab.NewNode("lab-b", "10.99.0.12"), lab.NewNode("lab-c", "10.99.0.13")}
+		single := NewNode(t)
 		holders = append(holders, lab.holder.Process.Pid)
-		for _, n := range nodes {
+		for _, n := range append(nodes, single) {
 			holders = append(holders, n.holder.Process.Pid)
 			for _, h := range n.cgroups.hierarchies {
 				cgroupDirs = append(cgroupDirs, h.dir)
@@ -52,7 +53,11 @@ func TestLab(t *testing.T) {
 		checkVXLAN(t, nodes[0], nodes[1])
 		checkGateway(t, nodes[0])
 		checkCgroups(t, nodes[0], nodes[1])
+		// A single node has cgroups of its own too, as tests run at once.
+		// Checked against a node that has made no kubepods yet.
+		checkCgroups(t, single, nodes[2])
 		checkPrivateDirs(t, nodes[0], nodes[1])
+		checkPrivateDirs(t, single, nodes[0])
 		orphan = startOrphan(t, nodes[2])
 	})
 
@@ -62,7 +67,7 @@ func TestLab(t *testing.T) {
 	if got := rootMounts(t); !slices.Equal(got, mounts) {
 		t.Errorf("mounts of the machine's namespace changed from %v to %v", mounts, got)
 	}
-	if len(holders) != 4 || len(cgroupDirs) == 0 {
+	if len(holders) != 5 || len(cgroupDirs) == 0 {
 		t.Fatalf("the lab was not made: %d holders, cgroups %v", len(holders), cgroupDirs)
 	}
 	for _, pid := range append(holders, orphan) {

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,10 +48,16 @@ type Node struct {
 	Agent bool
 	// Bin is the kelp binary Start runs; empty: Binary's. An upgrade test
 	// sets it to the next version.
-	Bin    string
+	Bin string
+	// Env ("KEY=value") is added to the environment of every command made
+	// with Command: the kelp that Start runs, RunKelp's too. Tests running
+	// in parallel share the test binary's own environment, which t.Setenv
+	// refuses to change under them.
+	Env    []string
 	holder *exec.Cmd
-	// cgroups is the node's own cgroup subtree; nil for a node made by
-	// NewNode, which uses the host's cgroups as a single machine would.
+	// cgroups is the node's own cgroup subtree, which it sees as the root
+	// of every hierarchy: the kubelets of nodes running at once would
+	// otherwise share kubepods and remove each other's pod cgroups.
 	cgroups *cgroupTree
 	joined  bool // StartAgent ran, so there is a node to killall
 	kelp    *exec.Cmd
@@ -92,34 +99,61 @@ func Binary(t *testing.T) string {
 // know, another node's included.
 var privateDirs = []string{layout.RunDir, layout.NetnsDir, layout.KubeletRoot, layout.PodLogsDir, layout.ContainerLogsDir}
 
-// NewNode makes the namespaces of a node: loopback up and a bridge with
-// NodeIP, so kelp finds a node address as on a real machine, and private
-// mounts over privateDirs.
+// NewNode makes a single machine: network, mount and cgroup namespaces,
+// loopback up and a bridge with NodeIP, so kelp finds a node address as on
+// a real machine, private mounts over privateDirs and the node's own view
+// of the cgroups, as for a node of a Lab.
 func NewNode(t *testing.T) *Node {
 	t.Helper()
 	NeedRoot(t)
 	n := newNode(t, NodeName, NodeIP)
-	setup := []string{
-		"ip link set lo up",
+	n.makeNamespaces(
 		"ip link add kelp-lab type bridge",
-		"ip addr add " + NodeIP + "/24 dev kelp-lab",
+		"ip addr add "+NodeIP+"/24 dev kelp-lab",
 		"ip link set kelp-lab up",
 		// A default route into the void, as on a machine whose gateway
 		// drops what it cannot deliver: nothing answers at 10.99.0.1.
 		"ip route add default via 10.99.0.1 dev kelp-lab",
-	}
-	setup = append(setup, privateMounts(t, privateDirs)...)
-	n.holder = exec.Command("unshare", "--net", "--mount", "--propagation", "private", "sh", "-c", holderScript(setup))
-	t.Cleanup(n.cleanup)
-	if err := startHolder(n.holder); err != nil {
-		t.Fatalf("set up node namespaces: %v", err)
-	}
+	)
 	return n
 }
 
 func newNode(t *testing.T, name, ip string) *Node {
 	dir := t.TempDir()
 	return &Node{t: t, Name: name, IP: ip, Dir: dir, DataDir: filepath.Join(dir, "data"), Kubeconfig: filepath.Join(dir, "kelp.yaml")}
+}
+
+// makeNamespaces makes the node's cgroup subtree and starts its holder in
+// new network, mount and cgroup namespaces: loopback up, then network (the
+// shell commands that set up the node's interfaces), private mounts over
+// privateDirs and the node's view of the cgroups. It registers the node's
+// cleanup.
+func (n *Node) makeNamespaces(network ...string) {
+	t := n.t
+	t.Helper()
+	var err error
+	n.cgroups, err = newCgroupTree(n.Name)
+	if err != nil {
+		t.Fatalf("node %s: %v", n.Name, err)
+	}
+	t.Cleanup(n.cleanup)
+
+	dirs := privateDirs
+	// Where systemd runs the host, kelp would ask it for the kubelet's and
+	// the containers' cgroups, which it makes outside the node's subtree:
+	// hiding systemd makes kelp manage cgroups itself, as in a container.
+	if _, err := os.Stat("/run/systemd/system"); err == nil {
+		dirs = append(slices.Clone(dirs), "/run/systemd")
+	}
+	setup := append([]string{"ip link set lo up"}, network...)
+	setup = append(setup, privateMounts(t, dirs)...)
+	setup = append(setup, n.cgroups.mountScript()...)
+	// The holder joins the node's cgroups before it makes its cgroup
+	// namespace, whose root they become.
+	n.holder = joinCgroups(n.cgroups.rootProcs(), "unshare", "--net", "--mount", "--cgroup", "--propagation", "private", "sh", "-c", holderScript(setup))
+	if err := startHolder(n.holder); err != nil {
+		t.Fatalf("set up namespaces of node %s: %v", n.Name, err)
+	}
 }
 
 // privateMounts are the shell commands that mount an empty tmpfs over each
@@ -184,10 +218,8 @@ func (n *Node) cleanup() {
 		_ = n.holder.Process.Kill()
 		_ = n.holder.Wait()
 	}
-	if n.cgroups != nil {
-		if err := n.cgroups.remove(); err != nil {
-			n.t.Errorf("node %s: %v", n.Name, err)
-		}
+	if err := n.cgroups.remove(); err != nil {
+		n.t.Errorf("node %s: %v", n.Name, err)
 	}
 	if n.t.Failed() {
 		for _, path := range n.logs {
@@ -213,14 +245,15 @@ func (n *Node) CommandAs(uid, gid int, name string, args ...string) *exec.Cmd {
 }
 
 func (n *Node) command(opts []string, name string, args ...string) *exec.Cmd {
-	nsenter := []string{"nsenter", "--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount"}
-	if n.cgroups == nil {
-		return exec.Command(nsenter[0], append(append(append(nsenter[1:], opts...), "--", name), args...)...)
-	}
+	nsenter := []string{"nsenter", "--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount", "--cgroup"}
 	// Entering a cgroup namespace moves no process: the command joins the
 	// node's cgroups first, or it would run outside the node's view.
-	nsenter = append(append(append(nsenter, "--cgroup"), opts...), "--", name)
-	return joinCgroups(n.cgroups.procs(), append(nsenter, args...)...)
+	nsenter = append(append(nsenter, opts...), "--", name)
+	cmd := joinCgroups(n.cgroups.procs(), append(nsenter, args...)...)
+	if len(n.Env) > 0 {
+		cmd.Env = append(cmd.Environ(), n.Env...)
+	}
+	return cmd
 }
 
 // joinCgroups returns a command that moves itself into the cgroups whose

@@ -13,6 +13,9 @@ readonly private_dirs=(/run/kelp /run/netns /var/lib/kubelet /var/log/pods /var/
 # cgroup.procs files a process joins to be in the node, for a node with
 # cgroups of its own.
 declare -A holder=() kelp_pid=() cg_procs=()
+# Processes other than kelp that a bench runs in a node, by name: wait_for
+# watches them as it watches kelp.
+declare -A procs=()
 
 now_ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
 secs() { awk -v ms="$1" 'BEGIN { if (ms == "") print "-"; else printf "%.2f", ms / 1000 }'; }
@@ -92,31 +95,54 @@ launch() {
   kelp_pid[$node]=$!
 }
 
-# stop_kelp NODE: SIGTERM to the node's kelp, SIGKILL if it is still there
-# after 30 s; reaps it and forgets it. Sets stop_rc to its exit status (137:
-# it was killed).
+# launch_proc NAME NODE LOG CMD...: starts CMD in the node in the
+# background, its output to LOG, and sets procs[NAME] (see launch).
+launch_proc() {
+  local name=$1 node=$2 log=$3 enter
+  shift 3
+  enter_node "$node"
+  "${enter[@]}" "$@" >"$log" 2>&1 &
+  procs[$name]=$!
+}
+
+# stop_pid PID: SIGTERM, SIGKILL if it is still there after 30 s; reaps it.
+# Sets stop_rc to its exit status (137: it was killed).
 # shellcheck disable=SC2034 # stop_rc is for the caller
-stop_kelp() {
-  local node=$1 pid=${kelp_pid[$1]} deadline
+stop_pid() {
+  local deadline
   deadline=$(( $(now_ms) + 30000 ))
-  kill -TERM "$pid" 2>/dev/null || true
-  while alive "$pid" && (( $(now_ms) < deadline )); do sleep 0.05; done
-  if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
+  kill -TERM "$1" 2>/dev/null || true
+  while alive "$1" && (( $(now_ms) < deadline )); do sleep 0.05; done
+  if alive "$1"; then kill -KILL "$1" 2>/dev/null || true; fi
   stop_rc=0
-  wait "$pid" 2>/dev/null || stop_rc=$?
-  unset "kelp_pid[$node]"
+  wait "$1" 2>/dev/null || stop_rc=$?
+}
+
+# stop_kelp NODE: stop_pid of the node's kelp, then forgets it.
+stop_kelp() {
+  stop_pid "${kelp_pid[$1]}"
+  unset "kelp_pid[$1]"
+}
+
+# stop_proc NAME: stop_pid of procs[NAME], then forgets it.
+stop_proc() {
+  stop_pid "${procs[$1]}"
+  unset "procs[$1]"
 }
 
 # wait_for WHAT CMD...: polls CMD every 100 ms for up to 5 minutes; gives up
-# when a kelp of kelp_pid exits meanwhile.
+# when a kelp of kelp_pid or a process of procs exits meanwhile.
 wait_for() {
-  local what=$1 node deadline
+  local what=$1 node name deadline
   shift
   deadline=$(( $(now_ms) + 300000 ))
   until "$@" >/dev/null 2>&1; do
     (( $(now_ms) < deadline )) || die "$what did not happen within 5 minutes"
     for node in "${!kelp_pid[@]}"; do
       alive "${kelp_pid[$node]}" || die "kelp on the $node exited while waiting for $what"
+    done
+    for name in "${!procs[@]}"; do
+      alive "${procs[$name]}" || die "$name exited while waiting for $what"
     done
     sleep 0.1
   done
@@ -195,6 +221,25 @@ node_pids() {
     [[ $p != "${holder[$1]}" && $(readlink "/proc/$p/ns/mnt" 2>/dev/null) == "$ns" ]] && echo "$p"
   done
   return 0
+}
+
+# sample_node NODE: one line per process of the node (node_pids): its name
+# (the program's; kelp-SUBCOMMAND for the kelp binary), pid, CPU ticks
+# (user + system), bytes written to storage (/proc/PID/io write_bytes), RSS
+# and PSS in KiB.
+sample_node() {
+  local pid name stat argv
+  for pid in $(node_pids "$1"); do
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+    stat=${stat##*) }
+    mapfile -d "" -t argv <"/proc/$pid/cmdline" 2>/dev/null || continue
+    name=${argv[0]##*/}
+    if [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$KELP" ]]; then name=kelp-${argv[1]:-}; fi
+    echo "$name $pid $(awk '{print $12 + $13}' <<<"$stat") \
+$(awk '$1 == "write_bytes:" {print $2}' "/proc/$pid/io" 2>/dev/null) \
+$(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status" 2>/dev/null) \
+$(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null)"
+  done
 }
 
 # end_node NODE: SIGKILL to what still runs in the node (stop its kelp with

@@ -1,4 +1,4 @@
-package containerd
+package main
 
 // The plugins a kelp node uses, chosen from containerd's own builtins list:
 // no btrfs, zfs, devmapper, erofs or blockfile snapshotters, no tracing.

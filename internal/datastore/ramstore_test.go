@@ -1,0 +1,168 @@
+package datastore
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// startRAMReady starts a RAM store, waits until it answers and stops it
+// when the test ends.
+func startRAMReady(t *testing.T, cfg RAMConfig) *Datastore {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	d, err := StartRAM(ctx, cfg)
+	if err != nil {
+		t.Fatalf("StartRAM: %v", err)
+	}
+	t.Cleanup(func() { stopWithin(t, d, 30*time.Second) })
+	if err := d.WaitReady(ctx); err != nil {
+		t.Fatalf("WaitReady: %v", err)
+	}
+	return d
+}
+
+// putRevision puts key and returns the revision the put made.
+func putRevision(t *testing.T, be Backend, key, value string) int64 {
+	t.Helper()
+	cli, err := newClient(be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Put(ctx, key, value)
+	if err != nil {
+		t.Fatalf("put %s: %v", key, err)
+	}
+	return resp.Header.Revision
+}
+
+func count(t *testing.T, be Backend, key string) int64 {
+	t.Helper()
+	cli, err := newClient(be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, key, clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatalf("get %s: %v", key, err)
+	}
+	return resp.Count
+}
+
+// TestRAMStoreRestartAndReboot checks what a RAM store keeps: everything
+// across a restart, nothing once its files are gone (a reboot), and then
+// revisions above the ones of before.
+func TestRAMStoreRestartAndReboot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ram")
+	boot := time.Date(2026, 11, 25, 23, 0, 0, 0, time.UTC)
+	cfg := RAMConfig{dir: dir, now: func() time.Time { return boot }}
+
+	d := startRAMReady(t, cfg)
+	be := d.Backend()
+	if d.Name() != "ram store" {
+		t.Errorf("Name = %q", d.Name())
+	}
+	if want := "unix://" + filepath.Join(dir, kineSocketName); len(be.Endpoints) != 1 || be.Endpoints[0] != want {
+		t.Errorf("Endpoints = %v, want [%s]", be.Endpoints, want)
+	}
+	first := putRevision(t, be, "/registry/leases/kube-node-lease/a", "one")
+	if first <= boot.UnixMicro() {
+		t.Errorf("first revision of a new RAM store %d, want above %d (its start in microseconds)", first, boot.UnixMicro())
+	}
+	stopWithin(t, d, 30*time.Second)
+
+	// A restart: kept, and revisions go on.
+	d = startRAMReady(t, RAMConfig{dir: dir, now: func() time.Time { return boot.Add(time.Hour) }})
+	if got := get(t, d.Backend(), "/registry/leases/kube-node-lease/a"); got != "one" {
+		t.Errorf("after a restart got %q, want %q", got, "one")
+	}
+	last := putRevision(t, d.Backend(), "/registry/leases/kube-node-lease/a", "two")
+	if last <= first || last > first+100 {
+		t.Errorf("after a restart revision %d, want just above %d", last, first)
+	}
+	stopWithin(t, d, 30*time.Second)
+
+	// A reboot: the files are gone, the store starts empty, above where
+	// the old one was.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	reboot := boot.Add(time.Minute)
+	d = startRAMReady(t, RAMConfig{dir: dir, now: func() time.Time { return reboot }})
+	if n := count(t, d.Backend(), "/registry/leases/kube-node-lease/a"); n != 0 {
+		t.Errorf("after a reboot %d leases, want none", n)
+	}
+	if rev := putRevision(t, d.Backend(), "/registry/leases/kube-node-lease/a", "three"); rev <= last {
+		t.Errorf("after a reboot revision %d, want above %d, the last of the store before", rev, last)
+	}
+}
+
+// TestRAMStoreDamagedIsDiscarded checks that a RAM store SQLite cannot read
+// is replaced by an empty one, as a reboot would, where a damaged
+// datastore stops kelp.
+func TestRAMStoreDamagedIsDiscarded(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, stateDBName)
+	if err := os.WriteFile(path, []byte(strings.Repeat("not a database ", 1000)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+"-wal", []byte("stale"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startRAMReady(t, RAMConfig{dir: dir})
+	put(t, d.Backend(), "/registry/events/default/e", "x")
+	if got := get(t, d.Backend(), "/registry/events/default/e"); got != "x" {
+		t.Errorf("got %q", got)
+	}
+}
+
+// TestRAMStoreTableIsKines checks that the table a new RAM store is made
+// with is the one kine makes itself: kine would keep a different one.
+func TestRAMStoreTableIsKines(t *testing.T) {
+	dataDir := t.TempDir()
+	d := startReady(t, Config{DataDir: dataDir})
+	stopWithin(t, d, 30*time.Second)
+
+	ram := t.TempDir()
+	if err := createKineDB(filepath.Join(ram, stateDBName), 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	kines, ours := tableSQL(t, SQLitePath(dataDir)), tableSQL(t, filepath.Join(ram, stateDBName))
+	if kines != ours {
+		t.Errorf("kine makes\n  %s\nthe RAM store\n  %s", kines, ours)
+	}
+}
+
+var spaces = regexp.MustCompile(`\s+`)
+
+// tableSQL is the CREATE TABLE of kine's table in the database at path,
+// with runs of white space made one space and none inside parentheses.
+func tableSQL(t *testing.T, path string) string {
+	t.Helper()
+	db, err := sql.Open("sqlite", (&url.URL{Scheme: "file", Path: path, RawQuery: "mode=ro"}).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var stmt string
+	if err := db.QueryRow(`SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'kine'`).Scan(&stmt); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	stmt = spaces.ReplaceAllString(stmt, " ")
+	return strings.NewReplacer("( ", "(", " )", ")").Replace(stmt)
+}
