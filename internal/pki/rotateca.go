@@ -2,7 +2,6 @@ package pki
 
 import (
 	"bytes"
-	"crypto"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -165,7 +164,6 @@ func RotateCA(dir, from string, now time.Time) ([]string, error) {
 			continue
 		}
 		var cert *x509.Certificate
-		var key crypto.Signer
 		var keyPEM []byte
 		if from != "" {
 			rel, err := filepath.Rel(dir, slot.files.Cert)
@@ -173,7 +171,7 @@ func RotateCA(dir, from string, now time.Time) ([]string, error) {
 				return nil, err
 			}
 			src := Pair{Cert: filepath.Join(from, rel), Key: filepath.Join(from, strings.TrimSuffix(rel, ".crt")+".key")}
-			cert, key, keyPEM, err = readNewCA(src, is.now)
+			cert, keyPEM, err = readNewCA(src, is.now)
 			var m missingFiles
 			if errors.As(err, &m) {
 				missing = append(missing, m...)
@@ -190,7 +188,6 @@ func RotateCA(dir, from string, now time.Time) ([]string, error) {
 			if keyPEM, err = encodeKey(ec); err != nil {
 				return nil, err
 			}
-			key = ec
 			// A CA's name holds the second it was made: a CA made in the
 			// same second as the current one (a script that sets up a
 			// server and rotates at once) is named by the next.
@@ -198,7 +195,7 @@ func RotateCA(dir, from string, now time.Time) ([]string, error) {
 			for caName(slot.name, named.now) == old.cert.Subject.CommonName {
 				named.now = named.now.Add(time.Second)
 			}
-			if cert, err = named.newCACert(slot.name, key); err != nil {
+			if cert, err = named.newCACert(slot.name, ec); err != nil {
 				return nil, fmt.Errorf("pki: create a new CA for %s: %w", slot.files.Cert, err)
 			}
 		}
@@ -296,9 +293,9 @@ type missingFiles []string
 
 func (m missingFiles) Error() string { return "missing " + strings.Join(m, ", ") }
 
-// readNewCA reads and checks a CA an operator brings. Missing files are a
-// missingFiles error.
-func readNewCA(p Pair, now time.Time) (*x509.Certificate, crypto.Signer, []byte, error) {
+// readNewCA reads and checks a CA an operator brings, and returns its
+// certificate and its key as PEM. Missing files are a missingFiles error.
+func readNewCA(p Pair, now time.Time) (*x509.Certificate, []byte, error) {
 	var certPEM, keyPEM []byte
 	var missing []string
 	for _, f := range []struct {
@@ -307,7 +304,7 @@ func readNewCA(p Pair, now time.Time) (*x509.Certificate, crypto.Signer, []byte,
 	}{{p.Cert, &certPEM}, {p.Key, &keyPEM}} {
 		data, err := readOptional(f.path)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		if data == nil {
 			missing = append(missing, f.path)
@@ -315,32 +312,32 @@ func readNewCA(p Pair, now time.Time) (*x509.Certificate, crypto.Signer, []byte,
 		*f.data = data
 	}
 	if len(missing) > 0 {
-		return nil, nil, nil, missingFiles(missing)
+		return nil, nil, missingFiles(missing)
 	}
 	cert, err := parseCert(certPEM)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("pki: new CA %s: %w", p.Cert, err)
+		return nil, nil, fmt.Errorf("pki: new CA %s: %w", p.Cert, err)
 	}
 	if !cert.BasicConstraintsValid || !cert.IsCA || cert.KeyUsage != 0 && cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-		return nil, nil, nil, fmt.Errorf("pki: %s is not a CA certificate: it needs basic constraints CA:TRUE and, if it has a key usage, keyCertSign", p.Cert)
+		return nil, nil, fmt.Errorf("pki: %s is not a CA certificate: it needs basic constraints CA:TRUE and, if it has a key usage, keyCertSign", p.Cert)
 	}
 	key, err := parseKey(keyPEM)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("pki: new CA key %s: %w", p.Key, err)
+		return nil, nil, fmt.Errorf("pki: new CA key %s: %w", p.Key, err)
 	}
 	if !samePublicKey(cert.PublicKey, key.Public()) {
-		return nil, nil, nil, fmt.Errorf("pki: %s and %s do not match: give each CA certificate with its own key", p.Cert, p.Key)
+		return nil, nil, fmt.Errorf("pki: %s and %s do not match: give each CA certificate with its own key", p.Cert, p.Key)
 	}
 	if !now.Before(cert.NotAfter) {
-		return nil, nil, nil, fmt.Errorf("pki: the new CA %s expired on %s: give one that is valid", p.Cert, cert.NotAfter.Format(time.DateOnly))
+		return nil, nil, fmt.Errorf("pki: the new CA %s expired on %s: give one that is valid", p.Cert, cert.NotAfter.Format(time.DateOnly))
 	}
 	if now.Before(cert.NotBefore) {
-		return nil, nil, nil, fmt.Errorf("pki: the new CA %s is not valid before %s: check this machine's clock, or give one that is valid now", p.Cert, cert.NotBefore.Format(time.RFC3339))
+		return nil, nil, fmt.Errorf("pki: the new CA %s is not valid before %s: check this machine's clock, or give one that is valid now", p.Cert, cert.NotBefore.Format(time.RFC3339))
 	}
 	if cert.NotAfter.Sub(now) < renewBefore {
-		return nil, nil, nil, fmt.Errorf("pki: the new CA %s expires on %s, in less than %d days: give one that lives longer", p.Cert, cert.NotAfter.Format(time.DateOnly), int(renewBefore.Hours()/24))
+		return nil, nil, fmt.Errorf("pki: the new CA %s expires on %s, in less than %d days: give one that lives longer", p.Cert, cert.NotAfter.Format(time.DateOnly), int(renewBefore.Hours()/24))
 	}
-	return cert, key, keyPEM, nil
+	return cert, keyPEM, nil
 }
 
 // crossSign signs a copy of ca with old: the same subject and key, so
