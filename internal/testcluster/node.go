@@ -245,7 +245,7 @@ func (n *Node) CommandAs(uid, gid int, name string, args ...string) *exec.Cmd {
 }
 
 func (n *Node) command(opts []string, name string, args ...string) *exec.Cmd {
-	nsenter := []string{"nsenter", "--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount", "--cgroup"}
+	nsenter := []string{nsenterPath(), "--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount", "--cgroup"}
 	// Entering a cgroup namespace moves no process: the command joins the
 	// node's cgroups first, or it would run outside the node's view.
 	nsenter = append(append(nsenter, opts...), "--", name)
@@ -254,6 +254,17 @@ func (n *Node) command(opts []string, name string, args ...string) *exec.Cmd {
 		cmd.Env = append(cmd.Environ(), n.Env...)
 	}
 	return cmd
+}
+
+// nsenterPath is util-linux's nsenter as the test finds it on its own
+// PATH: a command whose environment puts busybox's applets first (the
+// install script's tests) would otherwise get busybox's, which has no
+// --cgroup.
+func nsenterPath() string {
+	if path, err := exec.LookPath("nsenter"); err == nil {
+		return path
+	}
+	return "nsenter"
 }
 
 // joinCgroups returns a command that moves itself into the cgroups whose
