@@ -1,9 +1,11 @@
-// Command benchha writes ConfigMaps to a kelp apiserver and says how fast,
-// for scripts/bench-ha.sh, which runs it inside a node's network namespace.
+// Command benchha writes and reads ConfigMaps of a kelp apiserver and says
+// how fast, for scripts/bench-ha.sh and scripts/bench-scale.sh, which run it
+// inside a node's network namespace.
 //
 //	benchha write -kubeconfig K [-server URL] -n 1000 [-writers 8] [-size 1024] -prefix P
 //	benchha count -kubeconfig K -prefix P
 //	benchha outage -kubeconfig K -servers URL,URL
+//	benchha list -kubeconfig K [-n 20] [-limit 500] [-gets 200]
 //
 // write creates n ConfigMaps named P-<i> in the default namespace, each with
 // size bytes of data, from writers goroutines that take the next one as they
@@ -17,6 +19,20 @@
 // 10 ms) until SIGTERM or SIGINT and prints "ack UNIX_MS SERVER_INDEX" for
 // each acknowledged create; a create that fails or takes longer than 2 s is
 // given up (its error goes to stderr) and the next one follows.
+//
+// list times reads of the default namespace's ConfigMaps, one after another,
+// n times each kind, the kinds taking turns, and prints one line of
+// key=value figures, the 50th and 99th percentile of each kind: paged, the
+// whole list in pages of limit objects through continue tokens, as kubectl
+// and informers list (one figure per whole list); quorum, one unpaginated
+// LIST with resourceVersion "" (a consistent read); cache, one with
+// resourceVersion "0" (whatever the apiserver's watch cache holds); and get,
+// gets GETs of one ConfigMap. Which of them the apiserver answers from its
+// watch cache and which from the datastore is its choice: since Kubernetes
+// 1.34 it serves consistent reads and continue tokens from the cache too,
+// unless the cache of ConfigMaps is off (--watch-cache-sizes=configmaps#0).
+// It speaks protobuf, as informers do, so the figures are more the
+// datastore's and less JSON's.
 package main
 
 import (
@@ -44,7 +60,7 @@ const namespace = "default"
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: benchha write|count|outage [flags]")
+		fmt.Fprintln(os.Stderr, "usage: benchha write|count|outage|list [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -55,8 +71,10 @@ func main() {
 		err = count(args)
 	case "outage":
 		err = outage(args)
+	case "list":
+		err = list(args)
 	default:
-		err = fmt.Errorf("unknown command %q: want write, count or outage", cmd)
+		err = fmt.Errorf("unknown command %q: want write, count, outage or list", cmd)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchha:", err)
@@ -67,6 +85,14 @@ func main() {
 // client is a clientset from kubeconfig, for server if it is set, with no
 // client-side rate limit: the point is to see the server's.
 func client(kubeconfig, server string, timeout time.Duration) (kubernetes.Interface, error) {
+	cfg, err := restConfig(kubeconfig, server, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+func restConfig(kubeconfig, server string, timeout time.Duration) (*rest.Config, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags(server, kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
@@ -74,7 +100,7 @@ func client(kubeconfig, server string, timeout time.Duration) (kubernetes.Interf
 	cfg.QPS, cfg.Burst = -1, 0
 	cfg.Timeout = timeout
 	cfg.UserAgent = rest.DefaultKubernetesUserAgent() + " benchha"
-	return kubernetes.NewForConfig(cfg)
+	return cfg, nil
 }
 
 func configMap(name string, size int) *corev1.ConfigMap {
@@ -219,5 +245,107 @@ func outage(args []string) error {
 		})
 	}
 	wg.Wait()
+	return nil
+}
+
+func list(args []string) error {
+	fs := flag.NewFlagSet("list", flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "admin kubeconfig")
+	n := fs.Int("n", 20, "LISTs of each kind")
+	limit := fs.Int64("limit", 500, "objects per page of the paged LISTs")
+	gets := fs.Int("gets", 200, "GETs of one ConfigMap")
+	_ = fs.Parse(args)
+	if *n < 1 || *limit < 1 || *gets < 1 {
+		return errors.New("list: -n, -limit and -gets must be positive")
+	}
+	cfg, err := restConfig(*kubeconfig, "", 5*time.Minute)
+	if err != nil {
+		return err
+	}
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	c := cs.CoreV1().ConfigMaps(namespace)
+	ctx := context.Background()
+
+	first, err := c.List(ctx, metav1.ListOptions{ResourceVersion: "0", Limit: 1})
+	if err != nil {
+		return fmt.Errorf("list ConfigMaps: %w", err)
+	}
+	if len(first.Items) == 0 {
+		return errors.New("list: the default namespace has no ConfigMaps: write some first")
+	}
+	name := first.Items[0].Name
+
+	// Each kind returns how many ConfigMaps it read, which must agree: a
+	// LIST that returned less would look fast.
+	kinds := []struct {
+		name string
+		read func() (int, error)
+	}{
+		{"paged", func() (int, error) {
+			total, opts := 0, metav1.ListOptions{Limit: *limit}
+			for {
+				l, err := c.List(ctx, opts)
+				if err != nil {
+					return 0, err
+				}
+				total += len(l.Items)
+				if l.Continue == "" {
+					return total, nil
+				}
+				opts.Continue = l.Continue
+			}
+		}},
+		{"quorum", func() (int, error) {
+			l, err := c.List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return 0, err
+			}
+			return len(l.Items), nil
+		}},
+		{"cache", func() (int, error) {
+			l, err := c.List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+			if err != nil {
+				return 0, err
+			}
+			return len(l.Items), nil
+		}},
+	}
+	latencies := make([][]time.Duration, len(kinds))
+	objects := make([]int, len(kinds))
+	for range *n {
+		for k, kind := range kinds {
+			t := time.Now()
+			got, err := kind.read()
+			if err != nil {
+				return fmt.Errorf("%s LIST of ConfigMaps: %w", kind.name, err)
+			}
+			latencies[k] = append(latencies[k], time.Since(t))
+			objects[k] = max(objects[k], got)
+		}
+	}
+	getLatencies := make([]time.Duration, *gets)
+	for i := range getLatencies {
+		t := time.Now()
+		if _, err := c.Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("get ConfigMap %s: %w", name, err)
+		}
+		getLatencies[i] = time.Since(t)
+	}
+
+	line := fmt.Sprintf("objects=%d n=%d limit=%d", objects[1], *n, *limit)
+	for k, kind := range kinds {
+		if objects[k] != objects[1] {
+			return fmt.Errorf("list: a %s LIST returned %d ConfigMaps, a quorum one %d: were ConfigMaps written meanwhile?", kind.name, objects[k], objects[1])
+		}
+		slices.Sort(latencies[k])
+		line += fmt.Sprintf(" %s_p50_ms=%.2f %s_p99_ms=%.2f", kind.name, ms(percentile(latencies[k], 50)), kind.name, ms(percentile(latencies[k], 99)))
+	}
+	slices.Sort(getLatencies)
+	fmt.Printf("%s gets=%d get_p50_ms=%.2f get_p99_ms=%.2f\n", line, *gets, ms(percentile(getLatencies, 50)), ms(percentile(getLatencies, 99)))
 	return nil
 }
