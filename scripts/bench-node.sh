@@ -7,6 +7,7 @@
 #   KELP=bin/kelp
 #   LOGDIR=    if set, kelp's and containerd's logs are copied there
 #   KELP_ARGS= more flags for kelp server, e.g. "--disable metrics-server"
+#   PODS=      if set (> 2), the app is then scaled to PODS pods
 #
 # kelp runs in a network and mount namespace of its own, with private
 # /run/kelp, /run/netns, /var/lib/kubelet and pod logs, like the cluster
@@ -21,6 +22,10 @@
 #   idle             over IDLE s: RSS and PSS of kelp + containerd + shims, CPU %
 #                    of one core, and bytes written (/proc/PID/io write_bytes)
 #                    per second
+#   PODS pods        with PODS set: the app scaled from 2 to PODS pods, time
+#                    until all Running, then after 60 s the node's RSS, PSS and
+#                    CPU over 60 s, and the PSS growth per added pod of kelp +
+#                    containerd and of the shims
 #   restart          SIGTERM, start again: node Ready and pods Running with the
 #                    same containers
 set -euo pipefail
@@ -35,6 +40,7 @@ source "$repo/scripts/lib/bench.sh"
 die() { echo "bench-node: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "run as root"
 [[ $IDLE =~ ^[1-9][0-9]*$ ]] || die "IDLE must be a positive integer (seconds)"
+[[ -z ${PODS:-} || $PODS =~ ^[0-9]+$ && $PODS -gt 2 ]] || die "PODS must be a number above 2, got '$PODS'"
 [[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-node.XXXXXX")
@@ -84,7 +90,12 @@ start_kelp() { # LOG: launches kelp server in the node
   launch server "$work/$1" server --data-dir "$work/data" --write-kubeconfig "$work/kelp.yaml" ${KELP_ARGS:-}
 }
 node_ready() { [[ $(kubectl get nodes -o 'jsonpath={.items[0].status.conditions[?(@.type=="Ready")].status}') == True ]]; }
-pods_running() { [[ $(kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.phase}{" "}{end}') == "Running Running " ]]; }
+want_pods=2
+pods_running() {
+  local phases
+  phases=$(kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.phase}{"\n"}{end}')
+  [[ $(grep -c '^Running$' <<<"$phases") == "$want_pods" && $(wc -l <<<"$phases") == "$want_pods" ]]
+}
 
 # A first run stages the bundle, as an install does; then a fresh start.
 start_kelp stage.log
@@ -139,34 +150,59 @@ $(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status") \
 $(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup")"
   done
 }
-sample >"$work/before"
-t0=$(now_ms)
-sleep "$IDLE"
-sample >"$work/after"
-elapsed=$(( $(now_ms) - t0 ))
 hz=$(getconf CLK_TCK)
-echo
-echo "idle ${IDLE}s (pids alive at both ends):"
-awk -v hz="$hz" -v ms="$elapsed" '
-  NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
-  ($2 in cpu) {
-    k = $1; n[k]++; dcpu[k] += $3 - cpu[$2]; dwb[k] += $4 - wb[$2]; rss[k] += $5; pss[k] += $6
-  }
-  END {
-    for (k in n) printf "  %-4s %2d processes: RSS %4.0f MiB, PSS %4.0f MiB, CPU %4.1f%% of a core, writes %6.2f KiB/s\n",
-      k, n[k], rss[k] / 1024, pss[k] / 1024, 100 * dcpu[k] / hz / (ms / 1000), dwb[k] / 1024 / (ms / 1000)
-  }' "$work/before" "$work/after"
-awk -v hz="$hz" -v ms="$elapsed" '
-  NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
-  ($2 in cpu) { dcpu += $3 - cpu[$2]; dwb += $4 - wb[$2]; rss += $5; pss += $6 }
-  END { printf "  all  (kelp + containerd + shims): RSS %4.0f MiB, PSS %4.0f MiB, CPU %4.1f%% of a core, writes %6.2f KiB/s\n",
-    rss / 1024, pss / 1024, 100 * dcpu / hz / (ms / 1000), dwb / 1024 / (ms / 1000) }' "$work/before" "$work/after"
-echo "  (RSS counts the pages of the shared kelp binary once per process; PSS shares them out)"
-awk '{print $2}' "$work/after" | while read -r pid; do
-  printf '    pid %-7s %-40s RSS %4d MiB PSS %4d MiB\n' "$pid" "$(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -c1-40)" \
-    "$(( $(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status") / 1024 ))" \
-    "$(( $(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup") / 1024 ))"
-done
+# measure SECONDS TITLE: samples the node's processes over SECONDS and prints
+# their figures; leaves the last sample in $work/after.
+measure() {
+  sample >"$work/before"
+  t0=$(now_ms)
+  sleep "$1"
+  sample >"$work/after"
+  elapsed=$(( $(now_ms) - t0 ))
+  echo
+  echo "$2 (pids alive at both ends):"
+  awk -v hz="$hz" -v ms="$elapsed" '
+    NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
+    ($2 in cpu) {
+      k = $1; n[k]++; dcpu[k] += $3 - cpu[$2]; dwb[k] += $4 - wb[$2]; rss[k] += $5; pss[k] += $6
+    }
+    END {
+      for (k in n) printf "  %-4s %2d processes: RSS %4.0f MiB, PSS %4.0f MiB, CPU %4.1f%% of a core, writes %6.2f KiB/s\n",
+        k, n[k], rss[k] / 1024, pss[k] / 1024, 100 * dcpu[k] / hz / (ms / 1000), dwb[k] / 1024 / (ms / 1000)
+    }' "$work/before" "$work/after"
+  awk -v hz="$hz" -v ms="$elapsed" '
+    NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
+    ($2 in cpu) { dcpu += $3 - cpu[$2]; dwb += $4 - wb[$2]; rss += $5; pss += $6 }
+    END { printf "  all  (kelp + containerd + shims): RSS %4.0f MiB, PSS %4.0f MiB, CPU %4.1f%% of a core, writes %6.2f KiB/s\n",
+      rss / 1024, pss / 1024, 100 * dcpu / hz / (ms / 1000), dwb / 1024 / (ms / 1000) }' "$work/before" "$work/after"
+  echo "  (RSS counts the pages of the shared kelp binary once per process; PSS shares them out)"
+  awk '$1 != "shim" {print $2}' "$work/after" | while read -r pid; do
+    printf '    pid %-7s %-40s RSS %4d MiB PSS %4d MiB\n' "$pid" "$(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -c1-40)" \
+      "$(( $(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status") / 1024 ))" \
+      "$(( $(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup") / 1024 ))"
+  done
+}
+# pss KIND...: the PSS in KiB of the processes of those kinds in $work/after.
+pss() { awk -v kinds=" $* " 'index(kinds, " " $1 " ") { sum += $6 } END { print sum + 0 }' "$work/after"; }
+measure "$IDLE" "idle ${IDLE}s"
+
+if [[ -n ${PODS:-} ]]; then
+  core_before=$(pss kelp ctrd) shims_before=$(pss shim)
+  want_pods=$PODS
+  t0=$(now_ms)
+  kubectl scale deployment/web --replicas="$PODS" >/dev/null
+  wait_for "$PODS pods Running" pods_running
+  t_scale=$(( $(now_ms) - t0 ))
+  echo
+  printf '%s pods: scaled from 2, all Running after %ss\n' "$PODS" "$(secs $t_scale)"
+  sleep 60
+  measure 60 "$PODS pods, 60 s after all Running, over 60 s"
+  awk -v n=$(( PODS - 2 )) -v core="$(( $(pss kelp ctrd) - core_before ))" -v shims="$(( $(pss shim) - shims_before ))" \
+    'BEGIN { printf "  growth per added pod: kelp + containerd PSS %.2f MiB, shims PSS %.2f MiB\n", core / 1024 / n, shims / 1024 / n }'
+  want_pods=2
+  kubectl scale deployment/web --replicas=2 >/dev/null
+  wait_for "back to 2 pods" pods_running
+fi
 
 ids() { kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.containerStatuses[0].containerID}{" "}{end}'; }
 before_ids=$(ids)
