@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"reflect"
 	"runtime"
 	"testing"
 	"time"
@@ -35,77 +34,76 @@ func BenchmarkPorts1000x10(b *testing.B) {
 // BenchmarkApply1000x10 programs the kernel, each part in a network
 // namespace of its own:
 //
-//	from-scratch          Apply where there is no table yet, as at start
-//	one-endpoint-changed  a whole sync of Run after one endpoint of one
-//	                      Service moved: Ports, the comparison with what was
-//	                      applied, Apply (which replaces the whole table)
-//	                      and the count of its chains; each part is also
-//	                      reported on its own (ms/op of compute, apply, count)
+//	from-scratch               Apply where there is no table yet, as at start
+//	one-endpoint-changed       a whole sync of Run after one endpoint of one
+//	                           Service moved: Ports, then program (the
+//	                           comparison with what was applied and the
+//	                           update of the changed Service's chains and
+//	                           elements); each part is also reported on its
+//	                           own (ms/op of compute and program)
+//	one-endpoint-changed-full  the same where the table is replaced whole, as
+//	                           after someone else changed it
 func BenchmarkApply1000x10(b *testing.B) {
 	svcs, eps := benchObjects()
 	ports := Ports(svcs, eps, "node-a", netip.Addr{})
 	b.Run("from-scratch", func(b *testing.B) {
-		c := benchConn(b)
+		c := netnsConn(b)
 		for b.Loop() {
 			if err := Apply(c, benchCIDR, ports); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
-			c.DelTable(&nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4})
+			c.DelTable(proxyTable())
 			if err := c.Flush(); err != nil {
 				b.Fatalf("delete table: %v", err)
 			}
 			b.StartTimer()
 		}
 	})
-	b.Run("one-endpoint-changed", func(b *testing.B) {
-		c := benchConn(b)
-		if err := Apply(c, benchCIDR, ports); err != nil {
+	oneEndpointChanged := func(b *testing.B, whole bool) {
+		p := &proxy{conn: netnsConn(b), cfg: Config{ClusterCIDR: benchCIDR}}
+		if err := p.program(ports); err != nil {
 			b.Fatal(err)
 		}
-		applied := ports
 		// The endpoint moves back and forth, so every sync is a change.
 		moved := &eps[benchServices/2].Endpoints[0].Addresses[0]
 		addrs := [2]string{*moved, "10.42.255.1"}
 		defer func() { *moved = addrs[0] }()
-		var compute, apply, count time.Duration
-		var chains int
+		var compute, program time.Duration
 		for i := 0; b.Loop(); i++ {
 			*moved = addrs[(i+1)%2]
+			p.inStep = p.inStep && !whole
 			started := time.Now()
 			now := Ports(svcs, eps, "node-a", netip.Addr{})
-			if reflect.DeepEqual(now, applied) {
-				b.Fatalf("sync %d: no change", i)
-			}
-			staleUDPFlows(applied, now)
 			computed := time.Now()
-			if err := Apply(c, benchCIDR, now); err != nil {
+			if err := p.program(now); err != nil {
 				b.Fatal(err)
 			}
-			applied = now
-			done := time.Now()
-			chains = countChains(c)
 			compute += computed.Sub(started)
-			apply += done.Sub(computed)
-			count += time.Since(done)
+			program += time.Since(computed)
+		}
+		b.StopTimer()
+		if n := countChains(p.conn); n != p.chains {
+			b.Fatalf("the table has %d chains; the proxy counts %d", n, p.chains)
 		}
 		n := float64(b.N)
 		b.ReportMetric(compute.Seconds()*1e3/n, "compute-ms/op")
-		b.ReportMetric(apply.Seconds()*1e3/n, "apply-ms/op")
-		b.ReportMetric(count.Seconds()*1e3/n, "count-ms/op")
-		b.ReportMetric(float64(chains), "chains")
-	})
+		b.ReportMetric(program.Seconds()*1e3/n, "program-ms/op")
+		b.ReportMetric(float64(p.chains), "chains")
+	}
+	b.Run("one-endpoint-changed", func(b *testing.B) { oneEndpointChanged(b, false) })
+	b.Run("one-endpoint-changed-full", func(b *testing.B) { oneEndpointChanged(b, true) })
 }
 
-// benchConn connects to the nftables of a network namespace of its own,
-// which lives until the benchmark ends. Unlike inNewNetns, the caller's
+// netnsConn connects to the nftables of a network namespace of its own,
+// which lives until the test or benchmark ends. Unlike inNewNetns, the caller's
 // goroutine stays free: on a locked thread every wakeup of the netlink
 // receive path (one per ack) costs a thread handoff that kelp does not pay.
 // It has the buffers of kelp's own connections (package nft).
-func benchConn(b *testing.B) *nftables.Conn {
-	b.Helper()
+func netnsConn(tb testing.TB) *nftables.Conn {
+	tb.Helper()
 	if os.Geteuid() != 0 {
-		b.Skip("needs root for a network namespace")
+		tb.Skip("needs root for a network namespace")
 	}
 	type netns struct {
 		fd  int
@@ -123,12 +121,12 @@ func benchConn(b *testing.B) *nftables.Conn {
 	}()
 	ns := <-nsc
 	if ns.err != nil {
-		b.Fatal(ns.err)
+		tb.Fatal(ns.err)
 	}
-	b.Cleanup(func() { unix.Close(ns.fd) })
+	tb.Cleanup(func() { unix.Close(ns.fd) })
 	c, err := nft.New(nftables.WithNetNSFd(ns.fd))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return c
 }

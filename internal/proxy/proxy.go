@@ -89,10 +89,12 @@ type proxy struct {
 	services       corelisters.ServiceLister
 	endpointSlices discoverylisters.EndpointSliceLister
 	pods           corelisters.PodLister
-	// applied is what the table holds, nil before the first programming
-	// and once someone else changed the table; chains is its count of
-	// chains then.
+	// applied is what the proxy last programmed: the table holds it if
+	// inStep, and has chains chains then. Not in step (at start, once
+	// someone else changed the table, after a failed programming), the
+	// table is replaced whole; in step, only what changed is.
 	applied []Port
+	inStep  bool
 	chains  int
 }
 
@@ -100,7 +102,7 @@ type proxy struct {
 // changed; on the resync tick it only checks that the table is as it made
 // it, and programs it again if not.
 func (p *proxy) sync(_ context.Context, resync bool) error {
-	if resync {
+	if resync && p.inStep {
 		// No table (-1) is never as it made it, even if it was gone by
 		// the time it counted its chains after programming.
 		if n := countChains(p.conn); n >= 0 && n == p.chains {
@@ -108,7 +110,7 @@ func (p *proxy) sync(_ context.Context, resync bool) error {
 		}
 		// Someone flushed the ruleset (a firewall reload, say).
 		log.Warnf("nftables table %s was changed by someone else; programming it again", Table)
-		p.applied = nil
+		p.inStep = false
 	}
 	svcs, err := p.services.List(labels.Everything())
 	if err != nil {
@@ -122,21 +124,46 @@ func (p *proxy) sync(_ context.Context, resync bool) error {
 	if err != nil {
 		return fmt.Errorf("list pods: %w", err)
 	}
-	ports := append(Ports(svcs, eps, p.cfg.NodeName, p.cfg.ClusterDNS), HostPorts(nodePods)...)
-	if p.applied == nil || !reflect.DeepEqual(ports, p.applied) {
-		started := time.Now()
-		if err := Apply(p.conn, p.cfg.ClusterCIDR, ports); err != nil {
-			return err
-		}
-		if err := forget(staleUDPFlows(p.applied, ports)); err != nil {
-			log.WithError(err).Warn("could not forget UDP flows to removed endpoints")
-		}
-		p.applied, p.chains = ports, countChains(p.conn)
-		log.WithFields(logrus.Fields{"ports": len(ports), "took": time.Since(started).Round(time.Microsecond)}).Debug("programmed Services")
+	if err := p.program(append(Ports(svcs, eps, p.cfg.NodeName, p.cfg.ClusterDNS), HostPorts(nodePods)...)); err != nil {
+		return err
 	}
 	if err := p.health.update(HealthChecks(svcs, eps, p.cfg.NodeName)); err != nil {
 		log.WithError(err).Warn("could not serve a health check port")
 	}
+	return nil
+}
+
+// program makes the table hold ports. In step with it, it changes only
+// the ports that changed (update); else, or if that fails, it replaces the
+// whole table (Apply), so that no mistake of the table's or of update's
+// outlives a sync.
+func (p *proxy) program(ports []Port) error {
+	if p.inStep && reflect.DeepEqual(ports, p.applied) {
+		return nil
+	}
+	started := time.Now()
+	how := "updated"
+	if p.inStep {
+		added, err := update(p.conn, p.cfg.ClusterCIDR, p.applied, ports)
+		if err != nil {
+			log.WithError(err).Warnf("could not update nftables table %s; replacing it", Table)
+			p.inStep = false
+		} else {
+			p.chains += added
+		}
+	}
+	if !p.inStep {
+		how = "replaced"
+		if err := Apply(p.conn, p.cfg.ClusterCIDR, ports); err != nil {
+			return err
+		}
+		p.chains = countChains(p.conn)
+	}
+	if err := forget(staleUDPFlows(p.applied, ports)); err != nil {
+		log.WithError(err).Warn("could not forget UDP flows to removed endpoints")
+	}
+	p.applied, p.inStep = ports, true
+	log.WithFields(logrus.Fields{"ports": len(ports), "table": how, "took": time.Since(started).Round(time.Microsecond)}).Debug("programmed Services")
 	return nil
 }
 

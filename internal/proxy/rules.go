@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -50,65 +51,66 @@ type Port struct {
 // netlink batch: packets see the old rules or the new, never a mix.
 // Session affinity entries of the old table carry over to the new.
 func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
-	t := &nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4}
+	t := proxyTable()
 	affinity := affinityEntries(c, t)
 	c.AddTable(t) // so that the delete cannot fail on a fresh host
 	c.DelTable(t)
 	c.AddTable(t)
-	serviceIPs := &nftables.Set{
+	pl := newPlan(ports)
+	for _, name := range pl.names {
+		if err := addObjects(c, portObjects(t, name, clusterCIDR, pl.ports[name]), affinity, nil); err != nil {
+			return err
+		}
+	}
+	if err := addBase(c, t, pl); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("program nftables table %s: %w", Table, err)
+	}
+	return nil
+}
+
+// proxyTable is Table, for the calls that take one.
+func proxyTable() *nftables.Table {
+	return &nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4}
+}
+
+// sharedSets are the maps and the set every port has elements in: where
+// traffic to an address . protocol . port goes, where traffic to a port of
+// the node goes, and which Service ports have no endpoint.
+func sharedSets(t *nftables.Table) (serviceIPs, nodePorts, noEndpoints *nftables.Set) {
+	serviceIPs = &nftables.Set{
 		Table: t, Name: "service-ips", IsMap: true, Concatenation: true,
 		KeyType:  nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService),
 		DataType: nftables.TypeVerdict,
 	}
-	nodePorts := &nftables.Set{
+	nodePorts = &nftables.Set{
 		Table: t, Name: "service-nodeports", IsMap: true, Concatenation: true,
 		KeyType:  nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService),
 		DataType: nftables.TypeVerdict,
 	}
-	noEndpoints := &nftables.Set{
+	noEndpoints = &nftables.Set{
 		Table: t, Name: "no-endpoints", Concatenation: true,
 		KeyType: serviceIPs.KeyType,
 	}
-	var ipElems, nodePortElems, noEndpointElems []nftables.SetElement
-	to := func(key []byte, chain string) {
-		if chain == "" {
-			noEndpointElems = append(noEndpointElems, nftables.SetElement{Key: key})
-			return
-		}
-		ipElems = append(ipElems, nftables.SetElement{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}})
+	return serviceIPs, nodePorts, noEndpoints
+}
+
+// addBase adds what does not belong to one port: the shared sets with the
+// elements of pl, and the chains the kernel's hooks enter the table by.
+// The ports' chains must be in the batch before it.
+func addBase(c *nftables.Conn, t *nftables.Table, pl plan) error {
+	serviceIPs, nodePorts, noEndpoints := sharedSets(t)
+	ipElems, noEndpointElems, nodePortElems := elements(pl.serviceIPs, pl.nodePorts)
+	if err := addSet(c, serviceIPs, ipElems); err != nil {
+		return err
 	}
-	nodePortTaken := map[[2]uint16]bool{}
-	for i, p := range ports {
-		internal, external, err := addPortChains(c, t, fmt.Sprintf("svc-%d", i), clusterCIDR, p, affinity)
-		if err != nil {
-			return err
-		}
-		if p.ClusterIP.Is4() {
-			to(concat(p.ClusterIP.AsSlice(), []byte{p.Protocol}, port(p.Port)), internal)
-		}
-		for _, ip := range p.ExternalIPs {
-			if ip.Is4() {
-				to(concat(ip.AsSlice(), []byte{p.Protocol}, port(p.Port)), external)
-			}
-		}
-		// A port of the node serves one Service or pod: the first wins,
-		// and Services come first.
-		if p.NodePort != 0 && external != "" && !nodePortTaken[[2]uint16{uint16(p.Protocol), p.NodePort}] {
-			nodePortTaken[[2]uint16{uint16(p.Protocol), p.NodePort}] = true
-			nodePortElems = append(nodePortElems, nftables.SetElement{
-				Key:         concat([]byte{p.Protocol}, port(p.NodePort)),
-				VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: external},
-			})
-		}
+	if err := addSet(c, nodePorts, nodePortElems); err != nil {
+		return err
 	}
-	if err := c.AddSet(serviceIPs, ipElems); err != nil {
-		return fmt.Errorf("add nftables set: %w", err)
-	}
-	if err := c.AddSet(nodePorts, nodePortElems); err != nil {
-		return fmt.Errorf("add nftables set: %w", err)
-	}
-	if err := c.AddSet(noEndpoints, noEndpointElems); err != nil {
-		return fmt.Errorf("add nftables set: %w", err)
+	if err := addSet(c, noEndpoints, noEndpointElems); err != nil {
+		return err
 	}
 	// A Service without endpoints refuses at once, wherever the
 	// connection comes from, instead of letting it time out. (Reject is
@@ -157,62 +159,178 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
 		&expr.Masq{},
 	}})
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("program nftables table %s: %w", Table, err)
-	}
 	return nil
 }
 
-// addPortChains adds the chains of one port: internal for traffic from
-// inside the cluster, external for traffic to its NodePort and external
-// addresses. Either name is empty where there is no endpoint to go to.
-func addPortChains(c *nftables.Conn, t *nftables.Table, name string, clusterCIDR netip.Prefix, p Port, affinity map[string][]nftables.SetElement) (internal, external string, err error) {
+// elements are the elements of the shared sets for keys of a plan's
+// serviceIPs (ips) and nodePorts: those of service-ips, of no-endpoints
+// (keys of ips to "") and of service-nodeports.
+func elements(ips, nodePorts map[string]string) (ipElems, noEndpointElems, nodePortElems []nftables.SetElement) {
+	goTo := func(key, chain string) nftables.SetElement {
+		return nftables.SetElement{Key: []byte(key), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain}}
+	}
+	for k, chain := range ips {
+		if chain == "" {
+			noEndpointElems = append(noEndpointElems, nftables.SetElement{Key: []byte(k)})
+		} else {
+			ipElems = append(ipElems, goTo(k, chain))
+		}
+	}
+	for k, chain := range nodePorts {
+		nodePortElems = append(nodePortElems, goTo(k, chain))
+	}
+	// In the order of their keys: the same ports make the same batch.
+	for _, elems := range [][]nftables.SetElement{ipElems, noEndpointElems, nodePortElems} {
+		slices.SortFunc(elems, func(a, b nftables.SetElement) int { return bytes.Compare(a.Key, b.Key) })
+	}
+	return ipElems, noEndpointElems, nodePortElems
+}
+
+// portName names a port across syncs; its chains and maps are named
+// after it. A Service port is its ClusterIP, protocol and port; a hostPort
+// is where on the node it listens and the pod it leads to.
+func portName(p Port) string {
+	if p.ClusterIP.IsValid() {
+		return fmt.Sprintf("svc-%s-%d-%d", p.ClusterIP, p.Protocol, p.Port)
+	}
+	parts := []string{"hostport", fmt.Sprint(p.Protocol), fmt.Sprint(p.NodePort), fmt.Sprint(p.Port)}
+	for _, ip := range p.ExternalIPs {
+		parts = append(parts, ip.String())
+	}
+	for _, ep := range p.Endpoints {
+		parts = append(parts, ep.String())
+	}
+	return strings.Join(parts, "-")
+}
+
+// targets names the chains of port name that traffic enters: internal
+// from inside the cluster, external to its NodePort and external
+// addresses. Either is empty where there is no endpoint to go to.
+func targets(name string, p Port) (internal, external string) {
+	if len(p.Endpoints) > 0 {
+		internal = name
+	}
+	switch {
+	case !p.ExternalLocal:
+		return internal, internal
+	case internal == "" && len(p.LocalEndpoints) == 0:
+		return "", ""
+	}
+	return internal, name + "-ext"
+}
+
+// object is a chain of the table with its rules, or a set with its
+// elements.
+type object struct {
+	chain *nftables.Chain
+	rules [][]expr.Any
+	set   *nftables.Set
+	elems []nftables.SetElement
+}
+
+// portObjects is the one description of what the table holds for a port
+// named name (see targets): its chains and its own sets, in the order they
+// can be added, each after those it refers to.
+func portObjects(t *nftables.Table, name string, clusterCIDR netip.Prefix, p Port) []object {
+	var objs []object
 	// One chain per endpoint, shared by both paths.
 	epChains := map[netip.AddrPort]endpointChain{}
 	for _, ep := range append(slices.Clone(p.Endpoints), p.LocalEndpoints...) {
 		if _, ok := epChains[ep]; ok {
 			continue
 		}
-		ec := endpointChain{name: fmt.Sprintf("%s-ep-%d", name, len(epChains))}
+		ec := endpointChain{name: name + "-ep-" + ep.String()}
 		if p.Affinity > 0 {
 			ec.affinity = &nftables.Set{Table: t, Name: affinitySetName(p, ep), KeyType: nftables.TypeIPAddr, HasTimeout: true, Dynamic: true, Timeout: p.Affinity}
-			if err := c.AddSet(ec.affinity, affinity[ec.affinity.Name]); err != nil {
-				return "", "", fmt.Errorf("add nftables set: %w", err)
-			}
+			objs = append(objs, object{set: ec.affinity})
 		}
-		addEndpointChain(c, t, ec, p, ep)
+		objs = append(objs, endpointObject(t, ec, p, ep))
 		epChains[ep] = ec
 	}
-	if len(p.Endpoints) > 0 {
-		internal = name
-		ch := c.AddChain(&nftables.Chain{Name: internal, Table: t})
+	internal, external := targets(name, p)
+	if internal != "" {
 		// ip saddr != clusterCIDR: mark for masquerade, so replies come
 		// back through this node.
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(inCIDR(clusterCIDR, expr.CmpOpNeq), setMark()...)})
-		addPick(c, t, ch, p.Endpoints, epChains)
+		head := [][]expr.Any{append(inCIDR(clusterCIDR, expr.CmpOpNeq), setMark()...)}
+		objs = append(objs, pickObjects(t, internal, head, p.Endpoints, epChains)...)
 	}
-	if !p.ExternalLocal {
-		return internal, internal, nil
+	if external == internal {
+		return objs
 	}
-	if internal == "" && len(p.LocalEndpoints) == 0 {
-		return "", "", nil
-	}
-	external = name + "-ext"
-	ch := c.AddChain(&nftables.Chain{Name: external, Table: t})
 	// Pods and the node itself are inside the cluster: for them the
 	// Service behaves as usual.
-	toInternal := &expr.Verdict{Kind: expr.VerdictDrop}
+	var toInternal expr.Any = &expr.Verdict{Kind: expr.VerdictDrop}
 	if internal != "" {
 		toInternal = &expr.Verdict{Kind: expr.VerdictGoto, Chain: internal}
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(inCIDR(clusterCIDR, expr.CmpOpEq), toInternal)})
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(fibLocal(false), toInternal)})
-	if len(p.LocalEndpoints) == 0 {
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
-	} else {
-		addPick(c, t, ch, p.LocalEndpoints, epChains)
+	head := [][]expr.Any{
+		append(inCIDR(clusterCIDR, expr.CmpOpEq), toInternal),
+		append(fibLocal(false), toInternal),
 	}
-	return internal, external, nil
+	if len(p.LocalEndpoints) == 0 {
+		ch := &nftables.Chain{Name: external, Table: t}
+		return append(objs, object{chain: ch, rules: append(head, []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}})})
+	}
+	return append(objs, pickObjects(t, external, head, p.LocalEndpoints, epChains)...)
+}
+
+// addObjects adds objs to the batch of c, leaving out the sets in keep
+// (they are in the table already); a set gets the entries carried over for
+// it besides its own elements.
+func addObjects(c *nftables.Conn, objs []object, carried map[string][]nftables.SetElement, keep map[string]bool) error {
+	for _, o := range objs {
+		if o.set != nil {
+			if keep[o.set.Name] {
+				continue
+			}
+			if err := addSet(c, o.set, append(slices.Clip(o.elems), carried[o.set.Name]...)); err != nil {
+				return err
+			}
+			continue
+		}
+		ch := c.AddChain(o.chain)
+		for _, r := range o.rules {
+			c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: r})
+		}
+	}
+	return nil
+}
+
+// addSet adds s with elems to the batch of c.
+func addSet(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) error {
+	if err := c.AddSet(s, nil); err != nil {
+		return fmt.Errorf("add nftables set %s: %w", s.Name, err)
+	}
+	return changeElements(c.SetAddElements, s, elems)
+}
+
+// elementBytes bounds the elements sent in one message: the kernel reads
+// the length of their list, one netlink attribute, as 16 bits, and takes
+// a longer one for garbage (1,000 Services overflowed service-ips).
+const elementBytes = 32 << 10
+
+// changeElements adds (or deletes) elems of s, in messages of at most
+// elementBytes each.
+func changeElements(change func(*nftables.Set, []nftables.SetElement) error, s *nftables.Set, elems []nftables.SetElement) error {
+	for len(elems) > 0 {
+		n, size := 0, 0
+		for ; n < len(elems); n++ {
+			// A generous bound on the attributes around the key and the
+			// verdict.
+			size += 96 + len(elems[n].Key)
+			if v := elems[n].VerdictData; v != nil {
+				size += len(v.Chain)
+			}
+			if n > 0 && size > elementBytes {
+				break
+			}
+		}
+		if err := change(s, elems[:n]); err != nil {
+			return fmt.Errorf("change elements of nftables set %s: %w", s.Name, err)
+		}
+		elems = elems[n:]
+	}
+	return nil
 }
 
 // endpointChain is the chain that DNATs to one endpoint, and the set of
@@ -222,62 +340,66 @@ type endpointChain struct {
 	affinity *nftables.Set
 }
 
-// addPick ends ch with the choice of an endpoint: the one a client sticks
-// to, else one at random.
-func addPick(c *nftables.Conn, t *nftables.Table, ch *nftables.Chain, eps []netip.AddrPort, epChains map[netip.AddrPort]endpointChain) {
+// pickObjects are a chain that starts with head and ends with the choice
+// of an endpoint, the one a client sticks to, else one at random; and its
+// map of endpoints, before it.
+func pickObjects(t *nftables.Table, name string, head [][]expr.Any, eps []netip.AddrPort, epChains map[netip.AddrPort]endpointChain) []object {
 	// A named map, not an anonymous one: the kernel binds each anonymous
 	// set by walking the whole pending batch, which made a table of 1,000
 	// Services take seconds.
-	vmap := &nftables.Set{Table: t, Name: ch.Name + "-endpoints", Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	// Sized, not constant: the kernel then picks as fast a map, and a
+	// constant set takes its elements in one message only, too short for
+	// many endpoints (see elementBytes).
+	vmap := &nftables.Set{Table: t, Name: name + "-endpoints", Size: uint32(len(eps)), IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+	rules := slices.Clone(head)
 	var elems []nftables.SetElement
 	for i, ep := range eps {
 		ec := epChains[ep]
 		if ec.affinity != nil {
 			// ip saddr @affinity goto endpoint
-			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+			rules = append(rules, []expr.Any{
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-				&expr.Lookup{SourceRegister: 1, SetName: ec.affinity.Name, SetID: ec.affinity.ID},
+				&expr.Lookup{SourceRegister: 1, SetName: ec.affinity.Name},
 				&expr.Verdict{Kind: expr.VerdictGoto, Chain: ec.name},
-			}})
+			})
 		}
 		elems = append(elems, nftables.SetElement{
 			Key:         binaryutil.NativeEndian.PutUint32(uint32(i)),
 			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: ec.name},
 		})
 	}
-	// Errors of the set surface at Flush.
-	_ = c.AddSet(vmap, elems)
 	// numgen random mod N vmap { 0: goto ep-0, … }
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+	rules = append(rules, []expr.Any{
 		&expr.Numgen{Register: 1, Modulus: uint32(len(eps)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: 1, SetName: vmap.Name, SetID: vmap.ID, IsDestRegSet: true, DestRegister: 0},
-	}})
+		&expr.Lookup{SourceRegister: 1, SetName: vmap.Name, IsDestRegSet: true, DestRegister: 0},
+	})
+	return []object{{set: vmap, elems: elems}, {chain: &nftables.Chain{Name: name, Table: t}, rules: rules}}
 }
 
-// addEndpointChain DNATs to one endpoint, and remembers the client for
+// endpointObject DNATs to one endpoint, and remembers the client for
 // session affinity; a pod reaching itself through its Service is
 // masqueraded, or its reply would skip the DNAT.
-func addEndpointChain(c *nftables.Conn, t *nftables.Table, ec endpointChain, p Port, ep netip.AddrPort) {
-	ch := c.AddChain(&nftables.Chain{Name: ec.name, Table: t})
+func endpointObject(t *nftables.Table, ec endpointChain, p Port, ep netip.AddrPort) object {
 	addr := ep.Addr().AsSlice()
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append([]expr.Any{
+	rules := [][]expr.Any{append([]expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr},
-	}, setMark()...)})
+	}, setMark()...)}
 	if ec.affinity != nil {
 		// update @affinity { ip saddr }
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+		rules = append(rules, []expr.Any{
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Dynset{SrcRegKey: 1, SetName: ec.affinity.Name, SetID: ec.affinity.ID, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE), Timeout: p.Affinity},
-		}})
+			&expr.Dynset{SrcRegKey: 1, SetName: ec.affinity.Name, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE), Timeout: p.Affinity},
+		})
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
+	rules = append(rules, []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p.Protocol}},
 		&expr.Immediate{Register: 1, Data: addr},
 		&expr.Immediate{Register: 2, Data: port(ep.Port())[:2]},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
-	}})
+	})
+	return object{chain: &nftables.Chain{Name: ec.name, Table: t}, rules: rules}
 }
 
 // affinitySetName names the clients sticking to ep by the Service port and
@@ -293,11 +415,14 @@ func affinityEntries(c *nftables.Conn, t *nftables.Table) map[string][]nftables.
 	if err != nil {
 		return nil
 	}
+	return entriesOf(c, slices.DeleteFunc(sets, func(s *nftables.Set) bool { return !strings.HasPrefix(s.Name, "affinity-") }))
+}
+
+// entriesOf reads the clients in affinity sets, each with the time it has
+// left. A set it cannot read starts empty: clients then pick anew.
+func entriesOf(c *nftables.Conn, sets []*nftables.Set) map[string][]nftables.SetElement {
 	out := map[string][]nftables.SetElement{}
 	for _, s := range sets {
-		if !strings.HasPrefix(s.Name, "affinity-") {
-			continue
-		}
 		elems, err := c.GetSetElements(s)
 		if err != nil {
 			log.WithError(err).WithField("set", s.Name).Debug("could not read session affinity entries")
