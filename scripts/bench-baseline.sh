@@ -208,17 +208,11 @@ for c in "${components[@]}"; do
   cmdline[$c]=$(args_of "$c")
 done
 
-# kine_params NAME: the SQLite parameters kelp gives kine, the constant NAME
-# of internal/datastore.
-kine_params() {
-  local p
-  p=$(sed -n "s/^[[:space:]]*$1 = \"\(.*\)\"\$/\1/p" "$repo"/internal/datastore/*.go)
-  [[ -n $p ]] || die "no constant $1 in $repo/internal/datastore: update this script to how kelp configures kine now"
-  echo "$p"
-}
-# The apiserver's datastores: --etcd-servers and any --etcd-servers-overrides.
-mapfile -t kine_sockets < <(grep -E '^--etcd-servers(-overrides)?=' <<<"${cmdline[kube-apiserver]}" | grep -oE 'unix://[^,;#]+' | sort -u)
-((${#kine_sockets[@]})) || die "the apiserver of $KELP uses no kine socket (unix://): is the datastore not SQLite?"
+# The apiserver's datastores: each kine kelp started, as "SOCKET ENDPOINT"
+# (its debug line "starting kine"; logrus quotes a value with spaces or '&').
+mapfile -t kines < <(grep -F 'msg="starting kine"' "$work/prime.log" |
+  sed -E 's/.* endpoint="?([^" ]*)"? .*listen="?([^" ]*)"?.*/\2 \1/' | sort -u)
+((${#kines[@]})) || die "$KELP logged no \"starting kine\" with --debug: is the datastore not SQLite, or is $KELP older than this script?"
 staged=$(compgen -G "$data/data/*/bin" | head -1)
 containerd_bin=$bin/containerd
 [[ -x $staged/containerd ]] && containerd_bin=$staged/containerd
@@ -279,18 +273,17 @@ healthz() { in_node "$here" curl -ksf --max-time 2 "https://127.0.0.1:$1/healthz
 flag_of() { sed -n "s/^--$2=//p" <<<"${cmdline[$1]}"; }
 
 run_baseline() {
-  local t0 sock dir params i=0 c
+  local t0 kine sock endpoint dir i=0 c
   new_node baseline
   t0=$(now_ms)
-  for sock in "${kine_sockets[@]}"; do
+  for kine in "${kines[@]}"; do
+    sock=${kine%% *} endpoint=${kine#* }
     dir=$(dirname "${sock#unix://}")
-    params=$(kine_params sqliteParams)
-    [[ $dir == /run/kelp/ram/* ]] && params=$(kine_params ramSQLiteParams)
     in_node "$here" mkdir -p -m 0700 "$dir"
     # kine's command-line defaults are kelp's settings (internal/datastore
     # kineConfig); kelp serves no kine metrics.
     start_component "kine-$((i++))" "$bin/kine" --listen-address="$sock" \
-      --endpoint="sqlite://$dir/state.db?$params" --metrics-bind-address=0
+      --endpoint="$endpoint" --metrics-bind-address=0
     wait_for "kine at $sock" in_node "$here" test -S "${sock#unix://}"
   done
   for c in "${components[@]}"; do

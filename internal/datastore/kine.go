@@ -134,6 +134,8 @@ func listenKine(ctx context.Context, spec kineSpec, log *logrus.Entry) (_ engine
 	// kine ties its lifetime to this context, not to Start's.
 	kctx, cancel := context.WithCancel(context.Background())
 	wg := &sync.WaitGroup{}
+	// scripts/bench-baseline.sh starts a kine of its own with this endpoint.
+	log.WithFields(logrus.Fields{"listen": "unix://" + sock, "endpoint": Redact(spec.dsn)}).Debug("starting kine")
 	etcdCfg, err := endpoint.Listen(kctx, kineConfig("unix://"+sock, spec.dsn, wg, spec.tls))
 	if err != nil {
 		cancel()
