@@ -8,10 +8,12 @@
 #   LOGDIR=    if set, kelp's and containerd's logs are copied there
 #   KELP_ARGS= more flags for kelp server, e.g. "--disable metrics-server"
 #   PODS=      if set (> 2), the app is then scaled to PODS pods
+#   SERVICES=  if set, that many Services of 10 endpoints each are then made
 #
 # kelp runs in a network and mount namespace of its own, with private
 # /run/kelp, /run/netns, /var/lib/kubelet and pod logs, like the cluster
-# tests. Figures:
+# tests, but in the host's cgroups: run one bench-node.sh at a time (two
+# kubelets there remove each other's pods' cgroups and their pods restart). Figures:
 #   node Ready       launch of `kelp server` (fresh data dir, bundle staged by a
 #                    first run) until the Node's Ready condition is True
 #   first pod        launch until a pod of the test image (from the airgap
@@ -26,6 +28,14 @@
 #                    until all Running, then after 60 s the node's RSS, PSS and
 #                    CPU over 60 s, and the PSS growth per added pod of kelp +
 #                    containerd and of the shims
+#   SERVICES         with SERVICES set: that many Services without a selector,
+#                    each with an EndpointSlice of 10 addresses (nothing behind
+#                    them), applied in batches of 100; the time until the proxy
+#                    has programmed them all (kelp's debug log, so KELP_ARGS
+#                    must hold --debug), then after 30 s the node's RSS and PSS
+#                    over 30 s and their growth per Service; then one endpoint
+#                    of one Service moved: the proxy's own time for that sync
+#                    and whether it updated the table or replaced it
 #   restart          SIGTERM, start again: node Ready and pods Running with the
 #                    same containers
 set -euo pipefail
@@ -41,6 +51,8 @@ die() { echo "bench-node: $*" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || die "run as root"
 [[ $IDLE =~ ^[1-9][0-9]*$ ]] || die "IDLE must be a positive integer (seconds)"
 [[ -z ${PODS:-} || $PODS =~ ^[0-9]+$ && $PODS -gt 2 ]] || die "PODS must be a number above 2, got '$PODS'"
+[[ -z ${SERVICES:-} || $SERVICES =~ ^[1-9][0-9]*$ && $SERVICES -le 25000 ]] || die "SERVICES must be a number from 1 to 25000, got '$SERVICES'"
+[[ -z ${SERVICES:-} || " ${KELP_ARGS:-} " == *" --debug "* ]] || die "SERVICES needs KELP_ARGS=--debug: the proxy's timings are in kelp's debug log"
 [[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-node.XXXXXX")
@@ -202,6 +214,45 @@ if [[ -n ${PODS:-} ]]; then
   want_pods=2
   kubectl scale deployment/web --replicas=2 >/dev/null
   wait_for "back to 2 pods" pods_running
+fi
+
+if [[ -n ${SERVICES:-} ]]; then
+  # service_yaml I ADDR: Service bench-I and its EndpointSlice of ADDR and
+  # 10.44.0.2-10 (nothing answers there; the proxy does not know).
+  service_yaml() {
+    local j
+    printf -- '---\napiVersion: v1\nkind: Service\nmetadata: {name: bench-%d}\nspec: {ports: [{port: 80}]}\n' "$1"
+    printf -- '---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: bench-%d, labels: {kubernetes.io/service-name: bench-%d}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints:\n' "$1" "$1"
+    printf -- '- addresses: ["%s"]\n' "$2"
+    for j in $(seq 2 10); do printf -- '- addresses: ["10.44.0.%d"]\n' "$j"; done
+  }
+  core_before=$(pss kelp ctrd) rss_before=$(awk '$1 == "kelp" {s += $5} END {print s + 0}' "$work/after")
+  programmed() { grep -F 'msg="programmed Services"' "$work/first.log" | tail -1; }
+  [[ $(programmed) =~ ports=([0-9]+) ]] || die "no \"programmed Services\" in kelp's log: is --debug in KELP_ARGS?"
+  want_ports=$(( BASH_REMATCH[1] + SERVICES ))
+  t0=$(now_ms)
+  for ((b = 0; b < SERVICES; b += 100)); do
+    for ((i = b; i < b + 100 && i < SERVICES; i++)); do service_yaml "$i" "10.44.255.1"; done >"$work/services.yaml"
+    wait_for "applying Services $b.." kubectl apply -f "$work/services.yaml"
+  done
+  all_programmed() { [[ $(programmed) =~ ports=([0-9]+) ]] && (( BASH_REMATCH[1] >= want_ports )); }
+  wait_for "the proxy programming $SERVICES Services" all_programmed
+  t_services=$(( $(now_ms) - t0 ))
+  echo
+  printf '%s Services x 10 endpoints: applied and programmed after %ss\n' "$SERVICES" "$(secs $t_services)"
+  sleep 30
+  measure 30 "$SERVICES Services, 30 s after, over 30 s"
+  awk -v n="$SERVICES" -v pss="$(( $(pss kelp ctrd) - core_before ))" -v rss="$(( $(awk '$1 == "kelp" {s += $5} END {print s + 0}' "$work/after") - rss_before ))" \
+    'BEGIN { printf "  growth per Service: kelp RSS %.1f KiB, kelp + containerd PSS %.1f KiB\n", rss / n, pss / n }'
+  before_line=$(programmed)
+  moved=$(( SERVICES / 2 ))
+  service_yaml "$moved" "10.44.254.1" | kubectl apply -f - >/dev/null
+  moved_programmed() { [[ $(programmed) != "$before_line" ]]; }
+  wait_for "the proxy programming the moved endpoint" moved_programmed
+  line=$(programmed)
+  [[ $line =~ table=([a-z]+) ]] && how=${BASH_REMATCH[1]}
+  [[ $line =~ took=([0-9.a-zµ]+) ]] && took=${BASH_REMATCH[1]}
+  printf '  one endpoint moved: the proxy %s its table in %s\n' "${how:-?}" "${took:-?}"
 fi
 
 ids() { kubectl get pods -l app=web -o 'jsonpath={range .items[*]}{.status.containerStatuses[0].containerID}{" "}{end}'; }
