@@ -21,20 +21,20 @@ import (
 // check opens the file read-only, so it never changes a byte of it, and runs
 // PRAGMA quick_check, which reads every page but skips the costly
 // index-content comparisons of integrity_check. A missing or empty file is
-// a new datastore and passes.
-func checkSQLite(ctx context.Context, path string) error {
+// a new datastore and passes: fresh.
+func checkSQLite(ctx context.Context, path string) (fresh bool, _ error) {
 	fi, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return true, nil
 	}
 	if err != nil {
-		return fmt.Errorf("SQLite datastore %s: %w", path, err)
+		return false, fmt.Errorf("SQLite datastore %s: %w", path, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("SQLite datastore %s is not a regular file: move it away", path)
+		return false, fmt.Errorf("SQLite datastore %s is not a regular file: move it away", path)
 	}
 	if fi.Size() == 0 {
-		return nil
+		return true, nil
 	}
 
 	problems, err := quickCheck(ctx, path)
@@ -42,15 +42,15 @@ func checkSQLite(ctx context.Context, path string) error {
 		if ctx.Err() != nil {
 			err = ctx.Err()
 		}
-		return fmt.Errorf("check SQLite datastore %s: %w", path, err)
+		return false, fmt.Errorf("check SQLite datastore %s: %w", path, err)
 	}
 	if err != nil {
-		return fmt.Errorf("SQLite datastore %s is not a valid SQLite database or is corrupt (%v): restore it from a backup, or move it away to start an empty datastore; kelp has not changed it", path, err)
+		return false, fmt.Errorf("SQLite datastore %s is not a valid SQLite database or is corrupt (%v): restore it from a backup, or move it away to start an empty datastore; kelp has not changed it", path, err)
 	}
 	if len(problems) > 0 {
-		return fmt.Errorf("SQLite datastore %s is corrupt (%s): restore it from a backup, or move it away to start an empty datastore; kelp has not changed it", path, strings.Join(problems, "; "))
+		return false, fmt.Errorf("SQLite datastore %s is corrupt (%s): restore it from a backup, or move it away to start an empty datastore; kelp has not changed it", path, strings.Join(problems, "; "))
 	}
-	return nil
+	return false, nil
 }
 
 // quickCheck returns what PRAGMA quick_check found wrong, at most a few lines.

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"errors"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -403,5 +405,52 @@ func TestSQLiteParamsFollowKine(t *testing.T) {
 	want := strings.Replace(sqlite.DefaultParams, "_synchronous=NORMAL", "_synchronous=FULL", 1) + "&_kine_disable_startup_vacuum=true&_pragma=journal_size_limit(16777216)"
 	if sqliteParams != want {
 		t.Errorf("sqliteParams = %q\nwant kine's defaults with synchronous=FULL, no startup VACUUM and a WAL limit: %q", sqliteParams, want)
+	}
+}
+
+// A new SQLite datastore is made with pages of sqlitePageSize, which halve
+// the bytes of a commit; one made with SQLite's 4 KiB pages (by kine, by an
+// older kelp) keeps them, and its data.
+func TestSQLitePageSize(t *testing.T) {
+	pageSize := func(path string) int {
+		t.Helper()
+		db, err := sql.Open("sqlite", (&url.URL{Scheme: "file", Path: path, RawQuery: "mode=ro"}).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		var n int
+		if err := db.QueryRow("PRAGMA page_size").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	fresh := t.TempDir()
+	d := startReady(t, Config{DataDir: fresh})
+	put(t, d.Backend(), "/registry/test/a", "one")
+	stopWithin(t, d, 30*time.Second)
+	if got := pageSize(filepath.Join(fresh, "server", "db", stateDBName)); got != sqlitePageSize {
+		t.Errorf("a new datastore has pages of %d bytes, want %d", got, sqlitePageSize)
+	}
+
+	old := t.TempDir()
+	dbDir := filepath.Join(old, "server", "db")
+	if err := os.MkdirAll(dbDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := createKineDB(filepath.Join(dbDir, stateDBName), 4096, 0); err != nil {
+		t.Fatal(err)
+	}
+	d = startReady(t, Config{DataDir: old})
+	put(t, d.Backend(), "/registry/test/a", "one")
+	stopWithin(t, d, 30*time.Second)
+	d = startReady(t, Config{DataDir: old})
+	if got := get(t, d.Backend(), "/registry/test/a"); got != "one" {
+		t.Errorf("after a restart got %q, want %q", got, "one")
+	}
+	stopWithin(t, d, 30*time.Second)
+	if got := pageSize(filepath.Join(dbDir, stateDBName)); got != 4096 {
+		t.Errorf("an existing datastore of 4096-byte pages has pages of %d bytes now", got)
 	}
 }
