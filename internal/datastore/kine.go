@@ -86,7 +86,7 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 			// ones each commit writes half the bytes (a Lease-sized update
 			// costs 24 instead of 46 KB of WAL and checkpoint) for LISTs
 			// that read the datastore a third slower where objects are
-			// 4 KiB (BenchmarkSQLiteWrites, BenchmarkSQLiteList). An
+			// 4 KiB (BenchmarkSQLiteWrites, BenchmarkSQLiteReads). An
 			// existing database keeps the pages it was made with.
 			if err := createKineDB(dbPath, sqlitePageSize, 0); err != nil {
 				return fmt.Errorf("%s: %w", spec.desc, err)

@@ -24,15 +24,18 @@
 // n times each kind, the kinds taking turns, and prints one line of
 // key=value figures, the 50th and 99th percentile of each kind: paged, the
 // whole list in pages of limit objects through continue tokens, as kubectl
-// and informers list (one figure per whole list); quorum, one unpaginated
+// lists (one figure per whole list); quorum, one unpaginated
 // LIST with resourceVersion "" (a consistent read); cache, one with
 // resourceVersion "0" (whatever the apiserver's watch cache holds); and get,
-// gets GETs of one ConfigMap. Which of them the apiserver answers from its
+// gets GETs of one ConfigMap (resourceVersion "", which the apiserver always
+// passes to the datastore); and how many of the LISTs the apiserver
+// answered from its watch cache (cache_lists) and how many it passed to the
+// datastore (storage_lists), by its metrics. Which ones it answers from its
 // watch cache and which from the datastore is its choice: since Kubernetes
 // 1.34 it serves consistent reads and continue tokens from the cache too,
 // unless the cache of ConfigMaps is off (--watch-cache-sizes=configmaps#0).
-// It speaks protobuf, as informers do, so the figures are more the
-// datastore's and less JSON's.
+// It speaks protobuf, as kelp's and Kubernetes' own components do, so the
+// figures are more the datastore's and less JSON's.
 package main
 
 import (
@@ -43,6 +46,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,6 +283,10 @@ func list(args []string) error {
 		return errors.New("list: the default namespace has no ConfigMaps: write some first")
 	}
 	name := first.Items[0].Name
+	cacheBefore, storageBefore, err := listCounts(ctx, cs)
+	if err != nil {
+		return err
+	}
 
 	// Each kind returns how many ConfigMaps it read, which must agree: a
 	// LIST that returned less would look fast.
@@ -337,7 +345,12 @@ func list(args []string) error {
 		getLatencies[i] = time.Since(t)
 	}
 
-	line := fmt.Sprintf("objects=%d n=%d limit=%d", objects[1], *n, *limit)
+	cacheAfter, storageAfter, err := listCounts(ctx, cs)
+	if err != nil {
+		return err
+	}
+	line := fmt.Sprintf("objects=%d n=%d limit=%d cache_lists=%.0f storage_lists=%.0f", objects[1], *n, *limit,
+		cacheAfter-cacheBefore, storageAfter-storageBefore)
 	for k, kind := range kinds {
 		if objects[k] != objects[1] {
 			return fmt.Errorf("list: a %s LIST returned %d ConfigMaps, a quorum one %d: were ConfigMaps written meanwhile?", kind.name, objects[k], objects[1])
@@ -348,4 +361,36 @@ func list(args []string) error {
 	slices.Sort(getLatencies)
 	fmt.Printf("%s gets=%d get_p50_ms=%.2f get_p99_ms=%.2f\n", line, *gets, ms(percentile(getLatencies, 50)), ms(percentile(getLatencies, 99)))
 	return nil
+}
+
+// listCounts reads the apiserver's counts of ConfigMap LISTs it answered from
+// its watch cache and of those it passed to the datastore, so that a figure
+// says which one it measured.
+func listCounts(ctx context.Context, cs kubernetes.Interface) (cache, storage float64, err error) {
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read the apiserver's metrics: %w", err)
+	}
+	for line := range strings.Lines(string(raw)) {
+		name, rest, ok := strings.Cut(line, "{")
+		if !ok || !strings.Contains(rest, `"configmaps"`) && !strings.Contains(rest, `"/configmaps"`) {
+			continue
+		}
+		var total *float64
+		switch name {
+		case "apiserver_cache_list_total":
+			total = &cache
+		case "apiserver_storage_list_total":
+			total = &storage
+		default:
+			continue
+		}
+		fields := strings.Fields(rest)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("parse metric line %q: %w", strings.TrimSpace(line), err)
+		}
+		*total += v
+	}
+	return cache, storage, nil
 }
