@@ -154,15 +154,22 @@ var spaces = regexp.MustCompile(`\s+`)
 // with runs of white space made one space and none inside parentheses.
 func tableSQL(t *testing.T, path string) string {
 	t.Helper()
+	var stmt string
+	queryRow(t, path, `SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'kine'`, &stmt)
+	stmt = spaces.ReplaceAllString(stmt, " ")
+	return strings.NewReplacer("( ", "(", " )", ")").Replace(stmt)
+}
+
+// queryRow scans the one row query returns from the SQLite database at
+// path, opened read-only, into dest.
+func queryRow(t *testing.T, path, query string, dest ...any) {
+	t.Helper()
 	db, err := sql.Open("sqlite", (&url.URL{Scheme: "file", Path: path, RawQuery: "mode=ro"}).String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	var stmt string
-	if err := db.QueryRow(`SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'kine'`).Scan(&stmt); err != nil {
-		t.Fatalf("%s: %v", path, err)
+	if err := db.QueryRow(query).Scan(dest...); err != nil {
+		t.Fatalf("%s: %s: %v", path, query, err)
 	}
-	stmt = spaces.ReplaceAllString(stmt, " ")
-	return strings.NewReplacer("( ", "(", " )", ")").Replace(stmt)
 }

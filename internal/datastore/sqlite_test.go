@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"errors"
 	"io/fs"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -414,15 +412,8 @@ func TestSQLiteParamsFollowKine(t *testing.T) {
 func TestSQLitePageSize(t *testing.T) {
 	pageSize := func(path string) int {
 		t.Helper()
-		db, err := sql.Open("sqlite", (&url.URL{Scheme: "file", Path: path, RawQuery: "mode=ro"}).String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
 		var n int
-		if err := db.QueryRow("PRAGMA page_size").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
+		queryRow(t, path, "PRAGMA page_size", &n)
 		return n
 	}
 
