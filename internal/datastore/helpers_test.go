@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
@@ -22,11 +24,18 @@ import (
 // the test ends.
 func startReady(t *testing.T, cfg Config) *Datastore {
 	t.Helper()
+	return ready(t, "Start", func(ctx context.Context) (*Datastore, error) { return Start(ctx, cfg) })
+}
+
+// ready runs start, waits until its datastore answers and stops it when the
+// test ends.
+func ready(t *testing.T, name string, start func(context.Context) (*Datastore, error)) *Datastore {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	d, err := Start(ctx, cfg)
+	d, err := start(ctx)
 	if err != nil {
-		t.Fatalf("Start: %v", err)
+		t.Fatalf("%s: %v", name, err)
 	}
 	t.Cleanup(func() { stopWithin(t, d, 30*time.Second) })
 	if err := d.WaitReady(ctx); err != nil {
@@ -44,23 +53,59 @@ func stopWithin(t *testing.T, d *Datastore, timeout time.Duration) {
 	}
 }
 
-// put and get go through an etcd client on Backend(), as the apiserver does.
+// put, get, putRevision and count go through an etcd client on the
+// Backend, as the apiserver does.
 func put(t *testing.T, be Backend, key, value string) {
 	t.Helper()
-	cli, err := newClient(be)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := cli.Put(ctx, key, value); err != nil {
-		t.Fatalf("put %s: %v", key, err)
-	}
+	putRevision(t, be, key, value)
+}
+
+// putRevision puts key and returns the revision the put made.
+func putRevision(t *testing.T, be Backend, key, value string) int64 {
+	t.Helper()
+	var rev int64
+	withClient(t, be, func(ctx context.Context, cli *clientv3.Client) {
+		resp, err := cli.Put(ctx, key, value)
+		if err != nil {
+			t.Fatalf("put %s: %v", key, err)
+		}
+		rev = resp.Header.Revision
+	})
+	return rev
 }
 
 func get(t *testing.T, be Backend, key string) string {
 	t.Helper()
+	var value string
+	withClient(t, be, func(ctx context.Context, cli *clientv3.Client) {
+		resp, err := cli.Get(ctx, key)
+		if err != nil {
+			t.Fatalf("get %s: %v", key, err)
+		}
+		if len(resp.Kvs) != 1 {
+			t.Fatalf("get %s: %d values, want 1", key, len(resp.Kvs))
+		}
+		value = string(resp.Kvs[0].Value)
+	})
+	return value
+}
+
+func count(t *testing.T, be Backend, key string) int64 {
+	t.Helper()
+	var n int64
+	withClient(t, be, func(ctx context.Context, cli *clientv3.Client) {
+		resp, err := cli.Get(ctx, key, clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatalf("get %s: %v", key, err)
+		}
+		n = resp.Count
+	})
+	return n
+}
+
+// withClient calls use with a client of be and a 10 s deadline.
+func withClient(t *testing.T, be Backend, use func(context.Context, *clientv3.Client)) {
+	t.Helper()
 	cli, err := newClient(be)
 	if err != nil {
 		t.Fatal(err)
@@ -68,14 +113,7 @@ func get(t *testing.T, be Backend, key string) string {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, key)
-	if err != nil {
-		t.Fatalf("get %s: %v", key, err)
-	}
-	if len(resp.Kvs) != 1 {
-		t.Fatalf("get %s: %d values, want 1", key, len(resp.Kvs))
-	}
-	return string(resp.Kvs[0].Value)
+	use(ctx, cli)
 }
 
 func freePort(t *testing.T) int {

@@ -10,58 +10,13 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // startRAMReady starts a RAM store, waits until it answers and stops it
 // when the test ends.
 func startRAMReady(t *testing.T, cfg RAMConfig) *Datastore {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	d, err := StartRAM(ctx, cfg)
-	if err != nil {
-		t.Fatalf("StartRAM: %v", err)
-	}
-	t.Cleanup(func() { stopWithin(t, d, 30*time.Second) })
-	if err := d.WaitReady(ctx); err != nil {
-		t.Fatalf("WaitReady: %v", err)
-	}
-	return d
-}
-
-// putRevision puts key and returns the revision the put made.
-func putRevision(t *testing.T, be Backend, key, value string) int64 {
-	t.Helper()
-	cli, err := newClient(be)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := cli.Put(ctx, key, value)
-	if err != nil {
-		t.Fatalf("put %s: %v", key, err)
-	}
-	return resp.Header.Revision
-}
-
-func count(t *testing.T, be Backend, key string) int64 {
-	t.Helper()
-	cli, err := newClient(be)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := cli.Get(ctx, key, clientv3.WithCountOnly())
-	if err != nil {
-		t.Fatalf("get %s: %v", key, err)
-	}
-	return resp.Count
+	return ready(t, "StartRAM", func(ctx context.Context) (*Datastore, error) { return StartRAM(ctx, cfg) })
 }
 
 // TestRAMStoreRestartAndReboot checks what a RAM store keeps: everything
