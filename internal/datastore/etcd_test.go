@@ -13,14 +13,15 @@ import (
 )
 
 func etcdTestConfig(t *testing.T, dataDir string, tls EtcdTLS) Config {
+	ports := freePorts(t, 2)
 	return Config{
 		DataDir:     dataDir,
 		ClusterInit: true,
 		Name:        "node-1",
 		AdvertiseIP: "127.0.0.1",
 		EtcdTLS:     tls,
-		clientPort:  freePort(t),
-		peerPort:    freePort(t),
+		clientPort:  ports[0],
+		peerPort:    ports[1],
 	}
 }
 
