@@ -293,15 +293,27 @@ func TestDefragWaitsForQuiet(t *testing.T) {
 	be := d.Backend()
 	fragment(t, be)
 	df := testDefragger(t, be)
+	// More than busyWrites writes in the window even on a loaded machine
+	// (CI: one writer made fewer than 100 in 200 ms): eight writers, and a
+	// window long enough for 13 of their fsyncs.
+	df.quiet = 2 * time.Second
 
 	ctx, cancel := context.WithCancel(context.Background())
-	busy := make(chan struct{})
-	go func() {
-		defer close(busy)
-		for i := 0; ctx.Err() == nil; i++ {
-			df.cli.Put(ctx, "/registry/busy", fmt.Sprint(i))
-		}
-	}()
+	var writers sync.WaitGroup
+	started := make(chan struct{}, 8)
+	for w := range 8 {
+		writers.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				df.cli.Put(ctx, fmt.Sprintf("/registry/busy-%d", w), fmt.Sprint(i))
+				if i == 0 {
+					started <- struct{}{}
+				}
+			}
+		})
+	}
+	for range 8 {
+		<-started
+	}
 	done, err := df.check(context.Background(), false)
 	if done || !errors.Is(err, errDefragDeferred) || !strings.Contains(err.Error(), "writes in") {
 		t.Errorf("check while busy = %v, %v; want it deferred", done, err)
@@ -310,7 +322,7 @@ func TestDefragWaitsForQuiet(t *testing.T) {
 		t.Errorf("check after too many deferrals = %v, %v; want a defragmentation", done, err)
 	}
 	cancel()
-	<-busy
+	writers.Wait()
 }
 
 func TestDefragRunsUntilCanceled(t *testing.T) {
