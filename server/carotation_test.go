@@ -43,24 +43,11 @@ spec:
 // the new CAs only.
 func TestCARotation(t *testing.T) {
 	t.Parallel()
-	lab := testcluster.NewLab(t)
-	image := testcluster.BuildTestImage(t, testcluster.TestImage)
-	srv := lab.NewNode("server", "10.99.0.2")
-	srv.AddImage(image)
-	srv.Agent = true
-	srv.Start()
-	srv.WaitReady(startTimeout)
-	srv.WaitLog("kelp node is running", startTimeout)
-	agent := lab.NewNode("agent-1", "10.99.0.3")
-	agent.AddImage(image)
-	agent.StartAgent(srv.URL(), srv.TokenFile())
-	agent.WaitLog("kelp node is running", startTimeout)
+	srv, agent := serverAndAgent(t, nil)
 	waitNodesReady(t, srv.Client(), 2)
 	waitServiceAccount(t, srv.Client(), "default")
 	apply(t, srv, spreadWorkload)
-	if out, err := srv.RunKelp(3*time.Minute, "kubectl", "--kubeconfig", srv.Kubeconfig, "rollout", "status", "daemonset/web", "--timeout=170s"); err != nil {
-		t.Fatalf("the web pods did not start: %v\n%s", err, out)
-	}
+	rolloutStatus(t, srv, "daemonset/web", 170*time.Second)
 
 	server := pki.FilesIn(layout.Server(srv.DataDir).TLS)
 	node := pki.NodeFilesIn(layout.Agent(agent.DataDir).TLS)
@@ -156,9 +143,7 @@ func agentWorks(t *testing.T, srv, agent *testcluster.Node, name string) {
 	t.Helper()
 	waitNodesReady(t, srv.Client(), 2)
 	apply(t, srv, strings.ReplaceAll(caRotationWorkload, "NAME", name))
-	if out, err := srv.RunKelp(3*time.Minute, "kubectl", "--kubeconfig", srv.Kubeconfig, "rollout", "status", "deployment/"+name, "--timeout=170s"); err != nil {
-		t.Fatalf("a new pod on the agent did not start: %v\n%s", err, out)
-	}
+	rolloutStatus(t, srv, "deployment/"+name, 170*time.Second)
 	pod := podsByNode(t, srv.Client(), "app="+name)[agent.Name]
 	if pod.Name == "" {
 		t.Fatalf("no %s pod on %s", name, agent.Name)

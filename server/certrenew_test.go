@@ -58,20 +58,7 @@ func TestCertificateRenewal(t *testing.T) {
 	t.Parallel()
 	const lifetime = 90 * time.Second
 	env := []string{certrenew.TestLifetimeEnv + "=" + lifetime.String()}
-	lab := testcluster.NewLab(t)
-	image := testcluster.BuildTestImage(t, testcluster.TestImage)
-	srv := lab.NewNode("server", "10.99.0.2")
-	srv.Env = env
-	srv.AddImage(image)
-	srv.Agent = true
-	srv.Start("--cluster-init")
-	srv.WaitReady(startTimeout)
-	srv.WaitLog("kelp node is running", startTimeout)
-	agent := lab.NewNode("agent-1", "10.99.0.3")
-	agent.Env = env
-	agent.AddImage(image)
-	agent.StartAgent(srv.URL(), srv.TokenFile())
-	agent.WaitLog("kelp node is running", startTimeout)
+	srv, agent := serverAndAgent(t, env, "--cluster-init")
 
 	leaves := append(pki.FilesIn(layout.Server(srv.DataDir).TLS).Leaves(), pki.NodeFilesIn(layout.Agent(agent.DataDir).TLS).Leaves()...)
 	first := readLeaves(t, leaves)
@@ -94,9 +81,7 @@ func TestCertificateRenewal(t *testing.T) {
 	waitNodesReady(t, srv.Client(), 2)
 	waitServiceAccount(t, srv.Client(), "default")
 	apply(t, srv, spreadWorkload)
-	if out, err := srv.RunKelp(3*time.Minute, "kubectl", "--kubeconfig", srv.Kubeconfig, "rollout", "status", "daemonset/web", "--timeout=170s"); err != nil {
-		t.Fatalf("the web pods did not start: %v\n%s", err, out)
-	}
+	rolloutStatus(t, srv, "daemonset/web", 170*time.Second)
 
 	// Every leaf is renewed, some more than once, until the first ones
 	// are all past their expiry.
@@ -160,9 +145,7 @@ func TestCertificateRenewal(t *testing.T) {
 	})
 	t.Run("a new pod and a new Service", func(t *testing.T) {
 		apply(t, srv, renewalWorkload)
-		if out, err := srv.RunKelp(2*time.Minute, "kubectl", "--kubeconfig", srv.Kubeconfig, "rollout", "status", "deployment/after-expiry", "--timeout=110s"); err != nil {
-			t.Fatalf("a pod made after the expiry did not start: %v\n%s", err, out)
-		}
+		rolloutStatus(t, srv, "deployment/after-expiry", 110*time.Second)
 		eventually(t, "the new Service by its DNS name from the agent", func() (bool, error) {
 			out, err := srv.Kubectl("exec", pods[agent.Name].Name, "--", "/testapp", "get", "http://web-after-expiry.default.svc.cluster.local/", "3s")
 			return err == nil && strings.HasPrefix(out, "web-"), nil

@@ -115,9 +115,7 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 	}
 	waitServiceAccount(t, c, "default")
 	apply(t, srv, spreadWorkload)
-	if out, err := srv.RunKelp(3*time.Minute, "kubectl", "--kubeconfig", srv.Kubeconfig, "rollout", "status", "daemonset/web", "--timeout=170s"); err != nil {
-		t.Fatalf("the web pods did not start: %v\n%s", err, out)
-	}
+	rolloutStatus(t, srv, "daemonset/web", 170*time.Second)
 	pods := podsByNode(t, c, "app=web")
 	if len(pods) != 3 {
 		t.Fatalf("web pods on %d nodes, want 3: %v", len(pods), pods)
@@ -263,6 +261,28 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 			return !hasRoute(srv) && !hasRoute(agents[0]), nil
 		})
 	})
+}
+
+// serverAndAgent starts, in a lab of their own, a server that runs a node
+// and an agent joined to it with the server's token, both with the test
+// image and env, and waits until both nodes run.
+func serverAndAgent(t *testing.T, env []string, serverArgs ...string) (srv, agent *testcluster.Node) {
+	t.Helper()
+	lab := testcluster.NewLab(t)
+	image := testcluster.BuildTestImage(t, testcluster.TestImage)
+	srv = lab.NewNode("server", "10.99.0.2")
+	srv.Env = env
+	srv.AddImage(image)
+	srv.Agent = true
+	srv.Start(serverArgs...)
+	srv.WaitReady(startTimeout)
+	srv.WaitLog("kelp node is running", startTimeout)
+	agent = lab.NewNode("agent-1", "10.99.0.3")
+	agent.Env = env
+	agent.AddImage(image)
+	agent.StartAgent(srv.URL(), srv.TokenFile())
+	agent.WaitLog("kelp node is running", startTimeout)
+	return srv, agent
 }
 
 // waitNodesReady waits until count nodes are Ready.

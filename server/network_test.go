@@ -253,6 +253,15 @@ func apply(t *testing.T, n *testcluster.Node, manifest string) {
 	kubectl(t, n, "apply", "-f", f.Name())
 }
 
+// rolloutStatus waits up to timeout for what (e.g. daemonset/web) to be
+// rolled out: all its pods Ready.
+func rolloutStatus(t *testing.T, n *testcluster.Node, what string, timeout time.Duration) {
+	t.Helper()
+	if out, err := n.RunKelp(timeout+10*time.Second, "kubectl", "--kubeconfig", n.Kubeconfig, "rollout", "status", what, "--timeout="+timeout.String()); err != nil {
+		t.Fatalf("%s was not rolled out: %v\n%s", what, err, out)
+	}
+}
+
 // policyNamespaces are the namespaces of the NetworkPolicy test.
 const policyNamespaces = `
 apiVersion: v1

@@ -102,9 +102,7 @@ func TestLocalStorage(t *testing.T) {
 	if err := os.Remove(blocker); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := n.RunKelp(3*time.Minute, "kubectl", "--kubeconfig", n.Kubeconfig, "rollout", "status", "statefulset/db", "--timeout=150s"); err != nil {
-		t.Fatalf("the pod with the volume did not start: %v\n%s", err, out)
-	}
+	rolloutStatus(t, n, "statefulset/db", 150*time.Second)
 	claim, err = c.CoreV1().PersistentVolumeClaims("default").Get(ctx, claimName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
