@@ -10,8 +10,8 @@
 #   KELP=bin/kelp  built from this tree (see "the flags" below)
 #   KELP_ARGS=   more flags for every kelp server run
 #   TRIMMED=1    also measure kelp with its own parts off (0: skip that run)
-#   BASELINE_GOGC=50  GOGC of the separate Go components: kelp's server runs
-#                its in-process components at 50 (main.go); empty: Go's 100
+#   BASELINE_GOGC=25  GOGC of the separate Go components: kelp runs its
+#                in-process components at 25 (main.go); empty: Go's 100
 #   LOGDIR=      if set, every run's logs are copied there
 #
 # The baseline, built once into .cache/baseline/ARCH (rebuilt when go.mod,
@@ -52,8 +52,9 @@
 #                each once the one before answers
 # Figures: node Ready (launch of the first process until the Node's Ready
 # condition is True), then after SETTLE, over IDLE s: RSS and PSS of every
-# process of the node, CPU % of one core, and bytes written to storage
-# (/proc/PID/io write_bytes) per second. No workload pods run.
+# process of the node, CPU % of one core, bytes written to storage
+# (/proc/PID/io write_bytes) per second, and the working set (the memory
+# touched in the window: measure_node in lib/bench.sh). No workload pods run.
 #
 # The baseline leaves out what is kelp's own: the Service proxy, DNS, the
 # overlay, network policy, servicelb, metrics, the Helm controller, local
@@ -68,7 +69,7 @@ set -euo pipefail
 IDLE=${IDLE:-300}
 SETTLE=${SETTLE:-30}
 TRIMMED=${TRIMMED:-1}
-BASELINE_GOGC=${BASELINE_GOGC-50}
+BASELINE_GOGC=${BASELINE_GOGC-25}
 KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
 LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -218,32 +219,13 @@ containerd_bin=$bin/containerd
 [[ -x $staged/containerd ]] && containerd_bin=$staged/containerd
 
 declare -A t_ready=() summary=()
-hz=$(getconf CLK_TCK)
 
-# idle NAME: after SETTLE, samples the node over IDLE s; the figures per
-# program go to $work/NAME.idle and summary[NAME] holds the node's totals:
-# processes RSS-MiB PSS-MiB CPU-% writes-KiB/s.
+# idle NAME: after SETTLE, measure_node over IDLE s into $work/NAME.idle;
+# summary[NAME] holds the node's totals: processes RSS-MiB PSS-MiB CPU-%
+# writes-KiB/s working-set-MiB.
 idle() {
-  local t0 elapsed
   sleep "$SETTLE"
-  sample_node "$here" >"$work/$1.before"
-  t0=$(now_ms)
-  sleep "$IDLE"
-  sample_node "$here" >"$work/$1.after"
-  elapsed=$(( $(now_ms) - t0 ))
-  awk -v hz="$hz" -v ms="$elapsed" '
-    NF < 6 { next }
-    NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
-    ($2 in cpu) {
-      k = $1; n[k]++; dcpu[k] += $3 - cpu[$2]; dwb[k] += $4 - wb[$2]; rss[k] += $5; pss[k] += $6
-      N++; DCPU += $3 - cpu[$2]; DWB += $4 - wb[$2]; RSS += $5; PSS += $6
-    }
-    END {
-      for (k in n) printf "    %-26s %2d  RSS %5.0f MiB  PSS %5.0f MiB  CPU %5.2f%%  writes %7.2f KiB/s\n",
-        k, n[k], rss[k] / 1024, pss[k] / 1024, 100 * dcpu[k] / hz / (ms / 1000), dwb[k] / 1024 / (ms / 1000) | "sort"
-      close("sort")
-      printf "TOTAL %d %.1f %.1f %.3f %.3f\n", N, RSS / 1024, PSS / 1024, 100 * DCPU / hz / (ms / 1000), DWB / 1024 / (ms / 1000)
-    }' "$work/$1.before" "$work/$1.after" >"$work/$1.idle"
+  measure_node "$here" "$IDLE" "$work/$1.idle"
   summary[$1]=$(awk '$1 == "TOTAL" { $1 = ""; print substr($0, 2) }' "$work/$1.idle")
 }
 
@@ -325,23 +307,21 @@ echo "baseline: $("$bin/kube-apiserver" --version), kine $("$bin/kine" --version
 echo "idle ${IDLE}s after node Ready + ${SETTLE}s, no workload pods; the whole node: every process of its namespaces"
 for r in "${runs[@]}"; do
   echo
-  read -r n rss pss cpu wr <<<"${summary[$r]}"
-  printf '%-8s node Ready %6ss   %2d processes: RSS %5.0f MiB, PSS %5.0f MiB, CPU %5.2f%% of a core, writes %7.2f KiB/s\n' \
-    "$r" "$(secs "${t_ready[$r]}")" "$n" "$rss" "$pss" "$cpu" "$wr"
-  grep -v '^TOTAL' "$work/$r.idle"
+  echo "$r: node Ready $(secs "${t_ready[$r]}")s"
+  print_measure "$work/$r.idle"
 done
 
 # ratio A B: A ÷ B for every figure, and A − B for the memory.
 ratio() {
-  local ra pa ca wa rb pb cb wb
-  read -r _ ra pa ca wa <<<"${summary[$1]}"
-  read -r _ rb pb cb wb <<<"${summary[$2]}"
+  local ra pa ca wa sa rb pb cb wb sb
+  read -r _ ra pa ca wa sa <<<"${summary[$1]}"
+  read -r _ rb pb cb wb sb <<<"${summary[$2]}"
   awk -v ta="${t_ready[$1]}" -v tb="${t_ready[$2]}" -v ra="$ra" -v rb="$rb" -v pa="$pa" -v pb="$pb" \
-    -v ca="$ca" -v cb="$cb" -v wa="$wa" -v wb="$wb" -v a="$1" -v b="$2" '
+    -v ca="$ca" -v cb="$cb" -v wa="$wa" -v wb="$wb" -v sa="$sa" -v sb="$sb" -v a="$1" -v b="$2" '
     function r(x, y) { return y > 0 ? sprintf("%.2f", x / y) : "-" }
     BEGIN {
-      printf "%-8s ÷ %-8s node Ready %s, RSS %s (%+.0f MiB), PSS %s (%+.0f MiB), CPU %s, writes %s\n",
-        a, b, r(ta, tb), r(ra, rb), ra - rb, r(pa, pb), pa - pb, r(ca, cb), r(wa, wb)
+      printf "%-8s ÷ %-8s node Ready %s, RSS %s (%+.0f MiB), PSS %s (%+.0f MiB), CPU %s, writes %s, working set %s (%+.0f MiB)\n",
+        a, b, r(ta, tb), r(ra, rb), ra - rb, r(pa, pb), pa - pb, r(ca, cb), r(wa, wb), r(sa, sb), sa - sb
     }'
 }
 echo

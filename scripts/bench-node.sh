@@ -22,8 +22,9 @@
 #   app by DNS name  launch until the app answers through its Service by DNS
 #                    name (a pod of it asks web.default.svc.cluster.local)
 #   idle             over IDLE s: RSS and PSS of kelp + containerd + shims, CPU %
-#                    of one core, and bytes written (/proc/PID/io write_bytes)
-#                    per second
+#                    of one core, bytes written (/proc/PID/io write_bytes)
+#                    per second, and the working set: the memory touched in
+#                    the window (see measure_node in lib/bench.sh)
 #   PODS pods        with PODS set: the app scaled from 2 to PODS pods, time
 #                    until all Running, then after 60 s the node's RSS, PSS and
 #                    CPU over 60 s, and the PSS growth per added pod of kelp +
@@ -137,69 +138,23 @@ echo "kelp bench-node: $("$KELP" --version | head -1), $(nproc) CPUs${KELP_ARGS:
 printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss, app answers by DNS name %ss\n' \
   "$(secs $t_api)" "$(secs $t_node)" "$(secs $t_pod)" "$(secs $t_dns)"
 
-# Every process of the node (containers have mount namespaces of their own):
-# kelp, containerd (the bundle's, or `kelp containerd` of a kelp before it)
-# and the runc shims.
-node_pids() {
-  local ns pid exe
-  ns=$(readlink "/proc/${holder[server]}/ns/mnt")
-  for pid in /proc/[0-9]*; do
-    pid=${pid#/proc/}
-    [[ $pid != "${holder[server]}" && $(readlink "/proc/$pid/ns/mnt" 2>/dev/null) == "$ns" ]] || continue
-    exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
-    if [[ ${exe##*/} == containerd || $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) == "$KELP containerd "* ]]; then
-      echo "ctrd $pid"
-    elif [[ $exe == "$KELP" ]]; then echo "kelp $pid"; else echo "shim $pid"; fi
-  done
-}
-sample() { # prints: kind pid cputicks write_bytes rss_kb pss_kb
-  node_pids | while read -r kind pid; do
-    local stat; stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
-    stat=${stat##*) }
-    echo "$kind $pid $(awk '{print $12 + $13}' <<<"$stat") \
-$(awk '$1 == "write_bytes:" {print $2}' "/proc/$pid/io") \
-$(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status") \
-$(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup")"
-  done
-}
-hz=$(getconf CLK_TCK)
-# measure SECONDS TITLE: samples the node's processes over SECONDS and prints
-# their figures; leaves the last sample in $work/after.
+# measure SECONDS TITLE: the figures of every process of the node over
+# SECONDS (measure_node: kelp, containerd and the runc shims), under TITLE.
 measure() {
-  sample >"$work/before"
-  t0=$(now_ms)
-  sleep "$1"
-  sample >"$work/after"
-  elapsed=$(( $(now_ms) - t0 ))
+  measure_node server "$1" "$work/measure"
   echo
   echo "$2 (pids alive at both ends):"
-  awk -v hz="$hz" -v ms="$elapsed" '
-    NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
-    ($2 in cpu) {
-      k = $1; n[k]++; dcpu[k] += $3 - cpu[$2]; dwb[k] += $4 - wb[$2]; rss[k] += $5; pss[k] += $6
-    }
-    END {
-      for (k in n) printf "  %-4s %2d processes: RSS %4.0f MiB, PSS %4.0f MiB, CPU %4.1f%% of a core, writes %6.2f KiB/s\n",
-        k, n[k], rss[k] / 1024, pss[k] / 1024, 100 * dcpu[k] / hz / (ms / 1000), dwb[k] / 1024 / (ms / 1000)
-    }' "$work/before" "$work/after"
-  awk -v hz="$hz" -v ms="$elapsed" '
-    NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
-    ($2 in cpu) { dcpu += $3 - cpu[$2]; dwb += $4 - wb[$2]; rss += $5; pss += $6 }
-    END { printf "  all  (kelp + containerd + shims): RSS %4.0f MiB, PSS %4.0f MiB, CPU %4.1f%% of a core, writes %6.2f KiB/s\n",
-      rss / 1024, pss / 1024, 100 * dcpu / hz / (ms / 1000), dwb / 1024 / (ms / 1000) }' "$work/before" "$work/after"
-  echo "  (RSS counts the pages of the shared kelp binary once per process; PSS shares them out)"
-  awk '$1 != "shim" {print $2}' "$work/after" | while read -r pid; do
-    printf '    pid %-7s %-40s RSS %4d MiB PSS %4d MiB\n' "$pid" "$(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -c1-40)" \
-      "$(( $(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status") / 1024 ))" \
-      "$(( $(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup") / 1024 ))"
-  done
+  print_measure "$work/measure"
+  echo "  (RSS counts pages shared by processes once per process; PSS shares them out)"
 }
-# pss KIND...: the PSS in KiB of the processes of those kinds in $work/after.
-pss() { awk -v kinds=" $* " 'index(kinds, " " $1 " ") { sum += $6 } END { print sum + 0 }' "$work/after"; }
+# kib COLUMN REGEX: the sum of a column of sample_node (5: RSS, 6: PSS) over
+# the processes whose names match REGEX, at the end of the last measure.
+kib() { awk -v c="$1" -v re="$2" '$1 ~ re { sum += $c } END { print sum + 0 }' "$work/measure.after"; }
+readonly core='^(kelp-.*|containerd)$' shims='^containerd-shim'
 measure "$IDLE" "idle ${IDLE}s"
 
 if [[ -n ${PODS:-} ]]; then
-  core_before=$(pss kelp ctrd) shims_before=$(pss shim)
+  core_before=$(kib 6 "$core") shims_before=$(kib 6 "$shims")
   want_pods=$PODS
   t0=$(now_ms)
   kubectl scale deployment/web --replicas="$PODS" >/dev/null
@@ -209,7 +164,7 @@ if [[ -n ${PODS:-} ]]; then
   printf '%s pods: scaled from 2, all Running after %ss\n' "$PODS" "$(secs $t_scale)"
   sleep 60
   measure 60 "$PODS pods, 60 s after all Running, over 60 s"
-  awk -v n=$(( PODS - 2 )) -v core="$(( $(pss kelp ctrd) - core_before ))" -v shims="$(( $(pss shim) - shims_before ))" \
+  awk -v n=$(( PODS - 2 )) -v core="$(( $(kib 6 "$core") - core_before ))" -v shims="$(( $(kib 6 "$shims") - shims_before ))" \
     'BEGIN { printf "  growth per added pod: kelp + containerd PSS %.2f MiB, shims PSS %.2f MiB\n", core / 1024 / n, shims / 1024 / n }'
   want_pods=2
   kubectl scale deployment/web --replicas=2 >/dev/null
@@ -226,7 +181,7 @@ if [[ -n ${SERVICES:-} ]]; then
     printf -- '- addresses: ["%s"]\n' "$2"
     for j in $(seq 2 10); do printf -- '- addresses: ["10.44.0.%d"]\n' "$j"; done
   }
-  core_before=$(pss kelp ctrd) rss_before=$(awk '$1 == "kelp" {s += $5} END {print s + 0}' "$work/after")
+  core_before=$(kib 6 "$core") rss_before=$(kib 5 '^kelp-')
   programmed() { grep -F 'msg="programmed Services"' "$work/first.log" | tail -1; }
   [[ $(programmed) =~ ports=([0-9]+) ]] || die "no \"programmed Services\" in kelp's log: is --debug in KELP_ARGS?"
   want_ports=$(( BASH_REMATCH[1] + SERVICES ))
@@ -242,7 +197,7 @@ if [[ -n ${SERVICES:-} ]]; then
   printf '%s Services x 10 endpoints: applied and programmed after %ss\n' "$SERVICES" "$(secs $t_services)"
   sleep 30
   measure 30 "$SERVICES Services, 30 s after, over 30 s"
-  awk -v n="$SERVICES" -v pss="$(( $(pss kelp ctrd) - core_before ))" -v rss="$(( $(awk '$1 == "kelp" {s += $5} END {print s + 0}' "$work/after") - rss_before ))" \
+  awk -v n="$SERVICES" -v pss="$(( $(kib 6 "$core") - core_before ))" -v rss="$(( $(kib 5 '^kelp-') - rss_before ))" \
     'BEGIN { printf "  growth per Service: kelp RSS %.1f KiB, kelp + containerd PSS %.1f KiB\n", rss / n, pss / n }'
   before_line=$(programmed)
   moved=$(( SERVICES / 2 ))

@@ -225,8 +225,8 @@ node_pids() {
 
 # sample_node NODE: one line per process of the node (node_pids): its name
 # (the program's; kelp-SUBCOMMAND for the kelp binary), pid, CPU ticks
-# (user + system), bytes written to storage (/proc/PID/io write_bytes), RSS
-# and PSS in KiB.
+# (user + system), bytes written to storage (/proc/PID/io write_bytes), RSS,
+# PSS and Referenced (smaps: pages touched since clear_refs) in KiB.
 sample_node() {
   local pid name stat argv
   for pid in $(node_pids "$1"); do
@@ -238,8 +238,52 @@ sample_node() {
     echo "$name $pid $(awk '{print $12 + $13}' <<<"$stat") \
 $(awk '$1 == "write_bytes:" {print $2}' "/proc/$pid/io" 2>/dev/null) \
 $(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status" 2>/dev/null) \
-$(awk '$1 == "Pss:" {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null)"
+$(awk '$1 == "Pss:" || $1 == "Referenced:" {printf "%s ", $2}' "/proc/$pid/smaps_rollup" 2>/dev/null)"
   done
+}
+
+# measure_node NODE SECONDS OUT: samples the node (sample_node) at both ends
+# of SECONDS and writes to OUT, for the processes alive at both ends, a line
+# per program and a TOTAL line:
+#   NAME PROCESSES RSS-MiB PSS-MiB CPU-%-OF-A-CORE WRITES-KiB/s WORKING-SET-MiB
+# The working set is the memory the processes touched in the window (smaps
+# Referenced, their referenced bits cleared at its start through
+# /proc/PID/clear_refs): RSS also holds pages touched once, e.g. at start,
+# which the kernel takes back first when memory runs short. The samples stay
+# in OUT.before and OUT.after.
+measure_node() {
+  local t0 elapsed pid
+  sample_node "$1" >"$3.before"
+  while read -r _ pid _; do echo 1 2>/dev/null >"/proc/$pid/clear_refs" || true; done <"$3.before"
+  t0=$(now_ms)
+  sleep "$2"
+  sample_node "$1" >"$3.after"
+  elapsed=$(( $(now_ms) - t0 ))
+  awk -v hz="$(getconf CLK_TCK)" -v s="$elapsed" '
+    NF < 7 { next }
+    NR == FNR { cpu[$2] = $3; wb[$2] = $4; next }
+    ($2 in cpu) {
+      k = $1; n[k]++; dcpu[k] += $3 - cpu[$2]; dwb[k] += $4 - wb[$2]; rss[k] += $5; pss[k] += $6; ws[k] += $7
+      n["TOTAL"]++; dcpu["TOTAL"] += $3 - cpu[$2]; dwb["TOTAL"] += $4 - wb[$2]; rss["TOTAL"] += $5; pss["TOTAL"] += $6; ws["TOTAL"] += $7
+    }
+    function line(k) {
+      return sprintf("%s %d %.1f %.1f %.3f %.3f %.1f", k, n[k], rss[k] / 1024, pss[k] / 1024,
+        100 * dcpu[k] / hz / (s / 1000), dwb[k] / 1024 / (s / 1000), ws[k] / 1024)
+    }
+    END {
+      for (k in n) if (k != "TOTAL") print line(k) | "sort"
+      close("sort")
+      print line("TOTAL")
+    }' "$3.before" "$3.after" >"$3"
+}
+
+# print_measure OUT: the figures of measure_node, a line per program and one
+# for the whole node, indented.
+print_measure() {
+  awk '{
+    printf "    %-26s %2d  RSS %5.0f MiB  PSS %5.0f MiB  CPU %5.2f%%  writes %7.2f KiB/s  working set %5.0f MiB\n",
+      ($1 == "TOTAL" ? "the whole node" : $1), $2, $3, $4, $5, $6, $7
+  }' "$1"
 }
 
 # end_node NODE: SIGKILL to what still runs in the node (stop its kelp with
