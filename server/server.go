@@ -181,10 +181,13 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		return err
 	}
 	if !single {
+		// In the background: it may wait for a lease to go unrenewed.
 		hostname, _ := os.Hostname()
-		if err := releaseOwnLeases(ctx, admin, hostname); err != nil {
-			log.WithError(err).Warn("the controller-manager and the scheduler wait for their previous leases to expire")
-		}
+		go func() {
+			if err := releaseOwnLeases(ctx, admin, hostname, leaseHolderGone); err != nil && ctx.Err() == nil {
+				log.WithError(err).Warn("the controller-manager and the scheduler wait for their previous leases to expire")
+			}
+		}()
 	}
 	if err := g.Start(controllermanager.Start(controllermanager.Config{
 		Kubeconfig:     paths.ControllerManagerKubeconfig,

@@ -203,6 +203,10 @@ type Datastore struct {
 	stopping  chan struct{}
 	done      chan struct{} // closed when stopped, after closeErr is set
 	closeErr  error
+
+	// joins serializes Members.AddLearner: two servers asking at once
+	// would both find no learner and both be added.
+	joins sync.Mutex
 }
 
 // Start launches the datastore described by cfg and returns once it has

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -19,8 +20,8 @@ var (
 	// ErrMemberTaken is a join under a name or peer address that a
 	// started member already has.
 	ErrMemberTaken = errors.New("already a member")
-	// ErrJoinInProgress is a join while another added member has not
-	// started yet: etcd adds one learner at a time.
+	// ErrJoinInProgress is a join while another added member is still a
+	// learner: etcd adds one learner at a time.
 	ErrJoinInProgress = errors.New("another server is joining")
 )
 
@@ -31,7 +32,8 @@ const learnerCheckInterval = 10 * time.Second
 // Members changes the membership of the embedded etcd cluster through this
 // server's member. Each call opens its own client: joins and removals are rare.
 type Members struct {
-	be Backend
+	be    Backend
+	joins *sync.Mutex
 }
 
 // Members returns the membership of the embedded etcd cluster, or nil when
@@ -40,7 +42,7 @@ func (d *Datastore) Members() *Members {
 	if d.backend.Kind != KindEtcd {
 		return nil
 	}
-	return &Members{be: d.Backend()}
+	return &Members{be: d.Backend(), joins: &d.joins}
 }
 
 func (m *Members) client() (*clientv3.Client, error) {
@@ -56,6 +58,8 @@ func (m *Members) client() (*clientv3.Client, error) {
 // that was added but never started (it failed before its etcd ran) gets
 // its place back.
 func (m *Members) AddLearner(ctx context.Context, name, peerURL string) (initialCluster string, err error) {
+	m.joins.Lock()
+	defer m.joins.Unlock()
 	cli, err := m.client()
 	if err != nil {
 		return "", err
@@ -65,24 +69,47 @@ func (m *Members) AddLearner(ctx context.Context, name, peerURL string) (initial
 	if err != nil {
 		return "", fmt.Errorf("list etcd members: %w", err)
 	}
-	for _, mem := range list.Members {
-		ownURL := slices.Contains(mem.PeerURLs, peerURL)
-		switch {
-		case ownURL && mem.Name == "":
-			return initialClusterOf(list.Members, mem.ID, name), nil
-		case ownURL:
-			return "", fmt.Errorf("%w: the peer address %s is server %q's", ErrMemberTaken, peerURL, mem.Name)
-		case mem.Name == name:
-			return "", fmt.Errorf("%w: a server named %q is", ErrMemberTaken, name)
-		case mem.Name == "":
-			return "", fmt.Errorf("%w (peer address %s)", ErrJoinInProgress, strings.Join(mem.PeerURLs, ","))
-		}
+	switch id, err := placeFor(list.Members, name, peerURL); {
+	case err != nil:
+		return "", err
+	case id != 0:
+		return initialClusterOf(list.Members, id, name), nil
 	}
 	added, err := cli.MemberAddAsLearner(ctx, []string{peerURL})
 	if err != nil {
 		return "", fmt.Errorf("add etcd learner %s: %w", peerURL, err)
 	}
 	return initialClusterOf(added.Members, added.Member.ID, name), nil
+}
+
+// placeFor says whether the server named name at peerURL may be added to
+// members: the id of its own unstarted member to start as, 0 to add it, or
+// why not. etcd takes one learner at a time and checks that only when it
+// applies the addition: a refused addition stays in its log, and a member
+// that replays it after a restart dials the refused id at the peer address
+// for as long as it runs. So another learner, started or not, makes the
+// server wait until it has been promoted.
+func placeFor(members []*pb.Member, name, peerURL string) (uint64, error) {
+	for _, mem := range members {
+		ownURL := slices.Contains(mem.PeerURLs, peerURL)
+		switch {
+		case ownURL && mem.Name == "":
+			return mem.ID, nil
+		case ownURL:
+			return 0, fmt.Errorf("%w: the peer address %s is server %q's", ErrMemberTaken, peerURL, mem.Name)
+		case mem.Name == name:
+			return 0, fmt.Errorf("%w: a server named %q is", ErrMemberTaken, name)
+		}
+	}
+	for _, mem := range members {
+		switch {
+		case mem.Name == "":
+			return 0, fmt.Errorf("%w (peer address %s)", ErrJoinInProgress, strings.Join(mem.PeerURLs, ","))
+		case mem.IsLearner:
+			return 0, fmt.Errorf("%w (server %q is not promoted yet; if it never comes back, remove it with `kelp etcdctl member remove %x` on a server)", ErrJoinInProgress, mem.Name, mem.ID)
+		}
+	}
+	return 0, nil
 }
 
 // initialClusterOf spells the members as etcd's --initial-cluster, naming

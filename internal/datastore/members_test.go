@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
 
 // A second member joins as a learner, is promoted once it has caught up,
@@ -67,4 +69,62 @@ func TestEtcdMembers(t *testing.T) {
 	}
 	stopWithin(t, joined, 30*time.Second)
 	put(t, first.Backend(), "/registry/test/b", "two")
+}
+
+// A server gets a place while no other is a learner: etcd refuses a second
+// learner only when it applies the addition, and a member that replays
+// the refused addition after a restart dials its id for as long as it runs.
+func TestPlaceFor(t *testing.T) {
+	voter := &pb.Member{ID: 1, Name: "node-1", PeerURLs: []string{"https://10.0.0.1:2380"}}
+	unstarted := &pb.Member{ID: 2, PeerURLs: []string{"https://10.0.0.2:2380"}, IsLearner: true}
+	learner := &pb.Member{ID: 3, Name: "node-3", PeerURLs: []string{"https://10.0.0.3:2380"}, IsLearner: true}
+	for _, tc := range []struct {
+		what    string
+		members []*pb.Member
+		name    string
+		peer    string
+		wantID  uint64
+		wantErr error
+	}{
+		{"a new server beside voters", []*pb.Member{voter}, "node-4", "https://10.0.0.4:2380", 0, nil},
+		{"the unstarted server itself", []*pb.Member{voter, unstarted}, "node-2", "https://10.0.0.2:2380", 2, nil},
+		{"another server while one is unstarted", []*pb.Member{voter, unstarted}, "node-4", "https://10.0.0.4:2380", 0, ErrJoinInProgress},
+		{"another server while one is a started learner", []*pb.Member{voter, learner}, "node-4", "https://10.0.0.4:2380", 0, ErrJoinInProgress},
+		{"a voter's name", []*pb.Member{voter, learner}, "node-1", "https://10.0.0.4:2380", 0, ErrMemberTaken},
+		{"a learner's peer address", []*pb.Member{voter, learner}, "node-4", "https://10.0.0.3:2380", 0, ErrMemberTaken},
+	} {
+		id, err := placeFor(tc.members, tc.name, tc.peer)
+		if id != tc.wantID || !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+			t.Errorf("%s: placeFor = %d, %v; want %d, %v", tc.what, id, err, tc.wantID, tc.wantErr)
+		}
+	}
+}
+
+// Servers that ask to join at once get one place: the others wait, and
+// etcd never sees a second learner it would refuse only when it applies it.
+func TestAddLearnerOneAtATime(t *testing.T) {
+	tls := etcdTestTLS(t)
+	first := startReady(t, etcdTestConfig(t, t.TempDir(), tls))
+	members := first.Members()
+	errs := make(chan error, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range cap(errs) {
+		go func() {
+			_, err := members.AddLearner(ctx, fmt.Sprintf("node-%d", i+2), fmt.Sprintf("https://127.0.0.%d:2380", i+2))
+			errs <- err
+		}()
+	}
+	added := 0
+	for range cap(errs) {
+		switch err := <-errs; {
+		case err == nil:
+			added++
+		case !errors.Is(err, ErrJoinInProgress):
+			t.Errorf("a server joining beside another: %v, want ErrJoinInProgress", err)
+		}
+	}
+	if added != 1 {
+		t.Errorf("%d servers added at once, want 1", added)
+	}
 }

@@ -48,6 +48,7 @@ func TestLab(t *testing.T) {
 		if got := rootMounts(t); !slices.Equal(got, mounts) {
 			t.Errorf("mounts of the machine's namespace changed from %v to %v", mounts, got)
 		}
+		checkHostnames(t, append(nodes, single))
 		checkTCP(t, nodes)
 		checkUDP(t, nodes)
 		checkVXLAN(t, nodes[0], nodes[1])
@@ -432,4 +433,17 @@ func comm(pid int) string {
 func atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
+}
+
+// checkHostnames checks that each node's hostname is its name, as on
+// machines of their own: upstream derives leader election and apiserver
+// identities from it.
+func checkHostnames(t *testing.T, nodes []*Node) {
+	t.Helper()
+	for _, n := range nodes {
+		out, err := n.Command("cat", "/proc/sys/kernel/hostname").CombinedOutput()
+		if got := strings.TrimSpace(string(out)); err != nil || got != n.Name {
+			t.Errorf("hostname of node %s: %q, %v; want %q", n.Name, got, err, n.Name)
+		}
+	}
 }

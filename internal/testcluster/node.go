@@ -124,10 +124,10 @@ func newNode(t *testing.T, name, ip string) *Node {
 }
 
 // makeNamespaces makes the node's cgroup subtree and starts its holder in
-// new network, mount and cgroup namespaces: loopback up, then network (the
-// shell commands that set up the node's interfaces), private mounts over
-// privateDirs and the node's view of the cgroups. It registers the node's
-// cleanup.
+// new network, mount, cgroup and UTS namespaces: the node's name as its
+// hostname, loopback up, then network (the shell commands that set up the
+// node's interfaces), private mounts over privateDirs and the node's view
+// of the cgroups. It registers the node's cleanup.
 func (n *Node) makeNamespaces(network ...string) {
 	t := n.t
 	t.Helper()
@@ -145,12 +145,16 @@ func (n *Node) makeNamespaces(network ...string) {
 	if _, err := os.Stat("/run/systemd/system"); err == nil {
 		dirs = append(slices.Clone(dirs), "/run/systemd")
 	}
-	setup := append([]string{"ip link set lo up"}, network...)
+	// Each node has a hostname of its own, as machines do: upstream
+	// derives identities from it (the controller-manager's and the
+	// scheduler's leader election, the apiserver's identity lease), and
+	// kelp frees the leader leases held under its hostname when it starts.
+	setup := append([]string{"echo " + n.Name + " > /proc/sys/kernel/hostname", "ip link set lo up"}, network...)
 	setup = append(setup, privateMounts(t, dirs)...)
 	setup = append(setup, n.cgroups.mountScript()...)
 	// The holder joins the node's cgroups before it makes its cgroup
 	// namespace, whose root they become.
-	n.holder = joinCgroups(n.cgroups.rootProcs(), "unshare", "--net", "--mount", "--cgroup", "--propagation", "private", "sh", "-c", holderScript(setup))
+	n.holder = joinCgroups(n.cgroups.rootProcs(), "unshare", "--net", "--mount", "--cgroup", "--uts", "--propagation", "private", "sh", "-c", holderScript(setup))
 	if err := startHolder(n.holder); err != nil {
 		t.Fatalf("set up namespaces of node %s: %v", n.Name, err)
 	}
@@ -245,7 +249,7 @@ func (n *Node) CommandAs(uid, gid int, name string, args ...string) *exec.Cmd {
 }
 
 func (n *Node) command(opts []string, name string, args ...string) *exec.Cmd {
-	nsenter := []string{nsenterPath(), "--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount", "--cgroup"}
+	nsenter := []string{nsenterPath(), "--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount", "--cgroup", "--uts"}
 	// Entering a cgroup namespace moves no process: the command joins the
 	// node's cgroups first, or it would run outside the node's view.
 	nsenter = append(append(nsenter, opts...), "--", name)
