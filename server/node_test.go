@@ -511,6 +511,19 @@ func TestNode(t *testing.T) {
 		}
 	})
 
+	t.Run("the kubelet's CSINode", func(t *testing.T) {
+		// Upstream's CSI volume plugin keeps the node it serves in a
+		// package variable, which the controller-manager's volume
+		// controllers overwrite with no node: the kubelet's must come last
+		// (controllermanager.builtCheck), or its CSINode is never made.
+		csiNode, err := c.StorageV1().CSINodes().Get(context.Background(), n.Name, metav1.GetOptions{})
+		if err != nil || csiNode.Annotations["storage.alpha.kubernetes.io/migrated-plugins"] == "" {
+			t.Errorf("the kubelet did not initialize the node's CSINode: %v", err)
+		}
+		if n.Logged("Failed to initialize CSINode") {
+			t.Error("the kubelet failed to initialize the node's CSINode at least once")
+		}
+	})
 	t.Run("restart keeps containers", func(t *testing.T) {
 		before := containerIDs(t, c)
 		n.Stop()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -137,6 +138,12 @@ func (r *Running) Stop(ctx context.Context) error {
 // http) must answer 200 OK. The
 // answer otherwise is part of the error, so a user sees why.
 func GetOK(url string, tlsConfig *tls.Config) func(context.Context) error {
+	return GetOKWith(url, tlsConfig, "")
+}
+
+// GetOKWith is GetOK whose answer must also hold line, a whole line of it
+// (e.g. a check of a verbose /healthz); any line when line is "".
+func GetOKWith(url string, tlsConfig *tls.Config, line string) func(context.Context) error {
 	client := &http.Client{
 		Timeout:   2 * time.Second,
 		Transport: &http.Transport{TLSClientConfig: tlsConfig, DisableKeepAlives: true},
@@ -151,11 +158,14 @@ func GetOK(url string, tlsConfig *tls.Config) func(context.Context) error {
 			return err
 		}
 		defer resp.Body.Close()
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		if resp.StatusCode == http.StatusOK {
-			return nil
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		switch {
+		case resp.StatusCode != http.StatusOK:
+			return fmt.Errorf("%s: %s", resp.Status, lastLines(string(body), 3))
+		case line != "" && !slices.Contains(strings.Split(string(body), "\n"), line):
+			return fmt.Errorf("no %q yet in the answer", line)
 		}
-		return fmt.Errorf("%s: %s", resp.Status, lastLines(string(body), 3))
+		return nil
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -90,6 +91,23 @@ func TestReadyWhenGetOK(t *testing.T) {
 	}
 	if err := never.NotReady(); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("the probe's last answer must say why: %v", err)
+	}
+}
+
+// GetOKWith waits for a line in the answer, not a part of one: a check
+// registered later on a verbose /healthz.
+func TestGetOKWith(t *testing.T) {
+	var body atomic.Value
+	body.Store("[+]ping ok\n[+]serviceaccount-token-controller-x ok\nhealthz check passed\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(body.Load().(string))) }))
+	defer srv.Close()
+	probe := GetOKWith(srv.URL, nil, "[+]serviceaccount-token-controller ok")
+	if err := probe(context.Background()); err == nil {
+		t.Error("ready before the line was there")
+	}
+	body.Store("[+]ping ok\n[+]serviceaccount-token-controller ok\nhealthz check passed\n")
+	if err := probe(context.Background()); err != nil {
+		t.Errorf("not ready with the line there: %v", err)
 	}
 }
 

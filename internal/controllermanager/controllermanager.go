@@ -13,6 +13,7 @@ import (
 	"k8s.io/component-base/logs"
 	"k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	"k8s.io/kubernetes/cmd/kube-controller-manager/app/options"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/names"
 
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/kubeargs"
@@ -103,8 +104,26 @@ func Start(cfg Config) (*component.Running, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube-controller-manager config: %w", err)
 	}
-	healthz := "https://127.0.0.1:" + securePort + "/healthz"
+	healthz := "https://127.0.0.1:" + securePort + "/healthz?verbose"
 	return component.Go("kube-controller-manager", func(ctx context.Context) error {
 		return app.Run(ctx, c.Complete())
-	}, component.ReadyWhen(component.GetOK(healthz, &tls.Config{InsecureSkipVerify: true}))), nil
+	}, component.ReadyWhen(component.GetOKWith(healthz, &tls.Config{InsecureSkipVerify: true}, builtCheck(cfg.LeaderElection)))), nil
+}
+
+// builtCheck is the line of the controller-manager's verbose /healthz that
+// makes it ready: without leader election, the check of the controller it
+// builds first. It registers every controller's check at once, after
+// building them all, and building initializes their volume plugins. So the
+// kubelet, which kelp starts after, initializes upstream's CSI volume
+// plugin last: the plugin keeps the node it serves in a package variable
+// that every initialization overwrites, and the controllers' have no node
+// (k8s.io/kubernetes/pkg/volume/csi, csi_plugin.go). The kubelet's CSINode
+// would otherwise fail to initialize and CSI drivers fail to register.
+// With leader election the controllers are built whenever this server
+// leads, which nothing can wait for: "", any answer.
+func builtCheck(leaderElection bool) string {
+	if leaderElection {
+		return ""
+	}
+	return "[+]" + names.ServiceAccountTokenController + " ok"
 }
