@@ -181,13 +181,18 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 		return err
 	}
 	if !single {
-		// In the background: it may wait for a lease to go unrenewed.
+		// A piece of its own, since it may wait for a lease to go
+		// unrenewed; it then idles until the server stops.
 		hostname, _ := os.Hostname()
-		go func() {
+		if err := g.Go("leader leases", func(ctx context.Context) error {
 			if err := releaseOwnLeases(ctx, admin, hostname, leaseHolderGone); err != nil && ctx.Err() == nil {
 				log.WithError(err).Warn("the controller-manager and the scheduler wait for their previous leases to expire")
 			}
-		}()
+			<-ctx.Done()
+			return nil
+		}); err != nil {
+			return err
+		}
 	}
 	if err := g.Start(controllermanager.Start(controllermanager.Config{
 		Kubeconfig:     paths.ControllerManagerKubeconfig,
