@@ -39,65 +39,65 @@ type Credentials struct {
 	Files  pki.NodeFiles
 }
 
-// Start adds the node's pieces to g, in order, and returns once the
-// kubelet is ready; ctx bounds the steps between the pieces.
-func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged embed.Staged, creds Credentials) error {
+// Start adds the node's pieces to g, in order, and returns the kubelet once
+// it is ready; ctx bounds the steps between the pieces.
+func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged embed.Staged, creds Credentials) (*kubelet.Kubelet, error) {
 	host := hostcheck.Host{Root: "/"}
 	if cfg.ProtectKernelDefaults {
 		if err := host.CheckKernelDefaults(); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	p := layout.Agent(cfg.DataDir)
 	for _, d := range []string{p.Dir, p.BinDir, p.ImagesDir, p.ContainerdRoot, cfg.PodManifests, layout.RunDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return fmt.Errorf("create %s: %w", d, err)
+			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("find the kelp binary: %w", err)
+		return nil, fmt.Errorf("find the kelp binary: %w", err)
 	}
 	if err := linkTools(p.BinDir, self); err != nil {
-		return err
+		return nil, err
 	}
 	systemd := systemdCgroups(host)
 	ccfg, err := containerdConfig(cfg, p, staged, systemd)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := containerd.WriteConfig(p.ContainerdConfig, ccfg); err != nil {
-		return err
+		return nil, err
 	}
 	env := append(os.Environ(), "PATH="+p.BinDir+":"+staged.BinDir+":"+os.Getenv("PATH"))
 	if err := g.Start(containerd.Supervise(filepath.Join(staged.BinDir, "containerd"), p.ContainerdConfig, p.ContainerdLog, env)); err != nil {
-		return err
+		return nil, err
 	}
 	images, err := startImages(ctx, ccfg, staged, p)
 	if err := g.Start(images, err); err != nil {
-		return err
+		return nil, err
 	}
 
 	if err := cni.EnableForwarding(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := cni.EnsureMasquerade(cfg.ClusterCIDR); err != nil {
-		return err
+		return nil, err
 	}
 	// Before any client is made: a test's short-lived certificates make the
 	// clients look for renewed ones more often.
 	if err := startCertRenewal(g, cfg, creds); err != nil {
-		return err
+		return nil, err
 	}
 	clients, err := writeClients(p, creds)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Services work before the kubelet starts pods that use them.
 	if err := g.Go("service proxy", func(ctx context.Context) error {
 		return proxy.Run(ctx, clients.proxy, proxy.Config{ClusterCIDR: cfg.ClusterCIDR, ClusterDNS: cfg.ClusterDNS, NodeName: cfg.NodeName, Pods: clients.kubelet})
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	if !cfg.DisableDNS {
 		if err := g.Start(dns.Start(dns.Config{
@@ -107,35 +107,35 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 			ResolvConf: hostResolvConf(),
 			Corefile:   p.Corefile,
 		}, clients.dns)); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if cfg.DisableNetworkPolicy {
 		// Policies enforced before the user turned enforcement off would
 		// stay in force forever.
 		if err := removeNetworkPolicies(); err != nil {
-			return err
+			return nil, err
 		}
 	} else if err := g.Go("network policy", func(ctx context.Context) error {
 		return netpol.Run(ctx, clients.controller, netpol.Config{NodeName: cfg.NodeName})
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	if err := startLocalStorage(g, cfg, clients.controller); err != nil {
-		return err
+		return nil, err
 	}
 	ocfg := overlay.Config{Backend: cfg.Overlay, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.OverlayIface, ClusterCIDR: cfg.ClusterCIDR}
 	if err := ocfg.Validate(); err != nil {
-		return fmt.Errorf("overlay: %w", err)
+		return nil, fmt.Errorf("overlay: %w", err)
 	}
 	mtu, err := overlay.MTU(ocfg)
 	if err != nil {
-		return fmt.Errorf("overlay: %w", err)
+		return nil, fmt.Errorf("overlay: %w", err)
 	}
 	if err := g.Go("overlay", func(ctx context.Context) error {
 		return overlay.Run(ctx, clients.controller, ocfg)
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	// The pod network follows the node's pod CIDR, which the node gets
 	// once its kubelet has registered it.
@@ -154,7 +154,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		<-ctx.Done()
 		return nil
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	kcfg := kubelet.Config{
 		NodeName:              cfg.NodeName,
@@ -176,9 +176,13 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		ExtraArgs:             cfg.KubeletArgs,
 	}
 	if err := kubelet.WriteConfigFile(kcfg); err != nil {
-		return err
+		return nil, err
 	}
-	return g.Start(kubelet.Start(kcfg))
+	k, err := kubelet.Start(kcfg)
+	if err := g.Start(k, err); err != nil {
+		return nil, err
+	}
+	return k, nil
 }
 
 // clients are the node's API clients, one per identity.

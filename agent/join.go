@@ -92,7 +92,7 @@ func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 		return err
 	}
 	began := time.Now()
-	if err := Start(ctx, g, node, staged, Credentials{Server: "https://" + lb.Addr(), Files: files}); err != nil {
+	if _, err := Start(ctx, g, node, staged, Credentials{Server: "https://" + lb.Addr(), Files: files}); err != nil {
 		return err
 	}
 	// The load balancer learns of servers added later from the cluster.

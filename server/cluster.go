@@ -62,8 +62,13 @@ func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
 	if tok.User != token.ServerUser {
 		return joined{}, errors.New("--token is an agent token, which joins agents only: a server joins with the server token, from <data-dir>/server/token on a server of the cluster")
 	}
+	hostname, err := os.Hostname()
+	if err != nil {
+		return joined{}, fmt.Errorf("this machine's hostname: %w", err)
+	}
 	req := joinapi.ServerJoinRequest{
 		Name:          cfg.NodeName,
+		Hostname:      hostname,
 		ClusterCIDR:   cfg.ClusterCIDR.String(),
 		ServiceCIDR:   cfg.ServiceCIDR.String(),
 		ClusterDomain: cfg.ClusterDomain,

@@ -515,7 +515,7 @@ func TestNode(t *testing.T) {
 		// Upstream's CSI volume plugin keeps the node it serves in a
 		// package variable, which the controller-manager's volume
 		// controllers overwrite with no node: the kubelet's must come last
-		// (controllermanager.builtCheck), or its CSINode is never made.
+		// (controllermanager.Built), or its CSINode is never made.
 		csiNode, err := c.StorageV1().CSINodes().Get(context.Background(), n.Name, metav1.GetOptions{})
 		if err != nil || csiNode.Annotations["storage.alpha.kubernetes.io/migrated-plugins"] == "" {
 			t.Errorf("the kubelet did not initialize the node's CSINode: %v", err)

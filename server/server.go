@@ -247,8 +247,14 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if cfg.DisableAgent {
 		return nil
 	}
-	if err := agent.Start(ctx, g, cfg.Agent(), staged, agent.Credentials{Server: url, Files: certs.Node()}); err != nil {
+	k, err := agent.Start(ctx, g, cfg.Agent(), staged, agent.Credentials{Server: url, Files: certs.Node()})
+	if err != nil {
 		return err
+	}
+	if !single {
+		if err := g.Go("CSI plugin", func(ctx context.Context) error { return reinitializeCSIPlugin(ctx, k) }); err != nil {
+			return err
+		}
 	}
 	log.WithFields(logrus.Fields{"node": cfg.NodeName, "took": time.Since(began).Round(time.Millisecond)}).Info("kelp node is running")
 	return nil

@@ -73,9 +73,7 @@ func Args(cfg Config) []string {
 
 // Start parses the flags Args(cfg) the way the kube-controller-manager
 // command does and runs it (see apiserver.Start for why not the cobra
-// command). It is ready once its /healthz answers ok; the serving
-// certificate is self-signed in memory and only loopback is probed, so it
-// is not verified.
+// command). When it is ready, see Built.
 func Start(cfg Config) (*component.Running, error) {
 	s, err := options.NewKubeControllerManagerOptions()
 	if err != nil {
@@ -104,26 +102,38 @@ func Start(cfg Config) (*component.Running, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube-controller-manager config: %w", err)
 	}
-	healthz := "https://127.0.0.1:" + securePort + "/healthz?verbose"
+	ready := Built()
+	if cfg.LeaderElection {
+		ready = component.GetOK(healthz, insecure())
+	}
 	return component.Go("kube-controller-manager", func(ctx context.Context) error {
 		return app.Run(ctx, c.Complete())
-	}, component.ReadyWhen(component.GetOKWith(healthz, &tls.Config{InsecureSkipVerify: true}, builtCheck(cfg.LeaderElection)))), nil
+	}, component.ReadyWhen(ready)), nil
 }
 
-// builtCheck is the line of the controller-manager's verbose /healthz that
-// makes it ready: without leader election, the check of the controller it
-// builds first. It registers every controller's check at once, after
-// building them all, and building initializes their volume plugins. So the
-// kubelet, which kelp starts after, initializes upstream's CSI volume
-// plugin last: the plugin keeps the node it serves in a package variable
-// that every initialization overwrites, and the controllers' have no node
-// (k8s.io/kubernetes/pkg/volume/csi, csi_plugin.go). The kubelet's CSINode
-// would otherwise fail to initialize and CSI drivers fail to register.
-// With leader election the controllers are built whenever this server
-// leads, which nothing can wait for: "", any answer.
-func builtCheck(leaderElection bool) string {
-	if leaderElection {
-		return ""
-	}
-	return "[+]" + names.ServiceAccountTokenController + " ok"
+// healthz is the controller-manager's verbose health check.
+const healthz = "https://127.0.0.1:" + securePort + "/healthz?verbose"
+
+// insecure is how healthz is probed: the serving certificate is
+// self-signed in memory and only loopback is probed, so it is not
+// verified.
+func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
+
+// Built is a probe that succeeds once the controller-manager has built its
+// controllers: its verbose /healthz lists the check of the one it builds
+// first, as it registers every controller's check at once, after building
+// them all. Building them initializes their volume plugins, upstream's CSI
+// plugin among them, which keeps the node it serves in a package variable
+// that every initialization overwrites; the controllers' have no node
+// (k8s.io/kubernetes/pkg/volume/csi, csi_plugin.go). A kubelet in the same
+// process initializes its plugin after that, or again (package kubelet),
+// or its CSINode fails to initialize and CSI drivers fail to register.
+//
+// Without leader election the controllers are built at start, and the
+// controller-manager is ready only once they are, so that the kubelet,
+// which kelp starts after, initializes the plugin last. With leader
+// election they are built whenever this server starts leading, which
+// nothing can wait for: it is ready on any answer.
+func Built() func(context.Context) error {
+	return component.GetOKWith(healthz, insecure(), "[+]"+names.ServiceAccountTokenController+" ok")
 }

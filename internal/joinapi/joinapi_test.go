@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -39,6 +40,8 @@ func testJoinAPI(t *testing.T, objects ...any) (*joinAPI, *fake.Clientset) {
 		case *corev1.Node:
 			_ = client.Tracker().Add(o)
 		case *corev1.Secret:
+			_ = client.Tracker().Add(o)
+		case *coordinationv1.Lease:
 			_ = client.Tracker().Add(o)
 		}
 	}

@@ -10,8 +10,11 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/kelp-dev/kelp/internal/datastore"
@@ -31,6 +34,10 @@ type Members interface {
 // server must share are checked by the server it joins through.
 type ServerJoinRequest struct {
 	Name string `json:"name"`
+	// Hostname is the joining machine's. Each server needs its own:
+	// upstream derives the apiserver's identity and the leader-election
+	// identities from it. Empty from a kelp that did not send it.
+	Hostname string `json:"hostname,omitempty"`
 	// PeerURL is where etcd peers reach the new member; empty when it
 	// runs on an external datastore.
 	PeerURL       string `json:"peerURL"`
@@ -135,6 +142,9 @@ func (s *joinAPI) admitServer(ctx context.Context, req ServerJoinRequest) (Serve
 	if len(diffs) > 0 {
 		return ServerJoinResponse{}, fmt.Errorf("%w: start it with %s", errSettings, strings.Join(diffs, ", "))
 	}
+	if err := s.hostnameFree(ctx, req.Hostname); err != nil {
+		return ServerJoinResponse{}, err
+	}
 	authorities, err := pki.ReadAuthorities(s.cfg.Certs)
 	if err != nil {
 		return ServerJoinResponse{}, fmt.Errorf("%w: %v", errUnavailable, err)
@@ -163,6 +173,45 @@ func (s *joinAPI) admitServer(ctx context.Context, req ServerJoinRequest) (Serve
 	}
 	return resp, nil
 }
+
+// hostnameHeld is how long after its apiserver's last renewal of its
+// identity lease (every 10 s) a server still holds its hostname.
+const hostnameHeld = 30 * time.Second
+
+// hostnameFree refuses a hostname that a running server has: the two
+// would take each other's leader leases, and their apiservers would
+// overwrite one identity lease.
+func (s *joinAPI) hostnameFree(ctx context.Context, hostname string) error {
+	if hostname == "" {
+		return nil
+	}
+	c, err := s.kube()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUnavailable, err)
+	}
+	leases, err := c.CoordinationV1().Leases(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: apiserverIdentity})
+	if err != nil {
+		return fmt.Errorf("%w: list the apiservers' identity leases: %v", errUnavailable, err)
+	}
+	for _, l := range leases.Items {
+		if l.Labels[corev1.LabelHostname] != hostname || l.Spec.RenewTime == nil {
+			continue
+		}
+		if ago := time.Since(l.Spec.RenewTime.Time); ago < hostnameHeld {
+			return fmt.Errorf("%w: a server with the hostname %q runs already (its apiserver renewed its identity %s ago): "+
+				"give this machine a hostname of its own (hostnamectl set-hostname NAME, or /etc/hostname) and start it again; "+
+				"if that server was this machine, start again in %s",
+				errHostnameTaken, hostname, ago.Round(time.Second), hostnameHeld)
+		}
+	}
+	return nil
+}
+
+// apiserverIdentity selects the identity leases of kube-apiservers.
+const apiserverIdentity = "apiserver.kubernetes.io/identity=kube-apiserver"
+
+// errHostnameTaken is a joining server whose hostname another runs with.
+var errHostnameTaken = errors.New("hostname taken")
 
 // memberError says what to do about a refused etcd member.
 func (s *joinAPI) memberError(name string, err error) error {

@@ -11,6 +11,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kelp-dev/kelp/internal/datastore"
 )
@@ -97,6 +101,50 @@ func TestServerJoin(t *testing.T) {
 			}
 			if tc.datastore == datastore.KindEtcd && resp.InitialCluster != "server=https://10.0.0.1:2380,server-2=https://10.0.0.2:2380" {
 				t.Errorf("initial cluster %q", resp.InitialCluster)
+			}
+		})
+	}
+}
+
+// identityLease is the identity lease of a kube-apiserver on hostname,
+// last renewed at renewed.
+func identityLease(name, hostname string, renewed time.Time) *coordinationv1.Lease {
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", Labels: map[string]string{
+			"apiserver.kubernetes.io/identity": "kube-apiserver",
+			"kubernetes.io/hostname":           hostname,
+		}},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: renewed}},
+	}
+}
+
+func TestServerJoinHostname(t *testing.T) {
+	running := identityLease("apiserver-a", "pi", time.Now())
+	gone := identityLease("apiserver-b", "old-pi", time.Now().Add(-5*time.Minute))
+	for _, tc := range []struct {
+		name     string
+		hostname string
+		want     int
+		wantText string
+	}{
+		{"a running server's", "pi", http.StatusConflict, "hostname of its own"},
+		{"a stopped server's", "old-pi", http.StatusOK, ""},
+		{"its own", "pi-2", http.StatusOK, ""},
+		{"not sent, by an older kelp", "", http.StatusOK, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := testJoinAPI(t, running, gone)
+			s.cfg.Agent = AgentConfig{ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
+			s.cfg.Datastore = datastore.KindEtcd
+			members := &fakeMembers{}
+			s.cfg.Members = members
+			req := ServerJoinRequest{Name: "server-2", Hostname: tc.hostname, PeerURL: "https://10.0.0.2:2380", ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
+			w := serverJoinAs(s, "server:server-secret", req)
+			if w.Code != tc.want || !strings.Contains(w.Body.String(), tc.wantText) {
+				t.Fatalf("status %d %q, want %d with %q", w.Code, w.Body.String(), tc.want, tc.wantText)
+			}
+			if tc.want != http.StatusOK && len(members.added) > 0 {
+				t.Errorf("a refused join added the learner %v", members.added)
 			}
 		})
 	}

@@ -133,11 +133,28 @@ func WriteConfigFile(cfg Config) error {
 	return nil
 }
 
+// Kubelet is a running kubelet.
+type Kubelet struct {
+	*component.Running
+
+	csi *csiPlugin
+}
+
+// ReinitializeCSIPlugin puts the kubelet's node back into upstream's CSI
+// volume plugin, after a controller-manager in this process has built its
+// controllers and so initialized the plugin with no node (see csiPlugin).
+func (k *Kubelet) ReinitializeCSIPlugin() error {
+	if k.csi == nil {
+		return nil
+	}
+	return k.csi.reinitialize()
+}
+
 // Start parses the flags Args(cfg) the way the kubelet command does and
 // runs it; it is ready once its /healthz answers ok. It does not use the
 // cobra command, which installs a process-wide signal handler and
 // reconfigures logging (see apiserver.Start).
-func Start(cfg Config) (*component.Running, error) {
+func Start(cfg Config) (*Kubelet, error) {
 	// The kubelet keeps what its set-up builds, so it gets no deadline.
 	ctx := context.Background()
 	args := Args(cfg)
@@ -181,10 +198,15 @@ func Start(cfg Config) (*component.Running, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubelet dependencies: %w", err)
 	}
+	k := &Kubelet{csi: newCSIPlugin(deps.VolumePlugins)}
+	if k.csi != nil {
+		deps.VolumePlugins = append(deps.VolumePlugins, k.csi)
+	}
 	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", HealthzPort)
-	return component.Go("kubelet", func(ctx context.Context) error {
+	k.Running = component.Go("kubelet", func(ctx context.Context) error {
 		return app.Run(ctx, server, deps, utilfeature.DefaultFeatureGate)
-	}, component.ReadyWhen(component.GetOK(healthz, nil))), nil
+	}, component.ReadyWhen(component.GetOK(healthz, nil)))
+	return k, nil
 }
 
 func loadConfigFile(ctx context.Context, path string) (*kubeletconfiginternal.KubeletConfiguration, error) {

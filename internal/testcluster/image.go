@@ -50,26 +50,38 @@ func BuildTestImage(t *testing.T, name string) string {
 // its path.
 func buildTestImage(t *testing.T, name string) string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		t.Fatalf("find the repository: %v", err)
-	}
-	repo := strings.TrimSpace(string(out))
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "testapp")
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./internal/testcluster/testapp")
-	build.Dir = repo
-	build.Env = append(build.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build testapp: %v\n%s", err, out)
-	}
-	tar := filepath.Join(dir, "testapp.tar")
+	bin := BuildCommand(t, "testapp")
+	tar := filepath.Join(filepath.Dir(bin), "testapp.tar")
 	pack := exec.Command("go", "run", "./mkimage", "-binary", bin, "-path", "/testapp", "-name", name, "-arch", runtime.GOARCH, "-out", tar)
-	pack.Dir = filepath.Join(repo, "scripts", "bundle")
+	pack.Dir = filepath.Join(repository(t), "scripts", "bundle")
 	if out, err := pack.CombinedOutput(); err != nil {
 		t.Fatalf("pack testapp image: %v\n%s", err, out)
 	}
 	return tar
+}
+
+// BuildCommand builds one of the test commands beside this package
+// (testapp, csidriver), static, and returns its path in a temp dir of t.
+func BuildCommand(t *testing.T, name string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./internal/testcluster/"+name)
+	build.Dir = repository(t)
+	build.Env = append(build.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+// repository is the directory of kelp's source.
+func repository(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		t.Fatalf("find the repository: %v", err)
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // AddImage puts the image tarball at tar into the node's airgap images
