@@ -13,6 +13,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -107,7 +108,8 @@ func TestStopDuringStart(t *testing.T) {
 // testPersistence starts a server, writes every kind of object a user
 // relies on, restarts the server and checks that all of it is still there.
 // With elected, the controller-manager and the scheduler hold leader
-// leases, which the restarted server takes over at once.
+// leases, which they release as the server stops, so that the restarted
+// server takes them over at once.
 func testPersistence(t *testing.T, n *testcluster.Node, elected bool, args ...string) {
 	n.Start(args...)
 	n.WaitReady(startTimeout)
@@ -115,10 +117,15 @@ func testPersistence(t *testing.T, n *testcluster.Node, elected bool, args ...st
 	watchSeesChanges(t, n)
 	controlPlaneWorks(t, n)
 	var holders map[string]string
+	var released <-chan map[string]string
 	if elected {
 		holders = leaseHolders(t, n)
+		released = watchLeaderLeases(t, n)
 	}
 	t.Logf("stopped in %s", n.Stop())
+	if elected {
+		leasesReleased(t, released)
+	}
 
 	n.Start(args...)
 	n.WaitReady(startTimeout)
@@ -171,6 +178,53 @@ func leaseHolder(c kubernetes.Interface, name string) string {
 		return ""
 	}
 	return *lease.Spec.HolderIdentity
+}
+
+// watchLeaderLeases watches the leader leases until the server stops and
+// then delivers their last holders.
+func watchLeaderLeases(t *testing.T, n *testcluster.Node) <-chan map[string]string {
+	t.Helper()
+	leases := n.Client().CoordinationV1().Leases("kube-system")
+	list, err := leases.List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holders := map[string]string{}
+	for _, l := range list.Items {
+		holders[l.Name] = ptr.Deref(l.Spec.HolderIdentity, "")
+	}
+	w, err := leases.Watch(context.Background(), metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := make(chan map[string]string, 1)
+	go func() {
+		for ev := range w.ResultChan() {
+			if l, ok := ev.Object.(*coordinationv1.Lease); ok {
+				holders[l.Name] = ptr.Deref(l.Spec.HolderIdentity, "")
+			}
+		}
+		last <- holders
+	}()
+	return last
+}
+
+// leasesReleased checks that the controller-manager and the scheduler
+// released their leader leases as the server stopped, so that a restarted
+// server, or another one, leads at once.
+func leasesReleased(t *testing.T, last <-chan map[string]string) {
+	t.Helper()
+	var holders map[string]string
+	select {
+	case holders = <-last:
+	case <-time.After(time.Minute):
+		t.Fatal("the watch of the leader leases did not end with the server")
+	}
+	for _, name := range leaderLeases {
+		if holders[name] != "" {
+			t.Errorf("lease %s still held by %s after a clean stop: want it released", name, holders[name])
+		}
+	}
 }
 
 // leadersTakeOver checks that a restarted server's controller-manager and

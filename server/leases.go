@@ -22,13 +22,15 @@ const leaseHolderGone = 15 * time.Second
 // releaseOwnLeases frees the leader leases still held by an earlier run of
 // kelp on this machine, so that a restarted server's controller-manager and
 // scheduler lead within a retry period instead of waiting for the lease to
-// expire. Leader election identities are "<hostname>_<uuid>", but a lease
-// held under this hostname is not proof enough: another server may have
-// the same hostname (cloned machines, a Raspberry Pi's default), and
-// freeing its lease would take the lead from a live leader, which then
-// exits. So a lease is freed only once it has gone unrenewed for gone,
-// and only if nobody renewed it meanwhile. It returns when every lease is
-// freed or left alone: within gone.
+// expire. A clean stop releases them itself (packages controllermanager
+// and scheduler); this is for a run that did not stop cleanly: killed,
+// crashed, or cut off from power. Leader election identities are
+// "<hostname>_<uuid>", but a lease held under this hostname is not proof
+// enough: another server may have the same hostname (cloned machines, a
+// Raspberry Pi's default), and freeing its lease would take the lead from
+// a live leader, which then exits. So a lease is freed only once it has
+// gone unrenewed for gone, and only if nobody renewed it meanwhile. It
+// returns when every lease is freed or left alone: within gone.
 func releaseOwnLeases(ctx context.Context, client kubernetes.Interface, hostname string, gone time.Duration) error {
 	leases := client.CoordinationV1().Leases(metav1.NamespaceSystem)
 	for _, name := range leaderLeases {

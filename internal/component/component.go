@@ -56,7 +56,6 @@ type Option func(*options)
 type options struct {
 	probe          func(context.Context) error
 	stopAfterReady bool
-	leaveRunning   bool
 }
 
 // ReadyWhen makes the piece ready once probe succeeds; it is polled every
@@ -71,13 +70,6 @@ func ReadyWhen(probe func(context.Context) error) Option {
 // with klog.Fatal before its post-start hooks are done).
 func StopAfterReady() Option {
 	return func(o *options) { o.stopAfterReady = true }
-}
-
-// LeaveRunning makes Stop leave the function running until the process
-// exits: for a function that exits the process when its context ends (the
-// scheduler, while it leads, calls os.Exit when cancelled).
-func LeaveRunning() Option {
-	return func(o *options) { o.leaveRunning = true }
 }
 
 // Go runs fn in a goroutine with a context of its own, which Stop cancels.
@@ -112,9 +104,6 @@ func (r *Running) Err() <-chan error { return r.errc }
 
 // Stop cancels the function and waits for it until ctx ends.
 func (r *Running) Stop(ctx context.Context) error {
-	if r.opts.leaveRunning {
-		return nil
-	}
 	if r.opts.stopAfterReady {
 		select {
 		case <-r.Ready():

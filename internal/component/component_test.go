@@ -136,16 +136,3 @@ func TestStopAfterReadyWaitsForReadiness(t *testing.T) {
 		t.Error("cancelled before it was ready")
 	}
 }
-
-func TestLeaveRunning(t *testing.T) {
-	cancelled := make(chan struct{})
-	r := Go("scheduler", func(ctx context.Context) error { <-ctx.Done(); close(cancelled); return nil }, LeaveRunning())
-	if err := r.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-cancelled:
-		t.Error("Stop cancelled a piece that must be left running")
-	case <-time.After(100 * time.Millisecond):
-	}
-}

@@ -16,8 +16,9 @@ import (
 // second server can share, like SQLite) there is nobody to elect, and no
 // lease to renew. Otherwise: upstream renews every 2 s, which costs most of
 // an idle server's disk writes; kelp renews every 10 s and lets a standby
-// take over after 60 s of silence. A restarted server does not wait that
-// long: it releases the leases its previous run held.
+// take over after 60 s of silence. Nobody waits that long after a clean
+// stop, which releases the leases; a server restarted after a crash frees
+// those its previous run held.
 func WithLeaderElection(flags map[string]string, enabled bool) map[string]string {
 	if !enabled {
 		flags["leader-elect"] = "false"
@@ -30,8 +31,16 @@ func WithLeaderElection(flags map[string]string, enabled bool) map[string]string
 	return flags
 }
 
+// featureGates is the one flag whose extras add to kelp's value rather
+// than replace it: kelp's gates keep what kelp relies on (the
+// controller-manager's release of its lease on stop, which without the gate
+// exits the process), and a user's gate of the same name still wins, as
+// the components take the last value of a gate.
+const featureGates = "feature-gates"
+
 // Render returns flags for an upstream component: defaults, overridden by
-// the user's "name=value" extras (a later extra wins), sorted by name.
+// the user's "name=value" extras (a later extra wins; feature-gates are
+// added to), sorted by name.
 func Render(defaults map[string]string, extra []string) []string {
 	merged := make(map[string]string, len(defaults)+len(extra))
 	for k, v := range defaults {
@@ -39,6 +48,9 @@ func Render(defaults map[string]string, extra []string) []string {
 	}
 	for _, e := range extra {
 		name, value, _ := strings.Cut(strings.TrimLeft(e, "-"), "=")
+		if name == featureGates && merged[name] != "" && value != "" {
+			value = merged[name] + "," + value
+		}
 		merged[name] = value
 	}
 	names := make([]string, 0, len(merged))

@@ -19,6 +19,18 @@ func TestRender(t *testing.T) {
 	}
 }
 
+func TestRenderAddsFeatureGates(t *testing.T) {
+	got := Render(map[string]string{"feature-gates": "KelpNeeds=true"},
+		[]string{"feature-gates=Mine=true", "--feature-gates=KelpNeeds=false"})
+	want := []string{"--feature-gates=KelpNeeds=true,Mine=true,KelpNeeds=false"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v\nwant %v", got, want)
+	}
+	if got := Render(map[string]string{}, []string{"feature-gates=Mine=true"}); !reflect.DeepEqual(got, []string{"--feature-gates=Mine=true"}) {
+		t.Errorf("without gates of kelp's: got %v", got)
+	}
+}
+
 func TestLog(t *testing.T) {
 	hook := testlog.Capture(t)
 	level := logrus.GetLevel()

@@ -10,7 +10,9 @@ import (
 	"k8s.io/component-base/cli/globalflag"
 	"k8s.io/component-base/logs"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+	schedulerconfig "k8s.io/kubernetes/cmd/kube-scheduler/app/config"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+	kubescheduler "k8s.io/kubernetes/pkg/scheduler"
 
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/kubeargs"
@@ -64,13 +66,44 @@ func Start(cfg Config) (*component.Running, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube-scheduler setup: %w", err)
 	}
+	var lock *electionLock
+	if cc.LeaderElection != nil {
+		lock = newElectionLock(cc.LeaderElection.Lock)
+		cc.LeaderElection.Lock = lock
+	}
 	healthz := "https://127.0.0.1:" + securePort + "/healthz"
 	return component.Go("kube-scheduler", func(ctx context.Context) error {
-		return app.Run(ctx, cc, sched)
-	},
-		component.ReadyWhen(component.GetOK(healthz, &tls.Config{InsecureSkipVerify: true})),
-		// It exits the process when its context ends while it leads, so
-		// it is never cancelled: it ends with the process, after the
-		// apiserver and the datastore have stopped.
-		component.LeaveRunning()), nil
+		return run(ctx, cc, sched, lock)
+	}, component.ReadyWhen(component.GetOK(healthz, &tls.Config{InsecureSkipVerify: true}))), nil
+}
+
+// run runs the scheduler until ctx ends, then stops it. With leader
+// election (lock), a leader stops scheduling and releases its lease, and a
+// standby can no longer lead; either is then left to end with the process,
+// which it would otherwise exit (see electionLock).
+func run(ctx context.Context, cc *schedulerconfig.CompletedConfig, sched *kubescheduler.Scheduler, lock *electionLock) error {
+	if lock == nil {
+		err := app.Run(ctx, cc, sched)
+		if ctx.Err() != nil {
+			return nil // it says it finished, as asked
+		}
+		return err
+	}
+	electing, cancel := context.WithCancel(context.Background())
+	exited := make(chan error, 1)
+	go func() { exited <- app.Run(electing, cc, sched) }()
+	select {
+	case err := <-exited:
+		cancel()
+		return err
+	case <-ctx.Done():
+	}
+	if lock.stop(cancel) {
+		select {
+		case <-lock.parked:
+		case err := <-exited:
+			return err
+		}
+	}
+	return nil
 }
