@@ -71,7 +71,7 @@ spec:
 // container gets without --privileged).
 func TestImage(t *testing.T) {
 	testcluster.NeedRoot(t)
-	repo := repoDir(t)
+	repo := testcluster.Repository(t)
 	img := readDockerfile(t, repo)
 	rootfs := buildRootfs(t, repo, img)
 	lab := testcluster.NewLab(t)
@@ -139,16 +139,6 @@ func TestImage(t *testing.T) {
 			t.Errorf("kelp did not exit cleanly within docker stop's %s: %v after %s", stopGrace, err, took)
 		}
 	})
-}
-
-// repoDir is the top of the repository.
-func repoDir(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		t.Fatalf("find the repository: %v", err)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // buildRootfs runs scripts/rootfs.sh with the kelp binary under test and

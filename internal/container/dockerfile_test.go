@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
 // image is what the Dockerfile's last stage says about the image besides
@@ -176,7 +178,7 @@ func jsonList(t *testing.T, in instruction) []string {
 // TestDockerfile checks, without root, that the Dockerfile keeps to what
 // TestImage runs.
 func TestDockerfile(t *testing.T) {
-	img := readDockerfile(t, repoDir(t))
+	img := readDockerfile(t, testcluster.Repository(t))
 	if !slices.Equal(img.entrypoint, []string{"/bin/kelp"}) || !slices.Contains(img.volumes, "/var/lib/kelp") || !slices.Contains(img.ports, "6443") {
 		t.Errorf("image %+v: want ENTRYPOINT [\"/bin/kelp\"], VOLUME /var/lib/kelp and EXPOSE 6443", img)
 	}

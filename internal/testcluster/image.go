@@ -53,7 +53,7 @@ func buildTestImage(t *testing.T, name string) string {
 	bin := BuildCommand(t, "testapp")
 	tar := filepath.Join(filepath.Dir(bin), "testapp.tar")
 	pack := exec.Command("go", "run", "./mkimage", "-binary", bin, "-path", "/testapp", "-name", name, "-arch", runtime.GOARCH, "-out", tar)
-	pack.Dir = filepath.Join(repository(t), "scripts", "bundle")
+	pack.Dir = filepath.Join(Repository(t), "scripts", "bundle")
 	if out, err := pack.CombinedOutput(); err != nil {
 		t.Fatalf("pack testapp image: %v\n%s", err, out)
 	}
@@ -66,7 +66,7 @@ func BuildCommand(t *testing.T, name string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), name)
 	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./internal/testcluster/"+name)
-	build.Dir = repository(t)
+	build.Dir = Repository(t)
 	build.Env = append(build.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", name, err, out)
@@ -74,8 +74,8 @@ func BuildCommand(t *testing.T, name string) string {
 	return bin
 }
 
-// repository is the directory of kelp's source.
-func repository(t *testing.T) string {
+// Repository is the directory of kelp's source.
+func Repository(t *testing.T) string {
 	t.Helper()
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {

@@ -81,11 +81,7 @@ func Binary(t *testing.T) string {
 	t.Helper()
 	path := os.Getenv("KELP_BIN")
 	if path == "" {
-		out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-		if err != nil {
-			t.Fatalf("find the repository: %v", err)
-		}
-		path = filepath.Join(strings.TrimSpace(string(out)), "bin", "kelp")
+		path = filepath.Join(Repository(t), "bin", "kelp")
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("kelp binary %s: %v (build it with scripts/build.sh or set KELP_BIN)", path, err)
