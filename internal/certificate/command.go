@@ -46,7 +46,7 @@ func Command() *cli.Command {
 				Usage: "move a stopped server's leaf certificates aside so that it issues new ones when it starts; CAs are kept",
 				Flags: []cli.Flag{config.ConfigFlag(), dataDir, &cli.StringSliceFlag{Name: "service", Usage: "rotate only this service's certificates (repeatable): " + fmt.Sprint(pki.FilesIn("").ServiceNames())}},
 				Action: func(c *cli.Context) error {
-					return rotate(c.App.Writer, c.String("data-dir"), c.StringSlice("service"), time.Now())
+					return rotate(c.App.Writer, c.String("data-dir"), config.List(c.StringSlice("service")), time.Now())
 				},
 			},
 			{

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -108,6 +109,44 @@ kube-apiserver-arg: v=1
 	}
 	if got := strings.Join(s.ExtraArgs.APIServer, ","); got != "v=1,v=4" {
 		t.Errorf("flag args must come after file args so they win: %s", got)
+	}
+}
+
+// A list flag's value may name several items, from a flag, the
+// environment or a file; an extra flag for a component is one value, with
+// its commas.
+func TestCommas(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, filepath.Join(dir, "config.yaml"), `
+tls-san: ["file-a, file-b"]
+kube-controller-manager-arg: ["controllers=*,-ttl-controller"]
+`)
+	t.Setenv("KELP_TLS_SAN", "env-a,env-b")
+	t.Setenv("KELP_KUBE_SCHEDULER_ARG", "feature-gates=A=true,B=false")
+	s, err := runServer(t, "-c", cfg, "--data-dir", dir, "--tls-san", "flag-a,flag-b",
+		"--kube-apiserver-arg", "enable-admission-plugins=NodeRestriction,EventRateLimit", "--disable", "coredns,servicelb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(s.TLSSANs, " "); got != "file-a file-b env-a env-b flag-a flag-b" {
+		t.Errorf("TLS SANs %q", got)
+	}
+	for what, args := range map[string][]string{
+		"--kube-apiserver-arg":          {"enable-admission-plugins=NodeRestriction,EventRateLimit"},
+		"--kube-controller-manager-arg": {"controllers=*,-ttl-controller"},
+		"KELP_KUBE_SCHEDULER_ARG":       {"feature-gates=A=true,B=false"},
+	} {
+		got := map[string][]string{
+			"--kube-apiserver-arg":          s.ExtraArgs.APIServer,
+			"--kube-controller-manager-arg": s.ExtraArgs.ControllerManager,
+			"KELP_KUBE_SCHEDULER_ARG":       s.ExtraArgs.Scheduler,
+		}[what]
+		if !slices.Equal(got, args) {
+			t.Errorf("%s: got %q, want %q", what, got, args)
+		}
+	}
+	if !s.Disable.CoreDNS || !s.Disable.ServiceLB {
+		t.Errorf("--disable coredns,servicelb: %+v", s.Disable)
 	}
 }
 

@@ -32,7 +32,13 @@ type fileValue struct {
 // parses them like any other flag and later command-line flags override them.
 // A scalar set in the environment is left out so that the environment beats
 // the file; a list from the environment is appended after the file's. args is os.Args; commands without a "config" flag are untouched.
+//
+// It also stops urfave/cli from splitting the values of list flags at
+// commas: kelp splits the lists it takes itself (List), and an extra flag
+// for an upstream component keeps its commas
+// (--kube-apiserver-arg enable-admission-plugins=NodeRestriction,EventRateLimit).
 func WithFileArgs(app *cli.App, args []string) ([]string, error) {
+	app.DisableSliceFlagSeparator = true
 	cmdIndex, cmd, nested := findCommand(app, args)
 	if cmd == nil || lookupFlag(cmd.Flags, "config") == nil {
 		return args, nil
@@ -231,7 +237,7 @@ func settingsToArgs(flags []cli.Flag, settings map[string]fileValue, skipUnknown
 		}
 		switch f := flag.(type) {
 		case *cli.StringSliceFlag:
-			for _, v := range append(s.values, envList(f.EnvVars)...) {
+			for _, v := range append(s.values, envValue(f.EnvVars)...) {
 				args = append(args, "--"+name+"="+v)
 			}
 			continue
@@ -279,16 +285,31 @@ func lookupFlag(flags []cli.Flag, name string) cli.Flag {
 	return nil
 }
 
-// envList returns the comma-separated values of the first set variable.
-// urfave/cli drops environment list values once a flag is given, so a list
-// from a file would otherwise hide the environment instead of adding to it.
-func envList(vars []string) []string {
+// envValue is the value of the first of vars that is set and not empty,
+// as the one value it gives a list flag; none if none is. urfave/cli drops
+// environment list values once a flag is given, so a list from a file
+// would otherwise hide the environment instead of adding to it.
+func envValue(vars []string) []string {
 	for _, v := range vars {
 		if val, ok := os.LookupEnv(v); ok && val != "" {
-			return strings.Split(val, ",")
+			return []string{val}
 		}
 	}
 	return nil
+}
+
+// List is the items of a list flag whose values may each name several,
+// comma-separated (--tls-san a,b, or KELP_TLS_SAN=a,b, as one value).
+func List(values []string) []string {
+	var items []string
+	for _, v := range values {
+		for _, item := range strings.Split(v, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				items = append(items, item)
+			}
+		}
+	}
+	return items
 }
 
 func envSet(vars []string) bool {

@@ -87,8 +87,8 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 func (in *nodeInput) parse(host Host, check func(error)) Node {
 	n := in.node
 	n.DataDir = filepath.Clean(in.node.DataDir)
-	n.NodeLabels = in.nodeLabels.Value()
-	n.NodeTaints = in.nodeTaints.Value()
+	n.NodeLabels = List(in.nodeLabels.Value())
+	n.NodeTaints = List(in.nodeTaints.Value())
 	n.KubeletArgs = in.kubeletArgs.Value()
 	if !filepath.IsAbs(in.node.DataDir) {
 		check(fmt.Errorf("--data-dir %q: want an absolute path", in.node.DataDir))
@@ -98,12 +98,12 @@ func (in *nodeInput) parse(host Host, check func(error)) Node {
 	var err error
 	n.NodeName, err = nodeName(in.node.NodeName, host.Hostname)
 	check(err)
-	for _, raw := range in.nodeIPs.Value() {
+	for _, raw := range List(in.nodeIPs.Value()) {
 		ip, err := parseIP("--node-ip", raw)
 		check(err)
 		n.NodeIPs = append(n.NodeIPs, ip)
 	}
-	for _, raw := range in.nodeExternalIPs.Value() {
+	for _, raw := range List(in.nodeExternalIPs.Value()) {
 		ip, err := parseIP("--node-external-ip", raw)
 		check(err)
 		n.NodeExternalIPs = append(n.NodeExternalIPs, ip)

@@ -189,7 +189,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 	s := Server{
 		Node:                    in.nodeInput.parse(host, check),
 		HTTPSPort:               in.httpsPort,
-		TLSSANs:                 in.tlsSANs.Value(),
+		TLSSANs:                 List(in.tlsSANs.Value()),
 		ServiceNodePortRange:    in.serviceNodePortRange,
 		ClusterDomain:           in.clusterDomain,
 		WriteKubeconfig:         in.writeKubeconfig,
@@ -219,7 +219,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			Scheduler:         in.schedulerArgs.Value(),
 		},
 	}
-	for _, d := range in.disable.Value() {
+	for _, d := range List(in.disable.Value()) {
 		switch d {
 		case "coredns":
 			s.Disable.CoreDNS = true
