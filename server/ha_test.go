@@ -75,6 +75,15 @@ func TestHA(t *testing.T) {
 		t.Errorf("a server joining with the server secret as a node token: %v\n%s", err, tail(out))
 	}
 
+	// Nor does a server with a running server's hostname: the two would
+	// take each other's leader leases.
+	if out, err := refused.Run(time.Minute, refused.Command("sh", "-c", "echo server-1 > /proc/sys/kernel/hostname")); err != nil {
+		t.Fatalf("rename server-x: %v\n%s", err, out)
+	}
+	if out, err := refused.RunKelp(time.Minute, refused.ServerArgs(joinArgs...)...); err == nil || !strings.Contains(out, `hostname taken: a server with the hostname "server-1" runs already`) {
+		t.Errorf("a server joining with server-1's hostname: %v\n%s", err, tail(out))
+	}
+
 	// The two join at once: etcd takes one learner at a time, so one waits.
 	var wg sync.WaitGroup
 	for _, s := range []*testcluster.Node{s2, s3} {
