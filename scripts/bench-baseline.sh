@@ -38,10 +38,10 @@
 # Events), with kelp's SQLite parameters read from internal/datastore (the
 # one thing taken from the source tree, not from the binary).
 #
-# Runs, each in a network and mount namespace of its own as in
-# scripts/bench-node.sh, each on that data dir with an empty datastore (the
-# bundle, certificates, configuration and the pause image in containerd's
-# root are kept):
+# Runs, each in a node of its own (lib/bench.sh start_node: network, mount
+# and UTS namespaces, in the machine's cgroups), each on that data dir with
+# an empty datastore (the bundle, certificates, configuration and the pause
+# image in containerd's root are kept):
 #   kelp         kelp server
 #   trimmed      kelp server with its own parts off: --disable coredns,
 #                servicelb, local-storage, metrics-server, helm-controller,
@@ -163,12 +163,14 @@ admin=$work/kelp.yaml
 kubectl() { in_node "$here" "$KELP" kubectl --kubeconfig "$admin" --request-timeout=5s "$@"; }
 node_ready() { [[ $(kubectl get nodes -o 'jsonpath={.items[0].status.conditions[?(@.type=="Ready")].status}') == True ]]; }
 
-# new_node NAME: a fresh node (start_node) for a run; sets here, the node
-# of the run (not "node", which the functions of lib/bench.sh use).
+# new_node NAME: a fresh node (start_node) for the run NAME; sets here, the
+# node of the run (not "node", which the functions of lib/bench.sh use). It
+# has one name in every run, and so one hostname: the runs share a data dir,
+# and kelp names its node after the hostname.
 new_node() {
-  here=$1
-  mkdir -p "$work/ns-$here"
-  start_node "$here" "$work/ns-$here"
+  here=bench
+  mkdir -p "$work/ns-$1"
+  start_node "$here" "$work/ns-$1"
 }
 
 # end_run: what still runs in the node goes (kelp killall: containers,

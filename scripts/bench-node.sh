@@ -11,9 +11,10 @@
 #   SERVICES=  if set, that many Services of 10 endpoints each are then made
 #
 # kelp runs in a network and mount namespace of its own, with private
-# /run/kelp, /run/netns, /var/lib/kubelet and pod logs, like the cluster
-# tests, but in the host's cgroups: run one bench-node.sh at a time (two
-# kubelets there remove each other's pods' cgroups and their pods restart). Figures:
+# /run/kelp, /run/netns, /var/lib/kubelet and pod logs, and cgroups of its
+# own that it sees as its cgroup root, like the cluster tests (lib/bench.sh
+# start_node): its kubelet leaves the host's kubepods, and another kelp's,
+# alone. Figures:
 #   node Ready       launch of `kelp server` (fresh data dir, bundle staged by a
 #                    first run) until the Node's Ready condition is True
 #   first pod        launch until a pod of the test image (from the airgap
@@ -63,8 +64,9 @@ cleanup() {
   set +e
   if [[ -n ${holder[server]:-} ]]; then
     in_node server "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
-    kill "${holder[server]}" 2>/dev/null; wait "${holder[server]}" 2>/dev/null
+    [[ -n ${kelp_pid[server]:-} ]] && stop_kelp server # reaps it
   fi
+  end_node server
   [[ -n $LOGDIR ]] && mkdir -p "$LOGDIR" && cp "$work"/*.log "$work"/data/agent/containerd/containerd.log "$LOGDIR"/ 2>/dev/null
   rm -rf "$work"
   exit "$rc"
@@ -75,7 +77,7 @@ kubectl() { in_node server "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --requ
 
 build_test_image "$repo" "$work"
 
-start_node server "$work"
+start_node server "$work" cgroups
 
 cat >"$work/app.yaml" <<'YAML'
 apiVersion: apps/v1

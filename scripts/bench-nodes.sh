@@ -12,13 +12,14 @@
 #   KELP=bin/kelp
 #   LOGDIR=    if set, kelp's and containerd's logs are copied there
 #
-# The nodes are wired as in the cluster tests (internal/testcluster/lab.go): a
-# lab network namespace with a bridge lab0, and per node network, mount and
-# cgroup namespaces, eth0 10.99.0.x/24 on the bridge, private /run/kelp,
-# /run/netns, /var/lib/kubelet and pod logs, and a cgroup subtree of its own
-# that the node sees as its cgroup root, so the two kubelets do not fight
-# over the host's kubepods. The server is 10.99.0.2 and the agent, agent-1,
-# 10.99.0.3. Both have the test image in their airgap images directory.
+# The nodes are wired as in the cluster tests (internal/testcluster/lab.go),
+# by lib/bench.sh start_lab and start_lab_node: a lab network namespace with
+# a bridge lab0, and per node network, mount and cgroup namespaces, eth0
+# 10.99.0.x/24 on the bridge, private /run/kelp, /run/netns, /var/lib/kubelet
+# and pod logs, and a cgroup subtree of its own that the node sees as its
+# cgroup root, so the two kubelets do not fight over the host's kubepods.
+# The server is 10.99.0.2 and the agent, agent-1, 10.99.0.3. Both have the
+# test image in their airgap images directory.
 # Figures, per backend:
 #   agent join -> Ready  with the server running and its node Ready: launch of
 #                  `kelp agent` (fresh data dir but for the runtime bundle,
@@ -32,13 +33,16 @@
 #                  MB/s and the ratio cross-node / same node. Both nodes share
 #                  this machine's CPUs, so the ratio is what the overlay's path
 #                  costs in CPU, not what a network would carry.
-#   agent idle     after the throughput rounds and IDLE s of quiet, with the 3
-#                  pods running: RSS (and its anon part) and PSS of the agent's
-#                  kelp process and its containerd child (not the shims, listed
-#                  apart), and their CPU % of one core over the IDLE s. Both are
-#                  the kelp binary: RSS counts its resident file pages in each,
+#   agent idle     after the throughput rounds, over IDLE s of quiet with the 3
+#                  pods running: every process of the agent's node by program
+#                  (lib/bench.sh measure_node: RSS, PSS, CPU % of one core,
+#                  writes, and the working set, the memory touched in the
+#                  window), and the agent proper: its kelp process and its
+#                  containerd child, not the shims, whose RSS (and its anon
+#                  part), PSS, working set and CPU the summary gives. RSS
+#                  counts resident file pages (the binaries') in each process,
 #                  PSS divides them among all that map them, here the server's
-#                  kelp and containerd too.
+#                  processes too.
 set -euo pipefail
 
 BACKENDS=${BACKENDS:-vxlan host-gw}
@@ -70,45 +74,31 @@ done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-nodes.XXXXXX")
 
-# --- state of the cluster being measured, for teardown ------------------------
+# --- the cluster being measured, and its teardown ------------------------------
 
-# holder, kelp_pid and cg_procs are lib/bench.sh's, by node.
-dir=                 # $work/<backend>
-lab=                 # pid of the lab's holder
-declare -A cg_dirs   # node -> host paths of its cgroup subtrees, one per hierarchy
-cg_root_procs='' cg_mounts='' # of the node being made, see make_cgroups
-started=''           # pid of the last holder start_holder started
+# The lab and the nodes, their kelps and cgroups are lib/bench.sh's.
+dir= # $work/<backend>, the nodes' files: $dir/<node>/{data,kelp.yaml,*.log}
 
-in_lab() { nsenter --target "$lab" --net -- "$@"; }
 kubectl() { in_node server "$KELP" kubectl --kubeconfig "$dir/server/kelp.yaml" --request-timeout=5s "$@"; }
-
-teardown_node() { # NODE: removes everything of the node
-  local node=$1
-  [[ -n ${kelp_pid[$node]:-} ]] && stop_kelp "$node"
-  if [[ -n ${holder[$node]:-} ]]; then
-    # Shims and containers outlive kelp on purpose; killall removes them,
-    # their mounts, interfaces and cgroups.
-    in_node "$node" "$KELP" killall --data-dir "$dir/$node/data" >"$dir/$node/killall.log" 2>&1 ||
-      { echo "bench-nodes: kelp killall on the $node failed:" >&2; tail -n 5 "$dir/$node/killall.log" >&2; }
-    kill "${holder[$node]}" 2>/dev/null; wait "${holder[$node]}" 2>/dev/null || true
-  fi
-  [[ -n ${cg_dirs[$node]:-} ]] && remove_cgroups "$node"
-  unset "holder[$node]" "cg_dirs[$node]" "cg_procs[$node]"
-}
 
 teardown() { # removes the cluster of $dir
   local node f b
-  # Both kelps stop before either node's killall: it removes the host's
-  # /run/kelp, and with it the other node's private mount there.
+  # Both kelps stop with SIGTERM first, as a user stops them; then each
+  # node's killall.
   for node in agent server; do
     [[ -n ${kelp_pid[$node]:-} ]] && stop_kelp "$node"
   done
-  teardown_node agent
-  teardown_node server
-  if [[ -n $lab ]]; then
-    kill "$lab" 2>/dev/null; wait "$lab" 2>/dev/null || true
-    lab=
-  fi
+  for node in agent server; do
+    # Shims and containers outlive kelp on purpose; killall removes them,
+    # their mounts, interfaces and cgroups; end_node the rest.
+    if [[ -n ${holder[$node]:-} ]] &&
+      ! in_node "$node" "$KELP" killall --data-dir "$dir/$node/data" >"$dir/$node/killall.log" 2>&1; then
+      echo "bench-nodes: kelp killall on the $node failed:" >&2
+      tail -n 5 "$dir/$node/killall.log" >&2
+    fi
+    end_node "$node"
+  done
+  end_lab
   if [[ -n $LOGDIR && -n $dir ]]; then
     b=$(basename "$dir")
     mkdir -p "$LOGDIR"
@@ -134,177 +124,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-# --- a node's own cgroups, as internal/testcluster/cgroup.go makes them ----------
-
-# cgroup_hierarchies prints "MOUNTPOINT OPTIONS" for each mounted cgroup
-# hierarchy, once: OPTIONS is v2 for cgroup2, and for v1 the -o that mounts
-# the hierarchy again, its controllers or name sorted (flags such as
-# release_agent are the host's).
-cgroup_hierarchies() {
-  awk 'NR == FNR { if ($1 !~ /^#/) known[$1] = 1; next }
-    {
-      # 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-      for (sep = 7; sep <= NF && $sep != "-"; sep++) ;
-      type = $(sep + 1)
-      if ((type != "cgroup" && type != "cgroup2") || seen[$3]++) next
-      if (type == "cgroup2") { print $5, "v2"; next }
-      n = split($(sep + 3), o, ","); opts = ""
-      for (i = 1; i <= n; i++) if ((o[i] in known) || o[i] ~ /^name=/) opts = opts (opts == "" ? "" : ",") o[i]
-      print $5, opts
-    }' /proc/cgroups /proc/self/mountinfo |
-  while read -r mountpoint opts; do
-    echo "$mountpoint $(sorted "$opts")"
-  done
-}
-sorted() { tr , '\n' <<<"$1" | sort | paste -sd, -; }
-
-# make_cgroups NODE: a kelp-bench-NODE-<random> cgroup in every hierarchy,
-# below the cgroup this script runs in on v1 (so the machine's limits on it
-# cover the node), below the root on v2 (a cgroup holding processes cannot
-# pass controllers on), where the node's processes live in the leaf init.
-# Sets cg_dirs, cg_procs, cg_root_procs (the cgroup.procs the holder joins
-# before it makes the node's cgroup namespace, whose root they become) and
-# cg_mounts: the commands that, in the node's new mount and cgroup
-# namespaces, replace the host's cgroup mounts by the node's view.
-make_cgroups() {
-  local node=$1 base='' mountpoint opts parent d f ctrls path
-  local -A own
-  while IFS=: read -r _ ctrls path; do
-    [[ -n $ctrls ]] && own[$(sorted "$ctrls")]=$path
-  done </proc/self/cgroup
-  cg_dirs[$node]='' cg_procs[$node]='' cg_root_procs='' cg_mounts=''
-  while read -r mountpoint opts; do
-    parent=$mountpoint
-    if [[ $opts != v2 ]]; then
-      [[ -n ${own[$opts]:-} ]] || die "cgroup hierarchy $mountpoint ($opts) is not in /proc/self/cgroup"
-      parent=$mountpoint${own[$opts]%/}
-    fi
-    if [[ -z $base ]]; then
-      d=$(mktemp -d "$parent/kelp-bench-$node-XXXXXX") || die "make the $node's cgroup"
-      base=$(basename "$d")
-    else
-      d=$parent/$base
-      mkdir "$d" || die "make the $node's cgroup $d"
-    fi
-    cg_dirs[$node]+="$d "
-    cg_root_procs+="$d/cgroup.procs "
-    # Unmounted, not mounted over: kubelet and runc would find both mounts.
-    if [[ $opts == v2 ]]; then
-      # Only leaves may hold processes once the node's kubelet enables
-      # controllers at its root, as kind does it with its /init.
-      mkdir "$d/init"
-      cg_procs[$node]+="$d/init/cgroup.procs "
-      cg_mounts+="; umount $mountpoint; mount -t cgroup2 cgroup2 $mountpoint; echo \$\$ >$mountpoint/init/cgroup.procs"
-    else
-      # A new v1 cpuset takes no process until it has CPUs and memory nodes.
-      for f in cpuset.cpus cpuset.mems; do
-        [[ -f $parent/$f ]] && cat "$parent/$f" >"$d/$f"
-      done
-      cg_procs[$node]+="$d/cgroup.procs "
-      cg_mounts+="; umount $mountpoint; mount -t cgroup -o $opts cgroup $mountpoint"
-    fi
-  done < <(cgroup_hierarchies)
-  [[ -n $base ]] || die "no cgroup hierarchy is mounted"
-}
-
-cgroup_pids() { # NODE
-  local d
-  # shellcheck disable=SC2086 # a list of paths without spaces
-  for d in ${cg_dirs[$1]}; do find "$d" -name cgroup.procs -exec cat {} +; done | sort -un
-}
-
-# remove_cgroups NODE: kills what is left in the node's cgroups and removes
-# them, children first; gives up after 30 s.
-remove_cgroups() {
-  local node=$1 deadline=$(( $(now_ms) + 30000 )) pids d sub
-  while pids=$(cgroup_pids "$node"); [[ -n $pids ]]; do
-    if (( $(now_ms) > deadline )); then
-      echo "bench-nodes: processes $pids still in the $node's cgroups after SIGKILL" >&2
-      break
-    fi
-    # A frozen process does not die of SIGKILL; runc freezes a container's
-    # cgroup while it signals it, so a runc killed meanwhile leaves it frozen.
-    # shellcheck disable=SC2086
-    for d in ${cg_dirs[$node]}; do
-      find "$d" -name freezer.state -exec sh -c 'for f; do echo THAWED >"$f"; done' sh {} + 2>/dev/null
-      find "$d" -name cgroup.freeze -exec sh -c 'for f; do echo 0 >"$f"; done' sh {} + 2>/dev/null
-    done
-    # shellcheck disable=SC2086
-    kill -KILL $pids 2>/dev/null
-    sleep 0.02
-  done
-  # shellcheck disable=SC2086
-  for d in ${cg_dirs[$node]}; do
-    [[ -d $d ]] || continue
-    while read -r sub; do
-      # A killed process leaves its cgroup a moment after it died.
-      until rmdir "$sub" 2>/dev/null || [[ ! -d $sub ]]; do
-        if (( $(now_ms) > deadline )); then
-          echo "bench-nodes: cannot remove cgroup $sub" >&2
-          break
-        fi
-        sleep 0.02
-      done
-    done < <(find "$d" -depth -type d)
-  done
-}
-
-# --- the lab and its nodes --------------------------------------------------------
-
-# start_holder NAME CMD...: runs CMD, a shell that sets up namespaces, says
-# "ready" and sleeps, in the background; sets started to its pid.
-start_holder() {
-  local name=$1 out=$dir/$1.holder deadline=$(( $(now_ms) + 30000 )); shift
-  "$@" >"$out" 2>&1 &
-  started=$!
-  until grep -qx ready "$out"; do
-    alive "$started" || die "set up the namespaces of the $name: $(cat "$out")"
-    (( $(now_ms) < deadline )) || die "the namespaces of the $name were not set up within 30 s"
-    sleep 0.05
-  done
-}
-
-make_lab() {
-  # shellcheck disable=SC2016 # expanded by sh
-  start_holder lab unshare --net sh -ec '
-    ip link set lo up
-    ip link add lab0 type bridge
-    ip link set lab0 up
-    # The lab is wire, not a firewall: kelp turns on bridge-nf-call-iptables
-    # in its nodes (the setting is per network namespace), and this bridge
-    # must pass what the nodes send each other without consulting netfilter.
-    for f in iptables ip6tables arptables; do echo 0 >/proc/sys/net/bridge/bridge-nf-call-$f; done
-    echo ready
-    exec sleep infinity'
-  lab=$started
-}
-
-make_node() { # NODE IP VETH: a node of the lab, eth0 with IP on lab0 through VETH
-  local node=$1 ip=$2 veth=$3 setup d
-  setup="ip link set lo up"
-  for d in "${private_dirs[@]}"; do
-    mkdir -p "$d" # an empty mount point on the host changes nothing there
-    setup+="; mount -t tmpfs -o mode=0755 kelp-bench $d"
-  done
-  # Where systemd runs the host, kelp would ask it for cgroups outside the
-  # node's subtree: hiding it makes kelp manage cgroups itself.
-  [[ -d /run/systemd/system ]] && setup+="; mount -t tmpfs -o mode=0755 kelp-bench /run/systemd"
-  make_cgroups "$node"
-  setup+=$cg_mounts
-  start_holder "$node" sh -c "$join_cgroups" kelp-bench-node "$cg_root_procs" \
-    unshare --net --mount --cgroup --propagation private sh -ec "$setup; echo ready; exec sleep infinity"
-  holder[$node]=$started
-  # The veth pair is made in the lab and its far end moved to the node:
-  # neither end is ever in the machine's own namespace.
-  in_lab ip link add "$veth" type veth peer name eth0 netns "${holder[$node]}"
-  in_lab ip link set "$veth" master lab0 up
-  in_node "$node" ip addr add "$ip/24" dev eth0
-  in_node "$node" ip link set eth0 up
-  # Nothing answers at the gateway, as on a machine whose gateway drops what
-  # it cannot deliver.
-  in_node "$node" ip route add default via 10.99.0.1 dev eth0
-}
 
 # --- kelp on the nodes ------------------------------------------------------------
 
@@ -349,46 +168,15 @@ spec:
   - {name: client, image: $image, imagePullPolicy: IfNotPresent, args: [serve]}
 YAML
 
-# agent_processes prints "kind pid" for every process of the agent's node
-# (containers have mount namespaces of their own): the agent's kelp, its
-# containerd (a child of the agent: the bundle's, or the kelp binary of a kelp
-# before it) and the rest (shims).
-agent_processes() {
-  local ns pid exe agent=${kelp_pid[agent]}
-  ns=$(readlink "/proc/${holder[agent]}/ns/mnt")
-  for pid in /proc/[0-9]*; do
-    pid=${pid#/proc/}
-    [[ $pid != "${holder[agent]}" && $(readlink "/proc/$pid/ns/mnt" 2>/dev/null) == "$ns" ]] || continue
-    if [[ $pid == "$agent" ]]; then
-      echo "kelp $pid"
-    elif exe=$(readlink "/proc/$pid/exe" 2>/dev/null) && [[ ($exe == "$KELP" || ${exe##*/} == containerd) && $(awk '{ print $4 }' "/proc/$pid/stat") == "$agent" ]]; then
-      echo "containerd $pid"
-    else
-      echo "other $pid"
-    fi
-  done
-}
-sample() { # prints: kind pid cputicks rss_kb anon_kb file_kb pss_kb command
-  local kind pid stat
-  agent_processes | while read -r kind pid; do
-    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
-    stat=${stat##*) }
-    echo "$kind $pid $(awk '{ print $12 + $13 }' <<<"$stat")" \
-      "$(awk '$1 ~ /^(VmRSS|RssAnon|RssFile):$/ { printf "%s ", $2 }' "/proc/$pid/status")" \
-      "$(awk '$1 == "Pss:" { print $2 }' "/proc/$pid/smaps_rollup")" \
-      "$(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -c1-48)"
-  done
-}
-
 declare -A r # results, keyed "backend,figure"
 
 run_backend() { # BACKEND: a new cluster with it, measured, then removed
   local backend=$1 t0 t_log='' t_ready='' round target kind pod rate node d
   dir=$work/$backend
   mkdir -p "$dir/server" "$dir/agent"
-  make_lab
-  make_node server "$server_ip" veth1
-  make_node agent "$agent_ip" veth2
+  start_lab "$dir"
+  start_lab_node server "$server_ip" "$dir" cgroups
+  start_lab_node agent "$agent_ip" "$dir" cgroups
   stage_images server
 
   launch server "$dir/server/kelp.log" server --data-dir "$dir/server/data" \
@@ -396,11 +184,8 @@ run_backend() { # BACKEND: a new cluster with it, measured, then removed
   wait_for "the server's node running" grep -q "kelp node is running" "$dir/server/kelp.log"
   wait_for "the server's node Ready" node_ready server
 
-  # The agent's bundle staged as by a first run, without one: that run
-  # would end with `kelp killall`, which removes the host's /run/kelp from
-  # under the node's private mount, and so takes the server's /run/kelp away
-  # too (an rmdir detaches the mounts on the directory in every namespace).
-  # Both nodes run the same binary: the server's staged bundle is the agent's.
+  # The agent's bundle staged as by a first run, without one: both nodes
+  # run the same binary, so the server's staged bundle is the agent's.
   mkdir -p "$dir/agent/data"
   cp -a "$dir/server/data/data" "$dir/agent/data/"
   stage_images agent
@@ -449,42 +234,23 @@ run_backend() { # BACKEND: a new cluster with it, measured, then removed
   printf '    median: cross-node %.1f MB/s, same node %.1f MB/s; cross-node / same node = %s\n' \
     "${r[$backend,cross]}" "${r[$backend,same]}" "${r[$backend,ratio]}"
 
-  sample >"$dir/before"
-  t0=$(now_ms)
-  sleep "$IDLE"
-  sample >"$dir/after"
-  local elapsed=$(( $(now_ms) - t0 ))
-  grep -q '^kelp ' "$dir/after" || die "the agent's kelp process is not ${kelp_pid[agent]}"
-  grep -q '^containerd ' "$dir/after" || die "no containerd child of the agent's kelp (${kelp_pid[agent]})"
-  echo "  agent idle, ${IDLE}s after the transfers, 3 pods running (pids alive at both ends):"
-  awk '
-    NR == FNR { seen[$2] = 1; next }
-    ($2 in seen) {
-      cmd = $8; for (i = 9; i <= NF; i++) cmd = cmd " " $i
-      printf "    %-10s pid %-7s RSS %4.0f MiB (anon %4.0f, file %4.0f)  PSS %4.0f MiB  %s\n",
-        $1, $2, $4 / 1024, $5 / 1024, $6 / 1024, $7 / 1024, cmd
-    }' "$dir/before" "$dir/after"
-  read -r r["$backend,rss"] r["$backend,anon"] r["$backend,pss"] r["$backend,cpu"] < <(
-    awk -v hz="$(getconf CLK_TCK)" -v ms="$elapsed" '
-      NR == FNR { cpu[$2] = $3; next }
-      ($2 in cpu) && $1 != "other" { dcpu += $3 - cpu[$2]; rss += $4; anon += $5; pss += $7 }
-      END { printf "%.0f %.0f %.0f %.1f\n", rss / 1024, anon / 1024, pss / 1024, 100 * dcpu / hz / (ms / 1000) }' \
-      "$dir/before" "$dir/after")
-  printf '    kelp agent + containerd: RSS %s MiB (anon %s), PSS %s MiB, CPU %s%% of a core\n' \
-    "${r[$backend,rss]}" "${r[$backend,anon]}" "${r[$backend,pss]}" "${r[$backend,cpu]}"
-  awk 'NR == FNR { seen[$2] = 1; next }
-    ($2 in seen) && $1 == "other" { n++; rss += $4; pss += $7 }
-    END { printf "    others (shims), not counted: %d processes, RSS %.0f MiB, PSS %.0f MiB\n", n, rss / 1024, pss / 1024 }' \
-    "$dir/before" "$dir/after"
-
-  # `kelp killall` anywhere on this machine (a test's cleanup, say) removes
-  # the host's /run/kelp, and with it the nodes' private mounts there.
-  for node in server agent; do
-    for d in "${private_dirs[@]}"; do
-      in_node "$node" mountpoint -q "$d" ||
-        echo "  note: the $node's private $d went away during the run: its kelp used the host's"
-    done
-  done
+  measure_node agent "$IDLE" "$dir/idle"
+  echo "  agent idle, ${IDLE}s after the transfers, 3 pods running: its node's processes (alive at both ends):"
+  print_measure "$dir/idle"
+  # The agent proper: kelp agent and its containerd, the bundle's (or, for
+  # a kelp before it, `kelp containerd`); shims apart.
+  grep -q '^kelp-agent 1 ' "$dir/idle" || die "no kelp agent among the agent's processes: see $dir/idle.after"
+  grep -Eq '^(kelp-)?containerd ' "$dir/idle" || die "no containerd among the agent's processes: see $dir/idle.after"
+  local agent_re='^(kelp-agent|kelp-containerd|containerd)$'
+  local rss pss cpu ws
+  read -r rss pss cpu ws < <(awk -v re="$agent_re" '$1 ~ re { rss += $3; pss += $4; cpu += $5; ws += $7 }
+    END { printf "%.0f %.0f %.1f %.0f\n", rss, pss, cpu, ws }' "$dir/idle")
+  r[$backend,rss]=$rss r[$backend,pss]=$pss r[$backend,cpu]=$cpu r[$backend,ws]=$ws
+  # measure_node sums no anon: its samples (sample_node) hold it, column 8.
+  r[$backend,anon]=$(awk -v re="$agent_re" 'NR == FNR { seen[$2] = 1; next }
+    ($2 in seen) && $1 ~ re { anon += $8 } END { printf "%.0f", anon / 1024 }' "$dir/idle.before" "$dir/idle.after")
+  printf '    kelp agent + containerd: RSS %s MiB (anon %s), PSS %s MiB, working set %s MiB, CPU %s%% of a core\n' \
+    "${r[$backend,rss]}" "${r[$backend,anon]}" "${r[$backend,pss]}" "${r[$backend,ws]}" "${r[$backend,cpu]}"
 
   teardown
 }
@@ -514,9 +280,11 @@ row "cross-node / same node" ratio
 row "agent idle RSS (MiB)" rss
 row "  of which anon (MiB)" anon
 row "agent idle PSS (MiB)" pss
+row "agent idle working set (MiB)" ws
 row "agent idle CPU (% of a core)" cpu
 echo
-echo "RSS counts the pages of the kelp binary (file, not anon) once per process; PSS shares"
-echo "  them out among every process mapping them, the server's kelp and containerd here too."
+echo "RSS counts the pages of the binaries (file, not anon) once per process; PSS shares them"
+echo "  out among every process mapping them, the server's here too. Working set: the memory"
+echo "  touched in the idle window (smaps Referenced, see measure_node in lib/bench.sh)."
 echo "goal (multi-node issue), for context: agent idle RSS (kelp + containerd) <= 150 MB;"
 echo "  a k3s agent measures 275 MB."

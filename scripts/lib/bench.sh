@@ -9,10 +9,11 @@
 readonly private_dirs=(/run/kelp /run/netns /var/lib/kubelet /var/log/pods /var/log/containers)
 
 # The nodes of a bench, by name ("server", "agent"): holder is the pid that
-# holds the node's namespaces, kelp_pid that of its kelp, and cg_procs the
-# cgroup.procs files a process joins to be in the node, for a node with
-# cgroups of its own.
-declare -A holder=() kelp_pid=() cg_procs=()
+# holds the node's namespaces, kelp_pid that of its kelp; for a node with
+# cgroups of its own, cg_dirs the host paths of its subtrees, one per
+# hierarchy, and cg_procs the cgroup.procs files a process joins to be in
+# the node.
+declare -A holder=() kelp_pid=() cg_dirs=() cg_procs=()
 # Processes other than kelp that a bench runs in a node, by name: wait_for
 # watches them as it watches kelp.
 declare -A procs=()
@@ -38,37 +39,17 @@ build_test_image() {
     -name docker.io/kelp-test/testapp:1.0 -arch "$(go env GOARCH)" -out "$2/testapp.tar")
 }
 
-# start_node NODE WORK: a network and mount namespace for one kelp node, like
-# the cluster tests': loopback, a bridge with 10.99.0.2, and private_dirs of
-# its own. Sets holder[NODE].
-start_node() {
-  local d
-  for d in "${private_dirs[@]}"; do mkdir -p "$d"; done
-  mkfifo "$2/ready"
-  # shellcheck disable=SC2016 # expanded by sh
-  unshare --net --mount --propagation private sh -ec '
-    ip link set lo up
-    ip link add kelp-lab type bridge
-    ip addr add 10.99.0.2/24 dev kelp-lab
-    ip link set kelp-lab up
-    for d; do mount -t tmpfs -o mode=0755 kelp-bench "$d"; done
-    echo ready > "$0"
-    exec sleep infinity' "$2/ready" "${private_dirs[@]}" &
-  holder[$1]=$!
-  read -r _ <"$2/ready"
-}
-
 # Runs "$@" after moving itself into the cgroups listed in $1; the sh
 # execs, so the pid is the command's.
 # shellcheck disable=SC2016 # expanded by sh
 readonly join_cgroups='for f in $1; do echo $$ >"$f"; done; shift; exec "$@"'
 
 # enter_node NODE: sets enter to the command that runs what follows it in
-# the node's namespaces, and in its cgroups if it has its own: entering a
+# the node's namespaces (start_node), and in its cgroups if it has its own: entering a
 # cgroup namespace moves no process, so the command joins the node's
 # cgroups first, or it would run outside the node's view.
 enter_node() {
-  enter=(nsenter --target "${holder[$1]}" --net --mount)
+  enter=(nsenter --target "${holder[$1]}" --net --mount --uts)
   if [[ -n ${cg_procs[$1]:-} ]]; then
     enter=(sh -c "$join_cgroups" kelp-bench-node "${cg_procs[$1]}" "${enter[@]}" --cgroup)
   fi
@@ -148,7 +129,21 @@ wait_for() {
   done
 }
 
-# --- a lab of nodes that run no agent -------------------------------------------
+# --- nodes, their own cgroups, and a lab of them ---------------------------------
+#
+# A node is a network, mount and UTS namespace held by a sleeping shell, its
+# holder, with private_dirs of its own and its name as its hostname, as in
+# the cluster tests (internal/testcluster/node.go): kelp and upstream derive
+# identities from the hostname (node name, etcd member, leader election,
+# the apiserver's identity), and a server refuses to join a cluster where a
+# server of its hostname runs. start_node makes one alone,
+# start_lab_node one wired to the lab of start_lab, and end_node ends
+# either. A node that runs a kubelet (kelp agent, kelp server without
+# --disable-agent) needs cgroups of its own too ("cgroups"): a subtree in
+# every hierarchy, which the node sees as its cgroup root through a cgroup
+# namespace, as internal/testcluster/cgroup.go makes them. Two kubelets in
+# one machine's cgroups fight over kubepods, each removing the pod cgroups
+# it does not know, and their pods restart.
 
 # lab_holder: the pid that holds the lab's network namespace (start_lab);
 # lab_links: how many nodes were wired to it, for their link names.
@@ -165,12 +160,172 @@ await_ready() {
   done
 }
 
+# cgroup_hierarchies prints "MOUNTPOINT OPTIONS" for each mounted cgroup
+# hierarchy, once: OPTIONS is v2 for cgroup2, and for v1 the -o that mounts
+# the hierarchy again, its controllers or name sorted (flags such as
+# release_agent are the host's).
+cgroup_hierarchies() {
+  awk 'NR == FNR { if ($1 !~ /^#/) known[$1] = 1; next }
+    {
+      # 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+      for (sep = 7; sep <= NF && $sep != "-"; sep++) ;
+      type = $(sep + 1)
+      if ((type != "cgroup" && type != "cgroup2") || seen[$3]++) next
+      if (type == "cgroup2") { print $5, "v2"; next }
+      n = split($(sep + 3), o, ","); opts = ""
+      for (i = 1; i <= n; i++) if ((o[i] in known) || o[i] ~ /^name=/) opts = opts (opts == "" ? "" : ",") o[i]
+      print $5, opts
+    }' /proc/cgroups /proc/self/mountinfo |
+  while read -r mountpoint opts; do
+    echo "$mountpoint $(sort_list "$opts")"
+  done
+}
+# sort_list LIST: the comma-separated LIST, sorted.
+sort_list() { tr , '\n' <<<"$1" | sort | paste -sd, -; }
+
+# make_cgroups NODE: a kelp-bench-NODE-<random> cgroup in every hierarchy,
+# below the cgroup this script runs in on v1 (so the machine's limits on it
+# cover the node), below the root on v2 (a cgroup holding processes cannot
+# pass controllers on), where the node's processes live in the leaf init.
+# Sets cg_dirs[NODE] (as it makes them, for remove_cgroups), cg_procs[NODE],
+# and for hold_node cg_join, the cgroup.procs the holder joins before it
+# makes the node's cgroup namespace, whose root they become, and cg_setup:
+# the commands that, in the node's new mount and cgroup namespaces, replace
+# the host's cgroup mounts by the node's view.
+make_cgroups() {
+  local node=$1 base='' mountpoint opts parent d f ctrls path
+  local -A own=()
+  while IFS=: read -r _ ctrls path; do
+    [[ -n $ctrls ]] && own[$(sort_list "$ctrls")]=$path
+  done </proc/self/cgroup
+  cg_dirs[$node]='' cg_procs[$node]='' cg_join='' cg_setup=''
+  while read -r mountpoint opts; do
+    parent=$mountpoint
+    if [[ $opts != v2 ]]; then
+      [[ -n ${own[$opts]:-} ]] || die "cgroup hierarchy $mountpoint ($opts) is not in /proc/self/cgroup"
+      parent=$mountpoint${own[$opts]%/}
+    fi
+    if [[ -z $base ]]; then
+      d=$(mktemp -d "$parent/kelp-bench-$node-XXXXXX") || die "make the $node's cgroup in $parent"
+      base=$(basename "$d")
+    else
+      d=$parent/$base
+      mkdir "$d" || die "make the $node's cgroup $d"
+    fi
+    cg_dirs[$node]+="$d "
+    cg_join+="$d/cgroup.procs "
+    # Unmounted, not mounted over: kubelet and runc would find both mounts.
+    if [[ $opts == v2 ]]; then
+      # Only leaves may hold processes once the node's kubelet enables
+      # controllers at its root, as kind does it with its /init.
+      mkdir "$d/init"
+      cg_procs[$node]+="$d/init/cgroup.procs "
+      cg_setup+="; umount $mountpoint; mount -t cgroup2 cgroup2 $mountpoint; echo \$\$ >$mountpoint/init/cgroup.procs"
+    else
+      # A new v1 cpuset takes no process until it has CPUs and memory nodes.
+      for f in cpuset.cpus cpuset.mems; do
+        [[ -f $parent/$f ]] && cat "$parent/$f" >"$d/$f"
+      done
+      cg_procs[$node]+="$d/cgroup.procs "
+      cg_setup+="; umount $mountpoint; mount -t cgroup -o $opts cgroup $mountpoint"
+    fi
+  done < <(cgroup_hierarchies)
+  [[ -n $base ]] || die "no cgroup hierarchy is mounted"
+}
+
+# cgroup_pids NODE: the processes in the node's cgroups, its containers too.
+cgroup_pids() {
+  local d
+  # shellcheck disable=SC2086 # a list of paths without spaces
+  for d in ${cg_dirs[$1]}; do
+    [[ -d $d ]] && find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null
+  done | sort -un
+}
+
+# remove_cgroups NODE: SIGKILL to what is left in the node's cgroups (its
+# containers: they have mount namespaces of their own), then removes them,
+# children first; says so and gives up after 30 s.
+remove_cgroups() {
+  local node=$1 deadline=$(( $(now_ms) + 30000 )) pids d sub
+  while pids=$(cgroup_pids "$node"); [[ -n $pids ]]; do
+    if (( $(now_ms) > deadline )); then
+      echo "${0##*/}: processes $(tr '\n' ' ' <<<"$pids")still in the $node's cgroups after SIGKILL" >&2
+      break
+    fi
+    # A frozen process does not die of SIGKILL; runc freezes a container's
+    # cgroup while it signals it, so a runc killed meanwhile leaves it frozen.
+    # shellcheck disable=SC2086 # a list of paths without spaces
+    for d in ${cg_dirs[$node]}; do
+      find "$d" -name freezer.state -exec sh -c 'for f; do echo THAWED >"$f"; done' sh {} + 2>/dev/null || true
+      find "$d" -name cgroup.freeze -exec sh -c 'for f; do echo 0 >"$f"; done' sh {} + 2>/dev/null || true
+    done
+    # shellcheck disable=SC2086 # a list of pids
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.02
+  done
+  # shellcheck disable=SC2086 # a list of paths without spaces
+  for d in ${cg_dirs[$node]}; do
+    [[ -d $d ]] || continue
+    while read -r sub; do
+      # A killed process leaves its cgroup a moment after it died.
+      until rmdir "$sub" 2>/dev/null || [[ ! -d $sub ]]; do
+        if (( $(now_ms) > deadline )); then
+          echo "${0##*/}: cannot remove cgroup $sub" >&2
+          break
+        fi
+        sleep 0.02
+      done
+    done < <(find "$d" -depth -type d)
+  done
+  return 0
+}
+
+# hold_node NODE WORK SETUP [cgroups]: starts the holder of a new node: a
+# shell that, in the node's new namespaces, sets NODE as the hostname, brings
+# up loopback, mounts private_dirs of its own and runs the shell commands
+# SETUP, says "ready" to WORK/NODE.holder and sleeps. With "cgroups", the
+# node has cgroups of its own (make_cgroups), which end_node removes. Sets
+# holder[NODE].
+hold_node() {
+  local node=$1 work=$2 setup d ns=(unshare --net --mount --uts --propagation private)
+  [[ $node =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || die "node name '$node' is no hostname: lower-case letters, digits and '-'"
+  [[ -z ${4:-} || $4 == cgroups ]] || die "node $node: unknown option '$4' (cgroups or none)"
+  [[ -z ${holder[$node]:-} ]] || die "node $node exists already: end_node it first"
+  setup="echo $node >/proc/sys/kernel/hostname; ip link set lo up${3:+; $3}"
+  for d in "${private_dirs[@]}"; do
+    mkdir -p "$d" # an empty mount point on the host changes nothing there
+    setup+="; mount -t tmpfs -o mode=0755 kelp-bench $d"
+  done
+  if [[ -n ${4:-} ]]; then
+    # Where systemd runs the host, kelp would ask it for cgroups outside the
+    # node's subtree: hiding it makes kelp manage cgroups itself.
+    if [[ -d /run/systemd/system ]]; then setup+="; mount -t tmpfs -o mode=0755 kelp-bench /run/systemd"; fi
+    make_cgroups "$node"
+    setup+=$cg_setup
+    # The holder joins the node's cgroups, then makes its cgroup namespace.
+    ns=(sh -c "$join_cgroups" kelp-bench-node "$cg_join" "${ns[@]}" --cgroup)
+  fi
+  "${ns[@]}" sh -ec "$setup; echo ready; exec sleep infinity" >"$work/$node.holder" 2>&1 &
+  holder[$node]=$!
+  await_ready "$node" "${holder[$node]}" "$work/$node.holder"
+}
+
+# start_node NODE WORK [cgroups]: a node alone, as in the cluster tests: a
+# bridge kelp-lab with 10.99.0.2/24 and no route out. WORK holds the
+# holder's output; "cgroups" as for hold_node.
+start_node() {
+  hold_node "$1" "$2" \
+    "ip link add kelp-lab type bridge; ip addr add 10.99.0.2/24 dev kelp-lab; ip link set kelp-lab up" "${3:-}"
+}
+
 in_lab() { nsenter --target "$lab_holder" --net -- "$@"; }
 
 # start_lab WORK: the network namespace of a lab as the cluster tests make it
 # (internal/testcluster/lab.go), with a bridge lab0 and no address on it: the
-# nodes' gateway 10.99.0.1 answers nothing. Sets lab_holder.
+# nodes' gateway 10.99.0.1 answers nothing, as on a machine whose gateway
+# drops what it cannot deliver. Sets lab_holder.
 start_lab() {
+  [[ -z $lab_holder ]] || die "a lab runs already: end_lab it first"
   # The lab is wire, not a firewall: a kelp node turns on
   # bridge-nf-call-iptables in its network namespace, and lab0 must pass
   # what the nodes send each other without consulting netfilter.
@@ -188,20 +343,13 @@ start_lab() {
   await_ready lab "$lab_holder" "$1/lab.holder"
 }
 
-# start_lab_node NODE IP WORK: a node of the lab for a kelp that runs no
-# agent (kelp server --disable-agent), so no cgroups of its own: network and
-# mount namespaces, private_dirs of its own, eth0 with IP/24 on lab0 and a
-# default route via 10.99.0.1. Sets holder[NODE].
+# start_lab_node NODE IP WORK [cgroups]: a node of the lab (hold_node, its
+# holder's output in WORK), with eth0 IP/24 on lab0 and a default route via
+# 10.99.0.1. "cgroups" as for hold_node: for a node that runs a kubelet.
 start_lab_node() {
-  local node=$1 ip=$2 setup="ip link set lo up" d veth
-  for d in "${private_dirs[@]}"; do
-    mkdir -p "$d" # an empty mount point on the host changes nothing there
-    setup+="; mount -t tmpfs -o mode=0755 kelp-bench $d"
-  done
-  unshare --net --mount --propagation private sh -ec "$setup; echo ready; exec sleep infinity" \
-    >"$3/$node.holder" 2>&1 &
-  holder[$node]=$!
-  await_ready "$node" "${holder[$node]}" "$3/$node.holder"
+  local node=$1 ip=$2 veth
+  [[ -n $lab_holder ]] || die "no lab for the $node: start_lab first"
+  hold_node "$node" "$3" "" "${4:-}"
   # The veth pair is made in the lab and its far end moved to the node:
   # neither end is ever in the machine's own namespace.
   veth=veth$(( ++lab_links ))
@@ -210,6 +358,33 @@ start_lab_node() {
   in_node "$node" ip addr add "$ip/24" dev eth0
   in_node "$node" ip link set eth0 up
   in_node "$node" ip route add default via 10.99.0.1 dev eth0
+}
+
+# end_node NODE: SIGKILL to what still runs in the node's mount namespace
+# (stop its kelp with stop_kelp first, and run kelp killall in it for a
+# clean end of its containers), then to its holder: the namespaces and
+# their mounts go with it. A node with cgroups of its own loses them and
+# what is left in them (remove_cgroups), its containers too. Forgets the
+# node; a node it does not know is no error.
+end_node() {
+  local pids
+  if [[ -n ${holder[$1]:-} ]]; then
+    pids=$(node_pids "$1")
+    # shellcheck disable=SC2086 # a list of pids
+    if [[ -n $pids ]]; then kill -KILL $pids 2>/dev/null || true; fi
+    kill -KILL "${holder[$1]}" 2>/dev/null || true
+    wait "${holder[$1]}" 2>/dev/null || true
+  fi
+  if [[ -n ${cg_dirs[$1]:-} ]]; then remove_cgroups "$1"; fi
+  unset "holder[$1]" "cg_dirs[$1]" "cg_procs[$1]"
+}
+
+# end_lab: SIGKILL to the lab's holder (end its nodes first).
+end_lab() {
+  [[ -n $lab_holder ]] || return 0
+  kill -KILL "$lab_holder" 2>/dev/null || true
+  wait "$lab_holder" 2>/dev/null || true
+  lab_holder='' lab_links=0
 }
 
 # node_pids NODE: the processes in the node's mount namespace but its holder.
@@ -226,7 +401,8 @@ node_pids() {
 # sample_node NODE: one line per process of the node (node_pids): its name
 # (the program's; kelp-SUBCOMMAND for the kelp binary), pid, CPU ticks
 # (user + system), bytes written to storage (/proc/PID/io write_bytes), RSS,
-# PSS and Referenced (smaps: pages touched since clear_refs) in KiB.
+# and from smaps PSS, Referenced (pages touched since clear_refs) and
+# Anonymous (the anonymous part of RSS), in KiB.
 sample_node() {
   local pid name stat argv
   for pid in $(node_pids "$1"); do
@@ -238,7 +414,7 @@ sample_node() {
     echo "$name $pid $(awk '{print $12 + $13}' <<<"$stat") \
 $(awk '$1 == "write_bytes:" {print $2}' "/proc/$pid/io" 2>/dev/null) \
 $(awk '$1 == "VmRSS:" {print $2}' "/proc/$pid/status" 2>/dev/null) \
-$(awk '$1 == "Pss:" || $1 == "Referenced:" {printf "%s ", $2}' "/proc/$pid/smaps_rollup" 2>/dev/null)"
+$(awk '$1 == "Pss:" || $1 == "Referenced:" || $1 == "Anonymous:" {printf "%s ", $2}' "/proc/$pid/smaps_rollup" 2>/dev/null)"
   done
 }
 
@@ -249,8 +425,8 @@ $(awk '$1 == "Pss:" || $1 == "Referenced:" {printf "%s ", $2}' "/proc/$pid/smaps
 # The working set is the memory the processes touched in the window (smaps
 # Referenced, their referenced bits cleared at its start through
 # /proc/PID/clear_refs): RSS also holds pages touched once, e.g. at start,
-# which the kernel takes back first when memory runs short. The samples stay
-# in OUT.before and OUT.after.
+# which the kernel takes back first when memory runs short. The samples
+# (sample_node) stay in OUT.before and OUT.after.
 measure_node() {
   local t0 elapsed pid
   sample_node "$1" >"$3.before"
@@ -284,26 +460,4 @@ print_measure() {
     printf "    %-26s %2d  RSS %5.0f MiB  PSS %5.0f MiB  CPU %5.2f%%  writes %7.2f KiB/s  working set %5.0f MiB\n",
       ($1 == "TOTAL" ? "the whole node" : $1), $2, $3, $4, $5, $6, $7
   }' "$1"
-}
-
-# end_node NODE: SIGKILL to what still runs in the node (stop its kelp with
-# stop_kelp first), then to its holder: the namespaces and their mounts go
-# with it. Forgets the node.
-end_node() {
-  local pids
-  [[ -n ${holder[$1]:-} ]] || return 0
-  pids=$(node_pids "$1")
-  # shellcheck disable=SC2086 # a list of pids
-  if [[ -n $pids ]]; then kill -KILL $pids 2>/dev/null || true; fi
-  kill -KILL "${holder[$1]}" 2>/dev/null || true
-  wait "${holder[$1]}" 2>/dev/null || true
-  unset "holder[$1]"
-}
-
-# end_lab: SIGKILL to the lab's holder (end its nodes first).
-end_lab() {
-  [[ -n $lab_holder ]] || return 0
-  kill -KILL "$lab_holder" 2>/dev/null || true
-  wait "$lab_holder" 2>/dev/null || true
-  lab_holder=''
 }
