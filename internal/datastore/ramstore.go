@@ -74,10 +74,11 @@ func StartRAM(ctx context.Context, cfg RAMConfig) (*Datastore, error) {
 	log := logrus.WithField("component", "ram store")
 	path := filepath.Join(dir, stateDBName)
 	spec := kineSpec{
-		desc:   "RAM store " + path,
-		dbDir:  dir,
-		runDir: orDefault(cfg.runDir, layout.RunDir),
-		dsn:    "sqlite://" + path + "?" + ramSQLiteParams,
+		desc:         "RAM store " + path,
+		dbDir:        dir,
+		runDir:       orDefault(cfg.runDir, layout.RunDir),
+		dsn:          "sqlite://" + path + "?" + ramSQLiteParams,
+		pollInterval: sqlitePollInterval,
 		check: func(ctx context.Context) error {
 			return prepareRAMStore(ctx, path, now(), log)
 		},
@@ -100,7 +101,7 @@ func prepareRAMStore(ctx context.Context, path string, now time.Time, log *logru
 			return fmt.Errorf("check RAM store %s: %w", path, err)
 		}
 		if err == nil && len(problems) == 0 {
-			return nil
+			return stepOverEmptyRevisions(ctx, path, log)
 		}
 		why := strings.Join(problems, "; ")
 		if err != nil {
@@ -121,7 +122,12 @@ func prepareRAMStore(ctx context.Context, path string, now time.Time, log *logru
 // createKineDB makes a SQLite database with kine's table, under a
 // temporary name renamed to path once complete: with pages of pageSize
 // bytes (0: SQLite's default) and, if firstRevision is not 0, a next
-// revision of firstRevision+1.
+// revision of firstRevision+1 and firstRevision as its compact revision.
+// kine would record 0 as the compact revision, and it compacts a range of
+// revisions in transactions of CompactBatchSize revisions whether they hold
+// rows or not: from 0 to a revision near 1.8e15 (the time in microseconds)
+// that is 1.8e12 transactions, a core busy for ever from the apiserver's
+// first compaction on.
 func createKineDB(path string, pageSize int, firstRevision int64) error {
 	tmp := path + ".new"
 	for _, f := range []string{tmp, tmp + "-journal"} {
@@ -153,6 +159,11 @@ func createKineDB(path string, pageSize int, firstRevision int64) error {
 		if _, err := tx.Exec(`INSERT INTO sqlite_sequence (name, seq) VALUES ('kine', ?)`, firstRevision); err != nil {
 			return fmt.Errorf("create %s: set its first revision: %w", tmp, err)
 		}
+		// The row kine's compactStart would add, as it adds it, but with
+		// the compact revision where the revisions start.
+		if _, err := tx.Exec(`INSERT INTO kine (name, created, deleted, create_revision, prev_revision, lease, value, old_value) VALUES ('compact_rev_key', 1, 0, NULL, ?, 0, x'', NULL)`, firstRevision); err != nil {
+			return fmt.Errorf("create %s: set its compact revision: %w", tmp, err)
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("create %s: %w", tmp, err)
@@ -163,5 +174,53 @@ func createKineDB(path string, pageSize int, firstRevision int64) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("create SQLite database: %w", err)
 	}
+	return nil
+}
+
+// compactionGap is the most revisions without rows that may lie above a
+// store's compact revision before stepOverEmptyRevisions closes the gap:
+// kine compacts them in transactions of CompactBatchSize revisions.
+const compactionGap = 1000
+
+// stepOverEmptyRevisions raises the compact revision of the kine database
+// at path over revisions that hold no rows, when there are more than
+// compactionGap of them, so that compacting costs what the rows cost. A
+// RAM store made by an earlier kelp recorded 0 as its compact revision
+// below revisions that start at the time in microseconds. No row is
+// deleted: watching from a revision in the gap is then refused as
+// compacted, and the client lists again, as after any compaction.
+func stepOverEmptyRevisions(ctx context.Context, path string, log *logrus.Entry) error {
+	dsn := (&url.URL{Scheme: "file", Path: path}).String()
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var compact, first sql.NullInt64
+	if err := tx.QueryRowContext(ctx, `SELECT MAX(prev_revision) FROM kine WHERE name = 'compact_rev_key'`).Scan(&compact); err != nil {
+		return fmt.Errorf("read the compact revision of %s: %w", path, err)
+	}
+	if !compact.Valid {
+		return nil
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT MIN(id) FROM kine WHERE id > ?`, compact.Int64).Scan(&first); err != nil {
+		return fmt.Errorf("read the first revision of %s: %w", path, err)
+	}
+	if !first.Valid || first.Int64-1-compact.Int64 <= compactionGap {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE kine SET prev_revision = ? WHERE name = 'compact_rev_key'`, first.Int64-1); err != nil {
+		return fmt.Errorf("raise the compact revision of %s: %w", path, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("raise the compact revision of %s: %w", path, err)
+	}
+	log.Infof("Raised the compact revision of %s from %d to %d over revisions without rows, so that compacting it costs what its rows cost", path, compact.Int64, first.Int64-1)
 	return nil
 }
