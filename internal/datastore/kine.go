@@ -45,6 +45,15 @@ const (
 	sqliteParams = "_journal_mode=WAL&_busy_timeout=30000&_synchronous=FULL&_txlock=immediate&_stmt_cache_size=20&cache=shared&_kine_disable_startup_vacuum=true&_pragma=journal_size_limit(16777216)"
 	// sqlitePageSize is the page size of a new SQLite datastore.
 	sqlitePageSize = 1024
+	// sqlitePollInterval is how often kine reads a SQLite database for
+	// changes it did not make itself. There are none: kelp's lock on the
+	// directory gives the file one kine, and its own writes wake its
+	// poller at once (sqllog's notify), so the poll is a safety net, and
+	// kine's default of 1 s is an idle node's query a second for each of
+	// its two SQLite stores. What it costs: the one wake-up the poller
+	// spends preparing its query (the first write after it starts, or
+	// after a failed query) reaches watchers at the next poll.
+	sqlitePollInterval = 5 * time.Second
 )
 
 // kineEngine is kine serving etcd's API on a unix socket, backed by SQLite,
@@ -71,6 +80,7 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 	case KindSQLite:
 		dbPath := filepath.Join(dbDir, stateDBName)
 		spec.desc = "SQLite datastore " + dbPath
+		spec.pollInterval = sqlitePollInterval
 		// kine's DSN for SQLite is a path followed by mattn/go-sqlite3 style
 		// parameters, which it translates for modernc.org/sqlite.
 		spec.dsn = "sqlite://" + dbPath + "?" + sqliteParams
@@ -121,6 +131,8 @@ type kineSpec struct {
 	secret string
 	// check refuses a database kine must not open; it runs under the lock.
 	check func(context.Context) error
+	// pollInterval replaces kine's 1 s poll for changes made by others.
+	pollInterval time.Duration
 }
 
 // listenKine starts kine as spec says, holding the lock on its directory
@@ -152,7 +164,11 @@ func listenKine(ctx context.Context, spec kineSpec, log *logrus.Entry) (_ engine
 	wg := &sync.WaitGroup{}
 	// scripts/bench-baseline.sh starts a kine of its own with this endpoint.
 	log.WithFields(logrus.Fields{"listen": "unix://" + sock, "endpoint": Redact(spec.dsn)}).Debug("starting kine")
-	etcdCfg, err := endpoint.Listen(kctx, kineConfig("unix://"+sock, spec.dsn, wg, spec.tls))
+	kcfg := kineConfig("unix://"+sock, spec.dsn, wg, spec.tls)
+	if spec.pollInterval != 0 {
+		kcfg.PollInterval = spec.pollInterval
+	}
+	etcdCfg, err := endpoint.Listen(kctx, kcfg)
 	if err != nil {
 		cancel()
 		waitGroupTimeout(wg, kineStopTimeout)

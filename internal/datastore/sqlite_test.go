@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -443,5 +444,46 @@ func TestSQLitePageSize(t *testing.T) {
 	stopWithin(t, d, 30*time.Second)
 	if got := pageSize(filepath.Join(dbDir, stateDBName)); got != 4096 {
 		t.Errorf("an existing datastore of 4096-byte pages has pages of %d bytes now", got)
+	}
+}
+
+// TestSQLiteWatchNeedsNoPoll checks that a write reaches a watcher of
+// either SQLite store at once, not at kine's next poll for changes made
+// by others (sqlitePollInterval), which kelp makes rare. The first write
+// after kine starts its poller may wait for the poll: the poller spends
+// that wake-up preparing its query.
+func TestSQLiteWatchNeedsNoPoll(t *testing.T) {
+	for name, d := range map[string]*Datastore{
+		"disk": startReady(t, Config{DataDir: t.TempDir()}),
+		"ram":  startRAMReady(t, RAMConfig{dir: t.TempDir()}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			cli, err := newClient(d.Backend())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			const key = "/registry/leases/kube-node-lease/n"
+			got, err := cli.Get(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			watch := cli.Watch(ctx, key, clientv3.WithRev(got.Header.Revision+1))
+			for i, within := range []time.Duration{2 * sqlitePollInterval, sqlitePollInterval / 2} {
+				if _, err := cli.Put(ctx, key, strconv.Itoa(i)); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case resp := <-watch:
+					if err := resp.Err(); err != nil || len(resp.Events) != 1 {
+						t.Fatalf("watch: %v, %d events", err, len(resp.Events))
+					}
+				case <-time.After(within):
+					t.Fatalf("put %d reached no watcher within %s", i+1, within)
+				}
+			}
+		})
 	}
 }
