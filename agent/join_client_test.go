@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -35,6 +37,13 @@ type joinServer struct {
 // 200; caStatus is /cacerts'.
 func newJoinServer(t *testing.T, status, caStatus int) *joinServer {
 	t.Helper()
+	return startJoinServer(t, status, caStatus, nil)
+}
+
+// startJoinServer is newJoinServer serving cert, or when it is nil,
+// httptest's own certificate.
+func startJoinServer(t *testing.T, status, caStatus int, cert *tls.Certificate) *joinServer {
+	t.Helper()
 	s := &joinServer{}
 	mux := http.NewServeMux()
 	mux.HandleFunc(joinapi.CACertsPath, func(w http.ResponseWriter, r *http.Request) {
@@ -58,7 +67,11 @@ func newJoinServer(t *testing.T, status, caStatus int) *joinServer {
 		}
 		_ = json.NewEncoder(w).Encode(joinapi.JoinResponse{Config: joinapi.AgentConfig{ClusterCIDR: "10.42.0.0/16"}, ServerCA: s.ca})
 	})
-	s.Server = httptest.NewTLSServer(mux)
+	s.Server = httptest.NewUnstartedServer(mux)
+	if cert != nil {
+		s.TLS = &tls.Config{Certificates: []tls.Certificate{*cert}}
+	}
+	s.StartTLS()
 	t.Cleanup(s.Close)
 	s.ca = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.Certificate().Raw})
 	return s
@@ -117,6 +130,66 @@ func TestJoinRefusesCAOfAnotherCluster(t *testing.T) {
 	}
 	if got := s.joins.Load(); got != 0 {
 		t.Errorf("the token was sent %d times to a server with another CA", got)
+	}
+}
+
+// otherCluster makes the CAs and apiserver certificate of another
+// cluster, as kelp server does.
+func otherCluster(t *testing.T) pki.Files {
+	t.Helper()
+	f, err := pki.Ensure(pki.Config{Dir: filepath.Join(t.TempDir(), "tls"), Hostname: "other", ServiceIP: []byte{10, 43, 0, 1}, ClusterDomain: "cluster.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// A machine in the middle that serves the cluster's CA beside its own at
+// /cacerts, and a serving certificate of its own CA, gets no token.
+func TestJoinRefusesAMachineInTheMiddle(t *testing.T) {
+	realCA := newJoinServer(t, http.StatusOK, http.StatusOK).ca
+	attacker := otherCluster(t)
+	serving, err := tls.LoadX509KeyPair(attacker.APIServer.Cert, attacker.APIServer.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := startJoinServer(t, http.StatusOK, http.StatusOK, &serving)
+	attackerCA, err := os.ReadFile(attacker.ServerCA.Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake.ca = append(append([]byte{}, realCA...), attackerCA...)
+	caPath, savedPath := joinFiles(t)
+	_, err = bootstrap(t.Context(), joinapi.Client{Server: fake.URL, Token: nodeToken(pki.CAHash(realCA)), CAFile: caPath}, joinReq, savedPath)
+	if !errors.Is(err, joinapi.ErrRefused) {
+		t.Errorf("bootstrap: %v, want a refusal", err)
+	}
+	if got := fake.joins.Load(); got != 0 {
+		t.Errorf("the machine in the middle got the token %d times", got)
+	}
+}
+
+// A node keeps, of the CA bundle a server serves, only what the token's
+// hash vouches for: the server's own answer does not add to it.
+func TestJoinKeepsOnlyThePinnedCA(t *testing.T) {
+	s := newJoinServer(t, http.StatusOK, http.StatusOK)
+	pinned := s.ca
+	other, err := os.ReadFile(otherCluster(t).ServerCA.Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ca = append(append([]byte{}, pinned...), other...) // served and answered
+	caPath, savedPath := joinFiles(t)
+	resp, err := bootstrap(t.Context(), joinapi.Client{Server: s.URL, Token: nodeToken(pki.CAHash(pinned)), CAFile: caPath}, joinReq, savedPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(resp.ServerCA, pinned) {
+		t.Errorf("the node keeps %d certificates as its server CA, want the pinned one alone", bytes.Count(resp.ServerCA, []byte("BEGIN CERTIFICATE")))
+	}
+	var saved joinapi.JoinResponse
+	if data, err := os.ReadFile(savedPath); err != nil || json.Unmarshal(data, &saved) != nil || !bytes.Equal(saved.ServerCA, pinned) {
+		t.Errorf("the saved join keeps another server CA than the pinned one (%v)", err)
 	}
 }
 

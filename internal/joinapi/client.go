@@ -27,23 +27,38 @@ type Client struct {
 	Server string // https URL
 	Token  token.Token
 	// CAFile is the server CA pinned at an earlier join; if it does not
-	// exist, the server's is fetched and checked against the token's hash.
+	// exist, the server's bundle is fetched and only what the token's hash
+	// vouches for in it is trusted (pki.PinnedCA).
 	CAFile string
 	// Cert is a joined node's client certificate, which it renews its
 	// certificates with instead of a token; empty: none.
 	Cert pki.Pair
 }
 
+// maxAnswer caps what a join request reads of an answer: certificates,
+// keys and settings, a few KiB.
+const maxAnswer = 1 << 20
+
+// maxCABundle caps what /cacerts may answer: a CA bundle holds at most
+// three certificates (during a CA rotation), each under 1 KiB.
+const maxCABundle = 64 << 10
+
 // Post sends req to path and decodes the answer into resp. It returns the
-// CA it trusted. Answers that say no wrap ErrRefused.
+// CA it verified the server with, which is what the caller may keep: the
+// one pinned at an earlier join, or the certificates of the server's
+// bundle the token's hash vouches for (pki.PinnedCA). Answers that say no
+// wrap ErrRefused.
 func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte, err error) {
-	ca, err = c.serverCA(ctx)
+	ca, first, err := c.serverCA(ctx)
 	if err != nil {
 		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("%w: the server's CA is not a PEM certificate", ErrRefused)
+		if first { // trusted on first use, with a short token
+			return nil, fmt.Errorf("%w: %s answered %s with no PEM certificate: check that --server is the address of a kelp server (https://<server>:6443)", ErrRefused, c.Server, CACertsPath)
+		}
+		return nil, fmt.Errorf("%w: %s holds no PEM certificate: move it aside to join again", ErrRefused, c.CAFile)
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -65,17 +80,22 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 		}
 		tlsConfig.Certificates = []tls.Certificate{cert}
 	}
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}}
+	client := httpClient(30*time.Second, tlsConfig)
+	defer client.CloseIdleConnections()
 	answer, err := client.Do(r)
 	var unknown x509.UnknownAuthorityError
-	if errors.As(err, &unknown) && c.Token.CAHash != "" && !pki.CAHashMatches(ca, c.Token.CAHash) {
+	switch {
+	case errors.As(err, &unknown) && first && c.Token.CAHash != "":
+		return nil, fmt.Errorf("%w: %s serves the CA the token names at %s, but presents a certificate that this CA did not sign: a machine between this one and the server answers in its place (the token was not sent); check --server and the network path to the server", ErrRefused, c.Server, CACertsPath)
+	case errors.As(err, &unknown) && c.Token.CAHash != "" && !c.tokenNames(ca):
 		return nil, fmt.Errorf("%w: the CA this machine pinned at its first join (%s) does not verify the server, and the token's CA hash is not that CA's: the token is from another cluster; to join it, move this machine's data dir aside", ErrRefused, c.CAFile)
-	}
-	if err != nil {
+	case errors.Is(err, ErrRefused): // a redirect, in a *url.Error
+		return nil, errors.Unwrap(err)
+	case err != nil:
 		return nil, fmt.Errorf("join %s: %w", c.Server, err)
 	}
 	defer answer.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(answer.Body, 1<<20))
+	data, err := readAnswer(answer.Body, maxAnswer)
 	if err != nil {
 		return nil, fmt.Errorf("join %s: %w", c.Server, err)
 	}
@@ -92,27 +112,41 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 	return ca, nil
 }
 
-// serverCA is the CA pinned at an earlier join, or the server's if it
-// matches the token's hash, or with a short token, trusted on first use.
+// tokenNames says whether the token's hash vouches for something in ca.
+func (c Client) tokenNames(ca []byte) bool {
+	_, err := pki.PinnedCA(ca, c.Token.CAHash)
+	return err == nil
+}
+
+// serverCA is the CA pinned at an earlier join, or, at the first (first
+// is true), the part of the server's bundle that the token's hash vouches
+// for, or with a short token, the whole bundle, trusted on first use.
 // The hash vouches for the first contact only: a pinned CA changes by a
 // CA rotation (kelp certificate rotate-ca), over connections it verified,
 // and then no longer matches the tokens made before.
-func (c Client) serverCA(ctx context.Context) ([]byte, error) {
-	ca, err := os.ReadFile(c.CAFile)
+func (c Client) serverCA(ctx context.Context) (ca []byte, first bool, err error) {
+	ca, err = os.ReadFile(c.CAFile)
 	if err == nil {
-		return ca, nil
+		return ca, false, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, false, fmt.Errorf("read the pinned server CA: %w", err)
 	}
 	if ca, err = fetchCA(ctx, c.Server); err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	if c.Token.CAHash == "" {
 		log.Warn("the token has no CA hash: trusting the server's CA on first use; use the full token from <data-dir>/server/token to pin it")
-		return ca, nil
+		return ca, true, nil
 	}
-	if !pki.CAHashMatches(ca, c.Token.CAHash) {
-		return nil, fmt.Errorf("%w: its CA does not match the token's hash; the token is from another cluster, or from before its CAs were rotated (take the token from the server's <data-dir>/server/token), or something between this machine and %s is not the server", ErrRefused, c.Server)
+	pinned, err := pki.PinnedCA(ca, c.Token.CAHash)
+	if errors.Is(err, pki.ErrCAHashMismatch) {
+		return nil, true, fmt.Errorf("%w: %w (%s%s serves %d certificate(s); neither one of them nor all together has that hash): check --server and the token (copy it again from <data-dir>/server/token on a server of this cluster; tokens from before a `kelp certificate rotate-ca --finish` no longer join), or something between this machine and %s is not the server", ErrRefused, err, c.Server, CACertsPath, strings.Count(string(ca), "-----BEGIN CERTIFICATE-----"), c.Server)
 	}
-	return ca, nil
+	if err != nil {
+		return nil, true, fmt.Errorf("%w: %s answered %s with %w: check that --server is the address of a kelp server (https://<server>:6443)", ErrRefused, c.Server, CACertsPath, err)
+	}
+	return pinned, true, nil
 }
 
 // CACerts returns the server's CA bundle as it serves it now, over a
@@ -126,46 +160,74 @@ func (c Client) CACerts(ctx context.Context) ([]byte, error) {
 	if !pool.AppendCertsFromPEM(pinned) {
 		return nil, fmt.Errorf("%s holds no PEM certificate", c.CAFile)
 	}
-	r, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Server+CACertsPath, nil)
-	if err != nil {
-		return nil, err
-	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	defer client.CloseIdleConnections()
-	resp, err := client.Do(r)
-	if err != nil {
-		return nil, fmt.Errorf("reach %s: %w", c.Server, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, fmt.Errorf("get the CA of %s: %w", c.Server, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("get the CA of %s: %s: %s", c.Server, resp.Status, strings.TrimSpace(string(data)))
-	}
-	return data, nil
+	return getCA(ctx, c.Server, &tls.Config{RootCAs: pool})
 }
 
 // fetchCA reads the server's CA without verifying the server: the caller
 // checks it against the token's hash.
 func fetchCA(ctx context.Context, server string) ([]byte, error) {
+	ca, err := getCA(ctx, server, &tls.Config{InsecureSkipVerify: true})
+	var tooLarge errTooLarge
+	if errors.As(err, &tooLarge) {
+		return nil, fmt.Errorf("%w: %w: a kelp server's CA bundle is a few KiB; check that --server is the address of a kelp server (https://<server>:6443)", ErrRefused, err)
+	}
+	return ca, err
+}
+
+// getCA asks server for its CA bundle.
+func getCA(ctx context.Context, server string, tlsConfig *tls.Config) ([]byte, error) {
 	r, err := http.NewRequestWithContext(ctx, http.MethodGet, server+CACertsPath, nil)
 	if err != nil {
 		return nil, err
 	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	client := httpClient(10*time.Second, tlsConfig)
+	defer client.CloseIdleConnections()
 	resp, err := client.Do(r)
+	if errors.Is(err, ErrRefused) { // a redirect, in a *url.Error
+		return nil, errors.Unwrap(err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reach %s: %w", server, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	data, err := readAnswer(resp.Body, maxCABundle)
 	if err != nil {
 		return nil, fmt.Errorf("get the CA of %s: %w", server, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("get the CA of %s: %s: %s", server, resp.Status, strings.TrimSpace(string(data)))
+	}
+	return data, nil
+}
+
+// httpClient is a client for the join API that follows no redirect: a
+// join request carries the token in a header, which Go's client would
+// send on to wherever a redirect points.
+func httpClient(timeout time.Duration, tlsConfig *tls.Config) *http.Client {
+	return &http.Client{
+		Timeout:   timeout,
+		Transport: &http.Transport{TLSClientConfig: tlsConfig},
+		CheckRedirect: func(r *http.Request, via []*http.Request) error {
+			return fmt.Errorf("%w: %s answered %s with a redirect to %s, which a join does not follow (its requests carry the token): give --server the address of a kelp server itself", ErrRefused, via[0].URL.Host, via[0].URL.Path, r.URL.Redacted())
+		},
+	}
+}
+
+// errTooLarge is an answer longer than its cap.
+type errTooLarge struct{ limit int64 }
+
+func (e errTooLarge) Error() string {
+	return fmt.Sprintf("the answer is larger than %d KiB", e.limit>>10)
+}
+
+// readAnswer reads body, up to limit bytes.
+func readAnswer(body io.Reader, limit int64) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(body, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, errTooLarge{limit}
 	}
 	return data, nil
 }

@@ -30,7 +30,7 @@ import (
 func testJoinAPI(t *testing.T, objects ...any) (*joinAPI, *fake.Clientset) {
 	t.Helper()
 	dir := t.TempDir()
-	certs, err := pki.Ensure(pki.Config{Dir: filepath.Join(dir, "tls"), Hostname: "server", ServiceIP: []byte{10, 43, 0, 1}, ClusterDomain: "cluster.local"})
+	certs, err := pki.Ensure(testPKI(dir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +56,11 @@ func testJoinAPI(t *testing.T, objects ...any) (*joinAPI, *fake.Clientset) {
 	s := &joinAPI{cfg: Config{Certs: certs, TokenFile: tokens, AgentTokenFile: agentTokens, Agent: AgentConfig{ClusterCIDR: "10.42.0.0/16"}}, slots: make(chan struct{}, maxJoins)}
 	s.clientOnce.Do(func() { s.client = client })
 	return s, client
+}
+
+// testPKI is the PKI of testJoinAPI's server, in dir.
+func testPKI(dir string) pki.Config {
+	return pki.Config{Dir: filepath.Join(dir, "tls"), Hostname: "server", ServiceIP: []byte{10, 43, 0, 1}, ClusterDomain: "cluster.local"}
 }
 
 func joinAs(s *joinAPI, tokenHeader string, req JoinRequest) *httptest.ResponseRecorder {

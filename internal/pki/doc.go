@@ -14,6 +14,8 @@
 // IssueNode signs the credentials of a node that joins, which travel as
 // PEMPairs (contents) and land, by NodeFiles.Write (NodeFiles.WriteRenewed
 // on a running node), at Pairs (paths).
+// PinnedCA says what a join token's CA hash vouches for in the CA bundle
+// a server serves, during a CA rotation too (see RotateCA).
 // IssueServing signs, in memory, the certificate of a server that makes a
 // new one at every start (the metrics API).
 // internal/layout says where the TLS directories are; the names of the

@@ -2,9 +2,7 @@ package pki
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -106,27 +104,6 @@ func (a *authority) carriedBy(certPEM []byte) bool {
 		}
 	}
 	return true
-}
-
-// CAHashMatches says whether hash (a join token's) is CAHash of caPEM, or
-// of one of the certificates in it as kelp writes them: during a CA
-// rotation the server CA file holds the old CA as it was, which tokens
-// made before the rotation name.
-func CAHashMatches(caPEM []byte, hash string) bool {
-	if CAHash(caPEM) == hash {
-		return true
-	}
-	certs, err := parseCerts(caPEM)
-	if err != nil {
-		return false
-	}
-	for _, c := range certs {
-		sum := sha256.Sum256(encodeCert(c.Raw))
-		if hex.EncodeToString(sum[:]) == hash {
-			return true
-		}
-	}
-	return false
 }
 
 // caChange is the new content of one CA's files.

@@ -91,8 +91,14 @@ func TestRotateCA(t *testing.T) {
 	if _, err := os.Stat(f.ServerCA.Key + ".rotated-" + t1.Format("20060102T150405Z")); err != nil {
 		t.Errorf("the old key was not kept: %v", err)
 	}
-	if !CAHashMatches(readFile(t, f.ServerCA.Cert), oldHash) || !CAHashMatches(readFile(t, f.ServerCA.Cert), CAHash(readFile(t, f.ServerCA.Cert))) || CAHashMatches(readFile(t, f.ServerCA.Cert), CAHash([]byte("other"))) {
-		t.Error("CAHashMatches: want tokens of the old CA and of the bundle to match it, and no other")
+	served := readFile(t, f.ServerCA.Cert)
+	for name, hash := range map[string]string{"the old CA": oldHash, "the bundle": CAHash(served)} {
+		if pinned, err := PinnedCA(served, hash); err != nil || !bytes.Equal(pinned, served) {
+			t.Errorf("PinnedCA with the hash of %s: %v; want the whole bundle", name, err)
+		}
+	}
+	if _, err := PinnedCA(served, CAHash([]byte("other"))); !errors.Is(err, ErrCAHashMismatch) {
+		t.Errorf("PinnedCA with another hash: %v", err)
 	}
 
 	// The server's next start reissues every leaf from the new CAs, and
@@ -161,8 +167,8 @@ func TestRotateCA(t *testing.T) {
 	if _, err := FinishCARotation(cfg.Dir, t2); !errors.Is(err, ErrNoCARotation) {
 		t.Errorf("finishing twice: %v", err)
 	}
-	if CAHashMatches(readFile(t, f.ServerCA.Cert), oldHash) {
-		t.Error("after finishing, the old token's CA hash still matches")
+	if _, err := PinnedCA(readFile(t, f.ServerCA.Cert), oldHash); !errors.Is(err, ErrCAHashMismatch) {
+		t.Errorf("after finishing, the old token's CA hash: %v, want no match", err)
 	}
 }
 
