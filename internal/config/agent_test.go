@@ -71,11 +71,11 @@ func TestAgentBadInput(t *testing.T) {
 }
 
 func TestServerJoinSettings(t *testing.T) {
-	s, err := runServer(t, "--token", "s3cret", "--agent-token", "agents", "--overlay", "host-gw", "--overlay-iface", "eth1")
+	s, err := runServer(t, "--token", "s3cret-of-the-servers", "--agent-token", "s3cret-of-the-agents", "--overlay", "host-gw", "--overlay-iface", "eth1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := s.Agent(); s.Token != "s3cret" || s.AgentToken != "agents" || s.Overlay != "host-gw" || s.OverlayIface != "eth1" || a.Overlay != "host-gw" || a.OverlayIface != "eth1" {
+	if a := s.Agent(); s.Token != "s3cret-of-the-servers" || s.AgentToken != "s3cret-of-the-agents" || s.Overlay != "host-gw" || s.OverlayIface != "eth1" || a.Overlay != "host-gw" || a.OverlayIface != "eth1" {
 		t.Errorf("parsed %+v", s)
 	}
 	if s, err := runServer(t); err != nil || s.Overlay != "vxlan" {
@@ -86,5 +86,31 @@ func TestServerJoinSettings(t *testing.T) {
 	}
 	if _, err := runServer(t, "--token", "KELP1abc::server:x"); err == nil || !strings.Contains(err.Error(), "the secret alone") {
 		t.Errorf("a full token as --token: %v", err)
+	}
+}
+
+// TestShortSecrets: a secret that a user chooses for joining nodes has at
+// least 16 characters; a joining server's --token is the cluster's.
+func TestShortSecrets(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // "": accepted
+	}{
+		{[]string{"--token", "s3cret"}, "--token: a secret of 6 characters is too easy to guess: choose one of at least 16, such as the output of `openssl rand -hex 16`"},
+		{[]string{"--token", "0123456789abcde"}, "--token: a secret of 15 characters"},
+		{[]string{"--agent-token", "agents"}, "--agent-token: a secret of 6 characters"},
+		{[]string{"--token", "0123456789abcdef", "--agent-token", "0123456789abcdef"}, ""},
+		{[]string{"--server", "https://10.99.0.1:6443", "--token", "s3cret"}, ""},
+		{[]string{"--server", "https://10.99.0.1:6443", "--token", "s3cret", "--agent-token", "agents"}, "--agent-token: a secret of 6 characters"},
+		{nil, ""},
+	} {
+		_, err := runServer(t, tc.args...)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	t.Setenv("KELP_TOKEN", "s3cret")
+	if _, err := runServer(t); err == nil || !strings.Contains(err.Error(), "--token: a secret of 6 characters") {
+		t.Errorf("KELP_TOKEN=s3cret: %v", err)
 	}
 }

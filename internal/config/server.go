@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 // Server is the validated configuration of `kelp server`.
@@ -236,6 +237,12 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		}
 	}
 	check(checkOverlay(in.overlay))
+	if in.joinServer == "" {
+		// A joining server's token is the cluster's, checked where it
+		// was chosen.
+		check(token.CheckChosen("--token", s.Token))
+	}
+	check(token.CheckChosen("--agent-token", in.agentToken))
 	if (in.joinServer == "" && strings.Contains(in.token, "::")) || strings.Contains(in.agentToken, "::") {
 		check(errors.New("--token and --agent-token take the secret alone, not a full KELP1… token (a full token is for joining, with --server)"))
 	}

@@ -4,5 +4,6 @@
 // hash in its token), and /v1-kelp/join gives a node that presents a valid
 // token its certificates and the cluster's settings. A node that joined
 // renews its certificates there too, with its client certificate instead
-// of a token.
+// of a token. An address that keeps presenting wrong tokens is made to
+// wait, and logged sparingly.
 package joinapi

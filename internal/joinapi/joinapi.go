@@ -115,6 +115,7 @@ func Routes(cfg Config) map[string]http.Handler {
 type joinAPI struct {
 	cfg   Config
 	slots chan struct{}
+	limit limiter
 
 	clientOnce sync.Once
 	client     kubernetes.Interface
@@ -141,6 +142,11 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	// token: the one it joined with may have expired or been rotated since.
 	node, renewal := certifiedNode(r.Context())
 	if !renewal {
+		src := sourceOf(r.RemoteAddr)
+		if wait, ok := s.limit.retryAfter(src); ok {
+			tooManyWrongTokens(w, wait)
+			return
+		}
 		ok, err := s.authorized(r.Context(), r.Header.Get(TokenHeader))
 		if err != nil {
 			msg := "could not check the token"
@@ -153,10 +159,11 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if !ok {
-			log.WithField("from", r.RemoteAddr).Warn("a node presented a wrong token")
+			s.limit.failed(src, r.RemoteAddr, "a node presented a wrong token")
 			http.Error(w, "the token is not valid for this cluster: copy it from the server's <data-dir>/server/token", http.StatusUnauthorized)
 			return
 		}
+		s.limit.succeeded(src)
 	}
 	var req JoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {

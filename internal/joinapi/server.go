@@ -69,7 +69,17 @@ func (s *joinAPI) serverJoin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
 		return
 	}
-	if err := s.serverAuthorized(r.Header.Get(TokenHeader)); err != nil {
+	src := sourceOf(r.RemoteAddr)
+	if wait, ok := s.limit.retryAfter(src); ok {
+		tooManyWrongTokens(w, wait)
+		return
+	}
+	switch err := s.serverAuthorized(r.Header.Get(TokenHeader)); {
+	case errors.Is(err, errNotServerToken):
+		s.limit.failed(src, r.RemoteAddr, "a server tried to join with a token other than the server token")
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	case err != nil:
 		status := http.StatusUnauthorized
 		if errors.Is(err, errNoServerToken) {
 			status = http.StatusServiceUnavailable
@@ -78,6 +88,7 @@ func (s *joinAPI) serverJoin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), status)
 		return
 	}
+	s.limit.succeeded(src)
 	var req ServerJoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
 		http.Error(w, "malformed join request: "+err.Error(), http.StatusBadRequest)
@@ -110,10 +121,12 @@ func (s *joinAPI) serverAuthorized(header string) error {
 		return fmt.Errorf("%w: %s", errNoServerToken, s.cfg.TokenFile)
 	}
 	if user != token.ServerUser || !token.Equal(secret, server) {
-		return errors.New("only the server token (<data-dir>/server/token on a server) joins servers; agent tokens and `kelp token create` tokens join agents only")
+		return errNotServerToken
 	}
 	return nil
 }
+
+var errNotServerToken = errors.New("only the server token (<data-dir>/server/token on a server) joins servers; agent tokens and `kelp token create` tokens join agents only")
 
 // errUnavailable is a join that may work when tried again.
 var errUnavailable = errors.New("try again")

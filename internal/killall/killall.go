@@ -73,7 +73,7 @@ func newClassifier(dataDir string) (classifier, error) {
 	if err != nil {
 		return classifier{}, fmt.Errorf("data dir %s: %w", dataDir, err)
 	}
-	return classifier{dataDir: resolveSymlinks(abs), root: os.DirFS("/"), resolve: resolveSymlinks}, nil
+	return classifier{dataDir: resolveSymlinks(abs), root: configFiles("/"), resolve: resolveSymlinks}, nil
 }
 
 // mountsBelow lists the mount points in mountinfo strictly below dirs,

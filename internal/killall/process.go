@@ -45,6 +45,10 @@ type process struct {
 	cmdline []string
 	environ []string
 	cwd     string // for a relative --config
+	// root: every uid of the process is 0. Only root's processes can be a
+	// node's; a local user's are no business of killall, which runs as
+	// root and reads their config files.
+	root bool
 }
 
 // owner says whose a process is.
@@ -132,8 +136,14 @@ func (c classifier) plan(procs []process, self int, pods []int) (plan, error) {
 	return out, errors.Join(errs...)
 }
 
-// ownerOf tells whose p is.
+// ownerOf tells whose p is. A process that is not root's is nobody's: a
+// user's `kelp server --config /tmp/fifo` would otherwise have killall
+// open the user's file, and a user's fake shim on kelp's socket address
+// would make killall leave the machine's pods and network alone.
 func (c classifier) ownerOf(p process) (owner, error) {
+	if !p.root {
+		return nobody, nil
+	}
 	if filepath.Base(strings.TrimSuffix(p.exe, deleted)) == shimBinary {
 		return c.shimOwner(p), nil
 	}

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -18,22 +19,30 @@ const (
 	self    = 100
 )
 
-// kelp is a process running the kelp binary at /usr/local/bin/kelp.
+// kelp is a process of root's running the kelp binary at
+// /usr/local/bin/kelp.
 func kelp(pid, ppid int, args ...string) process {
 	return process{pid: pid, ppid: ppid, mountNS: hostNS, exe: "/usr/local/bin/kelp", program: kelpProgram,
-		cmdline: append([]string{"kelp"}, args...), cwd: "/root"}
+		cmdline: append([]string{"kelp"}, args...), cwd: "/root", root: true}
 }
 
-// containerd is the bundle's containerd at exe, started with config.
+// containerd is the bundle's containerd at exe, started by root with
+// config.
 func containerd(pid, ppid int, exe, config string) process {
 	return process{pid: pid, ppid: ppid, mountNS: hostNS, exe: exe, program: containerdProgram,
-		cmdline: []string{exe, "--config", config}, cwd: "/"}
+		cmdline: []string{exe, "--config", config}, cwd: "/", root: true}
 }
 
-// shim is a runc shim from exe on the containerd socket address.
+// shim is a runc shim of root's from exe on the containerd socket address.
 func shim(pid int, exe, address string) process {
 	return process{pid: pid, ppid: 1, mountNS: hostNS, exe: exe,
-		cmdline: []string{exe, "-namespace", "k8s.io", "-id", "abc", "-address", address}}
+		cmdline: []string{exe, "-namespace", "k8s.io", "-id", "abc", "-address", address}, root: true}
+}
+
+// user is p run by a user that is not root.
+func user(p process) process {
+	p.root = false
+	return p
 }
 
 // container is a process of a container, in a mount namespace of its own.
@@ -110,7 +119,7 @@ func TestPlan(t *testing.T) {
 			procs: machine(replaced(node[0]), replaced(node[1]), replaced(node[2]), node[3],
 				// The same kelp, installed elsewhere.
 				process{pid: 210, ppid: 1, mountNS: hostNS, exe: "/opt/kelp-1.2/kelp" + deleted, program: kelpProgram,
-					cmdline: []string{"/opt/kelp-1.2/kelp", "agent", "-d=/var/lib/kelp"}}),
+					cmdline: []string{"/opt/kelp-1.2/kelp", "agent", "-d=/var/lib/kelp"}, root: true}),
 			kill: []int{200, 201, 210, 300, 301},
 		},
 		{
@@ -216,6 +225,23 @@ func TestPlan(t *testing.T) {
 			procs:   machine(kelp(200, 1, "server", "--config", "/etc/kelp/gone.yaml"), node[1]),
 			kill:    []int{201},
 			err:     "kelp server (pid 200): config file /etc/kelp/gone.yaml",
+		},
+		{
+			// A user's process is not a node's, whatever it says: killall
+			// does not read the user's config file (it would be an error
+			// here), kill it, or leave the machine to a user's fake shim.
+			name:    "processes of users are nobody's",
+			dataDir: "/var/lib/kelp",
+			procs: machine(node[0], node[1],
+				user(kelp(400, 1, "server", "--data-dir", "/var/lib/kelp")),
+				user(kelp(401, 1, "server", "--config", "/tmp/fifo")),
+				user(containerd(402, 1, ownContainerd, "/var/lib/kelp/agent/etc/containerd/config.toml")),
+				user(containerd(403, 1, "/home/u/containerd", "/srv/kelp/agent/etc/containerd/config.toml")),
+				user(shim(404, "/home/u/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock")),
+				user(kelp(405, 1, "containerd", "--config", "/srv/kelp/agent/etc/containerd/config.toml")),
+			),
+			pods: []int{700},
+			kill: []int{200, 201, 700},
 		},
 		{
 			name:    "a data dir reached through a symlink",
@@ -379,6 +405,9 @@ func TestReadReplacedBinary(t *testing.T) {
 	if v, ok := getenv(p.environ, "KILLALL_TEST_SLEEP"); v != "1" || !ok {
 		t.Errorf("environ %q has no KILLALL_TEST_SLEEP=1", p.environ)
 	}
+	if root := os.Getuid() == 0 && os.Geteuid() == 0; p.root != root {
+		t.Errorf("root %v, want %v", p.root, root)
+	}
 	if own, _ := os.Readlink("/proc/self/ns/mnt"); p.mountNS != own {
 		t.Errorf("mount namespace %q, want %q", p.mountNS, own)
 	}
@@ -401,5 +430,90 @@ func TestPlanOnThisMachine(t *testing.T) {
 	p, err := c.plan(procs, os.Getpid(), nil)
 	if err != nil || len(p.kill) > 0 {
 		t.Errorf("plan kills %v (error %v), want nothing", p.kill, err)
+	}
+}
+
+func TestRootOwned(t *testing.T) {
+	status := func(uid string) []byte {
+		return []byte("Name:\tkelp\nUmask:\t0022\nState:\tS (sleeping)\nPid:\t200\nPPid:\t1\n" +
+			"Uid:\t" + uid + "\nGid:\t0\t0\t0\t0\nGroups:\t0\n")
+	}
+	for _, tc := range []struct {
+		status []byte
+		want   bool
+	}{
+		{status("0\t0\t0\t0"), true},
+		{status("1000\t1000\t1000\t1000"), false},
+		// A set-uid root program that a user started.
+		{status("1000\t0\t0\t0"), false},
+		{status("0\t1000\t1000\t1000"), false},
+		{status("0\t0\t0\t1000"), false},
+		{status("0"), false},
+		{status(""), false},
+		{[]byte("Name:\tkelp\nUidx:\t0\t0\t0\t0\n"), false},
+		{nil, false},
+	} {
+		if got := rootOwned(tc.status); got != tc.want {
+			t.Errorf("rootOwned(%q) = %v, want %v", tc.status, got, tc.want)
+		}
+	}
+}
+
+// TestConfigFileNotRegular: killall reads the config file a server of
+// root's names on the machine's file system; one that is not a regular
+// file, or too large, is refused at once, with an error that says so.
+func TestConfigFileNotRegular(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(fifo, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	large := filepath.Join(dir, "large.yaml")
+	if err := os.WriteFile(large, []byte("data-dir: "+strings.Repeat("x", maxConfigFile)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte("data-dir: /srv/kelp\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dropIns := filepath.Join(dir, "dropins.yaml")
+	if err := os.WriteFile(dropIns, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dropIns+".d", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dropIns+".d", "10-fifo.yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := newClassifier(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ config, err string }{
+		{fifo, "not a regular file"},
+		{filepath.Join(dir, "link"), "not a regular file"},
+		{dropIns, "not a regular file"},
+		{"/dev/null", "not a regular file"},
+		{large, "larger than 1048576 bytes"},
+		{good, ""},
+	} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.ownerOf(kelp(200, 1, "server", "--config", tc.config))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("config %s: error %v, want %q", tc.config, err, tc.err)
+			}
+		case <-time.After(time.Minute):
+			// The goroutine stays stuck in open: the test binary ends.
+			t.Fatalf("config %s: killall still reads it after a minute", tc.config)
+		}
 	}
 }

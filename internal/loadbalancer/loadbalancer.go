@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -23,6 +24,14 @@ import (
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
+
+// kubernetesService names the Service of the apiservers. The apiserver
+// publishes its addresses in an EndpointSlice of the same name in
+// default, labelled with the service name and with no managed-by label
+// (k8s.io/kubernetes/pkg/controlplane/reconcilers, EndpointsAdapter); it
+// marks the Service's Endpoints skip-mirror, so no controller makes
+// another slice for it.
+const kubernetesService = "kubernetes"
 
 // dialTimeout bounds the try of one server; the next is tried after it.
 const dialTimeout = 3 * time.Second
@@ -154,7 +163,8 @@ func (lb *LB) preferred(server string) {
 func (lb *LB) Follow(ctx context.Context, client kubernetes.Interface, fallback []string) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(metav1.NamespaceDefault),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = discoveryv1.LabelServiceName + "=kubernetes"
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", kubernetesService).String()
+			o.LabelSelector = discoveryv1.LabelServiceName + "=" + kubernetesService
 		}))
 	endpoints := factory.Discovery().V1().EndpointSlices()
 	var applied []string
@@ -182,10 +192,17 @@ func (lb *LB) Follow(ctx context.Context, client kubernetes.Interface, fallback 
 	}.Run(ctx)
 }
 
-// Servers lists the host:port of the ready apiserver endpoints in slices.
+// Servers lists the host:port of the ready endpoints in the slice that
+// the apiserver publishes among eps. Other slices with the service-name
+// label are not the apiserver's, whoever made them: someone allowed to
+// create EndpointSlices in default would otherwise choose where the
+// node's apiserver connections go.
 func Servers(eps []*discoveryv1.EndpointSlice) []string {
 	var out []string
 	for _, s := range eps {
+		if !published(s) {
+			continue
+		}
 		for _, p := range s.Ports {
 			if p.Port == nil || ptr.Deref(p.Name, "") != "https" {
 				continue
@@ -202,4 +219,11 @@ func Servers(eps []*discoveryv1.EndpointSlice) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// published tells the EndpointSlice that the apiserver writes itself.
+func published(s *discoveryv1.EndpointSlice) bool {
+	_, managed := s.Labels[discoveryv1.LabelManagedBy]
+	return s.Namespace == metav1.NamespaceDefault && s.Name == kubernetesService &&
+		s.Labels[discoveryv1.LabelServiceName] == kubernetesService && !managed
 }

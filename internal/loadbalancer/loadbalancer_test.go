@@ -97,38 +97,75 @@ func TestStartErrors(t *testing.T) {
 	}
 }
 
+// apiserverSlice is an EndpointSlice of the kubernetes Service as the
+// apiserver writes it, with name and labels changed by edit.
+func apiserverSlice(edit func(*metav1.ObjectMeta), ports []discoveryv1.EndpointPort, endpoints ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "kubernetes",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "kubernetes"}},
+		Ports:     ports,
+		Endpoints: endpoints,
+	}
+	edit(&s.ObjectMeta)
+	return s
+}
+
+func asIs(*metav1.ObjectMeta) {}
+
 func TestServers(t *testing.T) {
 	port := func(name string, n int32) discoveryv1.EndpointPort {
 		return discoveryv1.EndpointPort{Name: ptr.To(name), Port: ptr.To(n)}
 	}
-	eps := []*discoveryv1.EndpointSlice{{
-		Ports: []discoveryv1.EndpointPort{port("https", 6443)},
-		Endpoints: []discoveryv1.Endpoint{
-			{Addresses: []string{"10.99.0.3"}},
-			{Addresses: []string{"10.99.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}},
-			{Addresses: []string{"10.99.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false)}},
-		},
-	}, {
-		Ports:     []discoveryv1.EndpointPort{port("metrics", 9090)},
-		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.99.0.4"}}},
-	}}
+	eps := []*discoveryv1.EndpointSlice{apiserverSlice(asIs, []discoveryv1.EndpointPort{port("https", 6443), port("metrics", 9090)},
+		discoveryv1.Endpoint{Addresses: []string{"10.99.0.3"}},
+		discoveryv1.Endpoint{Addresses: []string{"10.99.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}},
+		discoveryv1.Endpoint{Addresses: []string{"10.99.0.9"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false)}},
+	)}
 	if got, want := Servers(eps), []string{"10.99.0.2:6443", "10.99.0.3:6443"}; !slices.Equal(got, want) {
 		t.Errorf("Servers = %v, want %v", got, want)
+	}
+}
+
+// TestServersForged: slices with the kubernetes Service's label that the
+// apiserver did not write are not followed.
+func TestServersForged(t *testing.T) {
+	https := []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To[int32](6443)}}
+	forged := discoveryv1.Endpoint{Addresses: []string{"10.66.6.6"}}
+	for name, edit := range map[string]func(*metav1.ObjectMeta){
+		"another name": func(m *metav1.ObjectMeta) { m.Name = "kubernetes-abcde" },
+		"generated":    func(m *metav1.ObjectMeta) { m.Name, m.GenerateName = "kubernetes-x7k2p", "kubernetes-" },
+		"managed by the mirroring controller": func(m *metav1.ObjectMeta) {
+			m.Labels[discoveryv1.LabelManagedBy] = "endpointslicemirroring-controller.k8s.io"
+		},
+		"managed by the endpointslice controller": func(m *metav1.ObjectMeta) {
+			m.Labels[discoveryv1.LabelManagedBy] = "endpointslice-controller.k8s.io"
+		},
+		"managed by someone": func(m *metav1.ObjectMeta) { m.Labels[discoveryv1.LabelManagedBy] = "" },
+		"another namespace":  func(m *metav1.ObjectMeta) { m.Namespace = "kube-system" },
+		"another service":    func(m *metav1.ObjectMeta) { m.Labels[discoveryv1.LabelServiceName] = "kubernetes-x" },
+	} {
+		eps := []*discoveryv1.EndpointSlice{
+			apiserverSlice(asIs, https, discoveryv1.Endpoint{Addresses: []string{"10.99.0.2"}}),
+			apiserverSlice(edit, https, forged),
+		}
+		if got, want := Servers(eps), []string{"10.99.0.2:6443"}; !slices.Equal(got, want) {
+			t.Errorf("%s: Servers = %v, want %v", name, got, want)
+		}
 	}
 }
 
 // Follow adds the apiservers the cluster publishes ahead of the fallback,
 // follows them as they change, and returns nil when ctx ends.
 func TestFollow(t *testing.T) {
+	https := []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To[int32](6443)}}
 	kubernetes := func(addrs ...string) *discoveryv1.EndpointSlice {
-		return &discoveryv1.EndpointSlice{
-			ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault, Name: "kubernetes",
-				Labels: map[string]string{discoveryv1.LabelServiceName: "kubernetes"}},
-			Ports:     []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To[int32](6443)}},
-			Endpoints: []discoveryv1.Endpoint{{Addresses: addrs}},
-		}
+		return apiserverSlice(asIs, https, discoveryv1.Endpoint{Addresses: addrs})
 	}
-	client := fake.NewClientset(kubernetes("10.99.0.2"))
+	// Made by someone allowed to create EndpointSlices in default: the
+	// fake client does not filter by field, so the balancer does.
+	forged := apiserverSlice(func(m *metav1.ObjectMeta) { m.Name = "kubernetes-forged" }, https,
+		discoveryv1.Endpoint{Addresses: []string{"10.66.6.6"}})
+	client := fake.NewClientset(kubernetes("10.99.0.2"), forged)
 	lb, err := Start("127.0.0.1:0", []string{"10.99.0.9:6443"})
 	if err != nil {
 		t.Fatal(err)

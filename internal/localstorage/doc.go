@@ -10,5 +10,6 @@
 // node's provisioner then makes the directory and a local
 // PersistentVolume, pinned to the node, that names the claim; the binder
 // binds the two. When such a volume is Released and its reclaim policy is
-// Delete, the node that holds it removes the directory and the volume.
+// Delete, the node that holds it removes the directory it made for that
+// volume, and the volume; a volume that points elsewhere keeps its path.
 package localstorage

@@ -224,9 +224,9 @@ func (p *provisioner) makeDir(dir string) (bool, error) {
 func (p *provisioner) delete(ctx context.Context, volume *corev1.PersistentVolume) {
 	l := log.WithField("volume", volume.Name)
 	removeDir := volume.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimDelete
-	if removeDir && (volume.Spec.Local == nil || !inStorage(p.cfg.Path, volume.Spec.Local.Path)) {
+	if removeDir && !ownDir(p.cfg.Path, volume) {
 		p.failed.Refuse(volume.UID)
-		msg := fmt.Sprintf("the volume's path is not a volume directory under this node's storage path %s: kelp does not remove it; remove what needs removing and delete the volume yourself", p.cfg.Path)
+		msg := fmt.Sprintf("the volume's path is not the directory kelp made for it under this node's storage path %s (pvc-<claim UID>_<namespace>_<claim>, of the claim the volume was made for): kelp does not remove it; remove what needs removing and delete the volume yourself", p.cfg.Path)
 		l.Warn(msg)
 		p.events.Event(volume, corev1.EventTypeWarning, "VolumeFailedDelete", msg)
 		if volume.DeletionTimestamp == nil {

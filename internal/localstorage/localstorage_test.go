@@ -260,6 +260,65 @@ func TestDelete(t *testing.T) {
 	}
 }
 
+// A volume made to look like kelp's, released or deleted by hand, that
+// points at another claim's live directory does not take that data with
+// it: the directory is not the one kelp made for it.
+func TestDeleteForged(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "storage")
+	f := newFixture(t, root)
+	victim := claim("data-2")
+	dir := filepath.Join(root, dirName(victim))
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	if err := os.WriteFile(data, []byte("precious"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	live := volumeFor(victim, class("local-path", nil), "n1", dir)
+	live.UID, live.Status.Phase = victim.UID, corev1.VolumeBound
+	forged := func(name string, c *corev1.PersistentVolumeClaim, change func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
+		v := volumeFor(c, class("local-path", nil), "n1", dir)
+		v.Name, v.UID, v.Status.Phase = name, types.UID("forged-"+name), corev1.VolumeReleased
+		change(v)
+		return v
+	}
+	volumes := []*corev1.PersistentVolume{
+		live,
+		// Another claim's volume, as kelp would make it, but for the path.
+		forged("pvc-uid-3", claim("data-3"), func(*corev1.PersistentVolume) {}),
+		// The victim's claim, under another name.
+		forged("pvc-forged", victim, func(*corev1.PersistentVolume) {}),
+		// Deleted by hand: it goes, the directory stays.
+		forged("pvc-uid-4", claim("data-4"), func(v *corev1.PersistentVolume) {
+			v.DeletionTimestamp = &metav1.Time{Time: f.clock}
+		}),
+	}
+	for _, v := range volumes {
+		if _, err := f.client.CoreV1().PersistentVolumes().Create(context.Background(), v, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f.add(t, f.volumes, v)
+	}
+	f.sync(t)
+	if got, err := os.ReadFile(data); err != nil || string(got) != "precious" {
+		t.Errorf("the live claim's data: %q, %v", got, err)
+	}
+	for _, name := range []string{live.Name, "pvc-uid-3", "pvc-forged"} {
+		if f.volume(t, name) == nil {
+			t.Errorf("volume %s was deleted", name)
+		}
+	}
+	if v := f.volume(t, "pvc-uid-4"); v == nil || slices.Contains(v.Finalizers, Finalizer) {
+		t.Errorf("the forged volume deleted by hand: %+v, want it without kelp's finalizer", v)
+	}
+	for range 3 {
+		if e := f.event(); !strings.HasPrefix(e, "Warning VolumeFailedDelete") || !strings.Contains(e, "not the directory kelp made for it") {
+			t.Errorf("event %q", e)
+		}
+	}
+}
+
 // A volume deleted by hand keeps its directory while a claim holds it;
 // then it loses its directory and its finalizer, and kelp does not delete
 // it again. One whose policy was changed to Retain keeps its directory.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -49,13 +48,23 @@ func dirName(claim *corev1.PersistentVolumeClaim) string {
 	return fmt.Sprintf("pvc-%s_%s_%s", claim.UID, claim.Namespace, claim.Name)
 }
 
-// inStorage says whether path is a volume directory right under root, and
-// so one kelp may remove. Whoever may create PersistentVolumes can point
-// one of kelp's at any path, and a volume's path is the one thing removed
-// with it.
-func inStorage(root, path string) bool {
-	return filepath.IsAbs(path) && filepath.Clean(path) == path &&
-		filepath.Dir(path) == root && strings.HasPrefix(filepath.Base(path), "pvc-")
+// ownDir says whether volume's path is the directory kelp made for it,
+// and so one kelp may remove: right under root, named for the claim the
+// volume was made for (dirName), with the volume named for that claim
+// too (volumeName). Whoever may create PersistentVolumes can make one
+// that looks like kelp's and point it at any path, another claim's live
+// directory included, and a volume's path is the one thing removed with
+// it. Volume names are unique: the one that goes with a claim's directory
+// is taken by that claim's own volume.
+func ownDir(root string, volume *corev1.PersistentVolume) bool {
+	ref := volume.Spec.ClaimRef
+	if volume.Spec.Local == nil || ref == nil || ref.UID == "" {
+		return false
+	}
+	claim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name, UID: ref.UID}}
+	path := volume.Spec.Local.Path
+	return volume.Name == volumeName(claim) && filepath.IsAbs(path) && filepath.Clean(path) == path &&
+		filepath.Dir(path) == root && filepath.Base(path) == dirName(claim)
 }
 
 // refusal says why claim cannot have a local-path volume, or is nil. A

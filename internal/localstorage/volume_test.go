@@ -82,32 +82,61 @@ func TestDirName(t *testing.T) {
 	if got := dirName(claim("data-0")); got != "pvc-uid-0_apps_data-0" {
 		t.Errorf("dirName = %q", got)
 	}
-	if !inStorage("/s", "/s/"+dirName(claim("data-0"))) {
-		t.Error("a claim's own directory is not in storage")
+	v := volumeFor(claim("data-0"), class("local-path", nil), "n1", "/s/"+dirName(claim("data-0")))
+	if !ownDir("/s", v) {
+		t.Error("a claim's own directory is not its volume's")
 	}
 }
 
-// Only a volume directory right under the storage path may be removed.
-func TestInStorage(t *testing.T) {
+// Only the directory kelp made for a volume, right under the storage
+// path, may be removed with it.
+func TestOwnDir(t *testing.T) {
+	const root = "/var/lib/kelp/storage"
 	for path, want := range map[string]bool{
-		"/var/lib/kelp/storage/pvc-1_ns_name":          true,
-		"/var/lib/kelp/storage":                        false,
-		"/var/lib/kelp/storage/":                       false,
-		"/var/lib/kelp/storage/pvc-1/../../../etc":     false,
-		"/var/lib/kelp/storage/../pvc-1_ns_name":       false,
-		"/var/lib/kelp/storage/pvc-1_ns_name/":         false,
-		"/var/lib/kelp/storage//pvc-1_ns_name":         false,
-		"/var/lib/kelp/storage/pvc-1_ns_name/sub":      false,
-		"/var/lib/kelp/storage/data":                   false,
-		"/var/lib/kelp/storage/..":                     false,
-		"/var/lib/kelp/storage-other/pvc-1_ns_name":    false,
-		"var/lib/kelp/storage/pvc-1_ns_name":           false,
-		"/etc":                                         false,
-		"":                                             false,
-		"/var/lib/kelp/storage/pvc-1_ns_name/../pvc-2": false,
+		root + "/pvc-uid-1_apps_data-1":       true,
+		root:                                  false,
+		root + "/":                            false,
+		root + "/pvc-uid-1/../../../etc":      false,
+		root + "/../pvc-uid-1_apps_data-1":    false,
+		root + "/pvc-uid-1_apps_data-1/":      false,
+		root + "//pvc-uid-1_apps_data-1":      false,
+		root + "/pvc-uid-1_apps_data-1/sub":   false,
+		root + "/data":                        false,
+		root + "/..":                          false,
+		root + "-other/pvc-uid-1_apps_data-1": false,
+		root[1:] + "/pvc-uid-1_apps_data-1":   false,
+		"/etc":                                false,
+		"":                                    false,
+		root + "/pvc-uid-1_apps_data-1/../pvc-uid-2":   false,
+		root + "/pvc-uid-2_apps_data-2":                false, // another claim's
+		root + "/pvc-uid-1":                            false,
+		root + "/pvc-uid-1_apps_data-1x":               false,
+		root + "/pvc-uid-1_other_data-1":               false,
+		root + "/pvc-uid-1_apps_data-1/../pvc-uid-1_x": false,
 	} {
-		if got := inStorage("/var/lib/kelp/storage", path); got != want {
-			t.Errorf("inStorage(%q) = %v, want %v", path, got, want)
+		v := volumeFor(claim("data-1"), class("local-path", nil), "n1", path)
+		if got := ownDir(root, v); got != want {
+			t.Errorf("ownDir(%q) = %v, want %v", path, got, want)
+		}
+	}
+	// Forged: a volume that points at claim data-2's directory.
+	dir := root + "/" + dirName(claim("data-2"))
+	for name, change := range map[string]func(*corev1.PersistentVolume){
+		"another claim's volume": func(*corev1.PersistentVolume) {},
+		"the claim's reference, another name": func(v *corev1.PersistentVolume) {
+			c := claim("data-2")
+			v.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", Namespace: c.Namespace, Name: c.Name, UID: c.UID}
+		},
+		"no claim":     func(v *corev1.PersistentVolume) { v.Spec.ClaimRef = nil },
+		"no claim UID": func(v *corev1.PersistentVolume) { v.Spec.ClaimRef.UID = "" },
+		"no local path": func(v *corev1.PersistentVolume) {
+			v.Spec.PersistentVolumeSource = corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}
+		},
+	} {
+		v := volumeFor(claim("data-1"), class("local-path", nil), "n1", dir)
+		change(v)
+		if ownDir(root, v) {
+			t.Errorf("%s: its path %s is its own", name, dir)
 		}
 	}
 }

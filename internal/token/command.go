@@ -94,12 +94,15 @@ func Command() *cli.Command {
 				Usage: "give the server token a new secret; nodes that joined keep working, new ones need the new token",
 				Flags: append(flags[:1:1], &cli.StringFlag{Name: "new-token", Usage: "the new secret (default: a random one)"}),
 				Action: func(c *cli.Context) error {
+					secret := c.String("new-token")
+					if err := CheckChosen("--new-token", secret); err != nil {
+						return err
+					}
 					dataDir := c.String("data-dir")
 					hash, err := caHash(dataDir)
 					if err != nil {
 						return err
 					}
-					secret := c.String("new-token")
 					if secret == "" {
 						if secret, err = Random(); err != nil {
 							return err

@@ -1,9 +1,13 @@
 package token
 
 import (
+	"io"
 	"net"
 	"os"
+	"strings"
 	"testing"
+
+	"github.com/urfave/cli/v2"
 
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -26,5 +30,26 @@ func TestCAHashReadsTheServersCA(t *testing.T) {
 	}
 	if _, err := caHash(t.TempDir()); err == nil {
 		t.Error("caHash of a data dir without a server: no error")
+	}
+}
+
+// kelp token rotate --new-token takes a secret of 16 characters or more.
+func TestRotateShortSecret(t *testing.T) {
+	dataDir := t.TempDir()
+	if _, err := pki.Ensure(pki.Config{Dir: layout.Server(dataDir).TLS, Hostname: "server", ServiceIP: net.IPv4(10, 43, 0, 1).To4(), ClusterDomain: "cluster.local"}); err != nil {
+		t.Fatal(err)
+	}
+	rotate := func(secret string) error {
+		app := &cli.App{Name: "kelp", Commands: []*cli.Command{Command()}, Writer: io.Discard, ErrWriter: io.Discard}
+		return app.Run([]string{"kelp", "token", "rotate", "--data-dir", dataDir, "--new-token", secret})
+	}
+	if err := rotate("s3cret"); err == nil || !strings.Contains(err.Error(), "--new-token: a secret of 6 characters is too easy to guess") {
+		t.Errorf("a short secret: %v", err)
+	}
+	if _, err := os.Stat(layout.Server(dataDir).Token); !os.IsNotExist(err) {
+		t.Errorf("a short secret was written: %v", err)
+	}
+	if err := rotate("0123456789abcdef"); err != nil {
+		t.Errorf("a secret of 16 characters: %v", err)
 	}
 }

@@ -67,6 +67,20 @@ func Parse(s, user string) (Token, error) {
 	return Token{CAHash: hash, User: u, Secret: secret}, nil
 }
 
+// MinSecretLength is the shortest secret a user may choose for a token
+// that joins nodes; the secrets kelp makes have 32 hex digits.
+const MinSecretLength = 16
+
+// CheckChosen refuses a secret that a user chose with flag when it is
+// too short to hold out against guessing ("" is none chosen).
+func CheckChosen(flag, secret string) error {
+	if secret == "" || len(secret) >= MinSecretLength {
+		return nil
+	}
+	return fmt.Errorf("%s: a secret of %d characters is too easy to guess: choose one of at least %d, such as the output of `openssl rand -hex 16`",
+		flag, len(secret), MinSecretLength)
+}
+
 // Random makes a new secret.
 func Random() (string, error) {
 	b := make([]byte, 16)
