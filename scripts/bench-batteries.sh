@@ -12,12 +12,16 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 export IDLE=${IDLE:-120} KELP=${KELP:-$repo/bin/kelp}
 
+all_off="--disable metrics-server --disable helm-controller --disable local-storage --disable coredns --disable servicelb --disable-network-policy"
 configs=(
   "all on|"
   "no metrics-server|--disable metrics-server"
   "no helm-controller|--disable helm-controller"
   "no local-storage|--disable local-storage"
-  "all off|--disable metrics-server --disable helm-controller --disable local-storage"
+  "no coredns|--disable coredns"
+  "no servicelb|--disable servicelb"
+  "no network-policy|--disable-network-policy"
+  "all off|$all_off"
 )
 declare -A line
 for c in "${configs[@]}"; do

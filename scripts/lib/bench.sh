@@ -409,6 +409,8 @@ sample_node() {
     stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
     stat=${stat##*) }
     mapfile -d "" -t argv <"/proc/$pid/cmdline" 2>/dev/null || continue
+    # A process that is exiting has no command line any more.
+    (( ${#argv[@]} > 0 )) || continue
     name=${argv[0]##*/}
     if [[ $(readlink "/proc/$pid/exe" 2>/dev/null) == "$KELP" ]]; then name=kelp-${argv[1]:-}; fi
     echo "$name $pid $(awk '{print $12 + $13}' <<<"$stat") \
@@ -451,6 +453,36 @@ measure_node() {
       close("sort")
       print line("TOTAL")
     }' "$3.before" "$3.after" >"$3"
+}
+
+# sample_sum BEFORE AFTER REGEX: over the processes of AFTER (sample_node
+# output) whose names match REGEX, "TICKS WRITTEN RSS PSS": CPU ticks and
+# bytes written since BEFORE, counting the whole of a process that BEFORE
+# lacks (it started since: a shim), and RSS and PSS in KiB at AFTER. What
+# a process that ended in between did since BEFORE is lost.
+sample_sum() {
+  awk -v re="$3" '
+    NF < 8 { next }
+    FILENAME == ARGV[1] { cpu[$2] = $3; wb[$2] = $4; next }
+    $1 ~ re { t += $3 - cpu[$2]; w += $4 - wb[$2]; rss += $5; pss += $6 }
+    END { printf "%d %d %d %d\n", t, w, rss, pss }' "$1" "$2"
+}
+
+# cgroup_cpu_us NODE: the CPU time spent in the node's cgroups (start_node
+# with cgroups), in microseconds: its pods' and that of processes that
+# ended too, which sample_node cannot see. cpuacct.usage on cgroup v1,
+# cpu.stat's usage_usec on v2.
+cgroup_cpu_us() {
+  local d
+  # shellcheck disable=SC2086 # a list of paths without spaces
+  for d in ${cg_dirs[$1]}; do
+    if [[ -f $d/cpuacct.usage ]]; then echo $(( $(<"$d/cpuacct.usage") / 1000 )); return; fi
+  done
+  # shellcheck disable=SC2086 # a list of paths without spaces
+  for d in ${cg_dirs[$1]}; do
+    [[ -f $d/cpu.stat ]] && awk '$1 == "usage_usec" { print $2; found = 1 } END { exit !found }' "$d/cpu.stat" && return
+  done
+  return 0
 }
 
 # print_measure OUT: the figures of measure_node, a line per program and one
