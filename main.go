@@ -44,6 +44,9 @@ func main() {
 		}
 		return
 	}
+	for _, w := range config.SecretsOnCommandLine(os.Args) {
+		fmt.Fprintln(os.Stderr, "kelp: warning:", w)
+	}
 	app := newApp()
 	args, err := config.WithFileArgs(app, os.Args)
 	if err == nil {

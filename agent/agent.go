@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/sirupsen/logrus"
@@ -69,7 +70,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	if err := containerd.WriteConfig(p.ContainerdConfig, ccfg); err != nil {
 		return nil, err
 	}
-	env := append(os.Environ(), "PATH="+p.BinDir+":"+staged.BinDir+":"+os.Getenv("PATH"))
+	env := childEnviron(os.Environ(), p.BinDir+":"+staged.BinDir+":"+os.Getenv("PATH"))
 	if err := g.Start(containerd.Supervise(filepath.Join(staged.BinDir, "containerd"), p.ContainerdConfig, p.ContainerdLog, env)); err != nil {
 		return nil, err
 	}
@@ -300,4 +301,18 @@ func clientFor(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("load %s: %w", kubeconfig, err)
 	}
 	return kubernetes.NewForConfig(rc)
+}
+
+// childEnviron is the environment of containerd, which its shims, runc and
+// the CNI plugins inherit: kelp's own with path as PATH and without kelp's
+// settings (KELP_*), which carry its secrets: the join token, a datastore
+// endpoint's password, the S3 keys.
+func childEnviron(environ []string, path string) []string {
+	out := []string{"PATH=" + path}
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, "KELP_") && !strings.HasPrefix(kv, "PATH=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

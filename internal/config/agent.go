@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
-	"os"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -79,16 +78,8 @@ func (in *AgentInput) Parse(host Host) (Join, error) {
 	case err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/"):
 		check(fmt.Errorf("--server %q: want https://<server>:6443", in.server))
 	}
-	switch {
-	case j.Token != "" && in.tokenFile != "":
-		check(errors.New("--token and --token-file exclude each other"))
-	case in.tokenFile != "":
-		data, err := os.ReadFile(in.tokenFile)
-		if err != nil {
-			check(fmt.Errorf("--token-file: %w", err))
-		}
-		j.Token = strings.TrimSpace(string(data))
-	}
+	j.Token, err = secret("token", in.token, "token-file", in.tokenFile)
+	check(err)
 	if j.Token == "" && len(errs) == 0 {
 		check(errors.New("a join token is required: --token, --token-file or KELP_TOKEN, from the server's <data-dir>/server/token"))
 	}

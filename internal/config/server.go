@@ -125,6 +125,7 @@ type ServerInput struct {
 	writeKubeconfig, writeKubeconfigMode                                             string
 	datastoreEndpoint, datastoreCA, datastoreCert, datastoreKey                      string
 	token, agentToken, overlay, joinServer, restorePath, podSecurityDefault          string
+	tokenFile, agentTokenFile                                                        string
 	httpsPort                                                                        int
 	clusterInit, clusterReset, disableAgent, disableNetworkPolicy, secretsEncryption bool
 	disableRAMStore                                                                  bool
@@ -157,6 +158,8 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns, servicelb, local-storage, metrics-server or helm-controller; repeatable"},
 		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "secret nodes join with (default: made at first start, kept in <data-dir>/server/token)"},
 		&cli.StringFlag{Name: "agent-token", EnvVars: env("agent-token"), Destination: &in.agentToken, Usage: "secret that joins agents only (written to <data-dir>/server/agent-token)"},
+		&cli.StringFlag{Name: "token-file", EnvVars: env("token-file"), Destination: &in.tokenFile, Usage: "file holding --token's secret (or, with --server, the join token)"},
+		&cli.StringFlag{Name: "agent-token-file", EnvVars: env("agent-token-file"), Destination: &in.agentTokenFile, Usage: "file holding --agent-token's secret"},
 		&cli.StringFlag{Name: "overlay", EnvVars: env("overlay"), Value: "vxlan", Destination: &in.overlay, Usage: "pod network between nodes: vxlan, host-gw (nodes on one L2 network) or none (bring your own CNI)"},
 		&cli.BoolFlag{Name: "disable-ram-store", EnvVars: env("disable-ram-store"), Destination: &in.disableRAMStore, Usage: "on SQLite, keep Leases and Events on disk in the datastore instead of in RAM under /run/kelp"},
 		&cli.BoolFlag{Name: "disable-network-policy", EnvVars: env("disable-network-policy"), Destination: &in.disableNetworkPolicy, Usage: "do not enforce NetworkPolicies on the nodes"},
@@ -198,14 +201,12 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		DisableAgent:            in.disableAgent,
 		DisableRAMStore:         in.disableRAMStore,
 		Disable:                 Disable{NetworkPolicy: in.disableNetworkPolicy},
-		Token:                   strings.TrimSpace(in.token),
 		JoinServer:              strings.TrimRight(in.joinServer, "/"),
 		ClusterReset:            in.clusterReset,
 		ClusterResetRestorePath: in.restorePath,
 		Audit:                   in.audit,
 		PodSecurityDefault:      in.podSecurityDefault,
 		SecretsEncryption:       in.secretsEncryption,
-		AgentToken:              in.agentToken,
 		Overlay:                 in.overlay,
 		Snapshots:               in.snapshotInput.parse(check),
 		Datastore: Datastore{
@@ -220,6 +221,11 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			Scheduler:         in.schedulerArgs.Value(),
 		},
 	}
+	var err error
+	s.Token, err = secret("token", in.token, "token-file", in.tokenFile)
+	check(err)
+	s.AgentToken, err = secret("agent-token", in.agentToken, "agent-token-file", in.agentTokenFile)
+	check(err)
 	for _, d := range List(in.disable.Value()) {
 		switch d {
 		case "coredns":
@@ -242,8 +248,8 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		// was chosen.
 		check(token.CheckChosen("--token", s.Token))
 	}
-	check(token.CheckChosen("--agent-token", in.agentToken))
-	if (in.joinServer == "" && strings.Contains(in.token, "::")) || strings.Contains(in.agentToken, "::") {
+	check(token.CheckChosen("--agent-token", s.AgentToken))
+	if (in.joinServer == "" && strings.Contains(s.Token, "::")) || strings.Contains(s.AgentToken, "::") {
 		check(errors.New("--token and --agent-token take the secret alone, not a full KELP1… token (a full token is for joining, with --server)"))
 	}
 	check(checkJoin(s, in))
@@ -251,7 +257,6 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 	if !slices.Contains([]string{"privileged", "baseline", "restricted"}, in.podSecurityDefault) {
 		check(fmt.Errorf("--pod-security-default %q: want privileged, baseline or restricted", in.podSecurityDefault))
 	}
-	var err error
 	s.BindAddress, err = parseIP("--bind-address", in.bindAddress)
 	check(err)
 	if in.httpsPort < 1 || in.httpsPort > 65535 {

@@ -1,6 +1,7 @@
 package token
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -92,9 +93,20 @@ func Command() *cli.Command {
 			{
 				Name:  "rotate",
 				Usage: "give the server token a new secret; nodes that joined keep working, new ones need the new token",
-				Flags: append(flags[:1:1], &cli.StringFlag{Name: "new-token", Usage: "the new secret (default: a random one)"}),
+				Flags: append(flags[:1:1],
+					&cli.StringFlag{Name: "new-token", Usage: "the new secret (default: a random one); --new-token-file keeps it out of ps"},
+					&cli.StringFlag{Name: "new-token-file", Usage: "file holding the new secret"}),
 				Action: func(c *cli.Context) error {
 					secret := c.String("new-token")
+					if file := c.String("new-token-file"); file != "" {
+						if secret != "" {
+							return errors.New("--new-token and --new-token-file exclude each other")
+						}
+						var err error
+						if secret, err = ReadFile("--new-token-file", file); err != nil {
+							return err
+						}
+					}
 					if err := CheckChosen("--new-token", secret); err != nil {
 						return err
 					}

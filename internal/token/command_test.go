@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -51,5 +52,28 @@ func TestRotateShortSecret(t *testing.T) {
 	}
 	if err := rotate("0123456789abcdef"); err != nil {
 		t.Errorf("a secret of 16 characters: %v", err)
+	}
+}
+
+// TestRotateFromFile: the new secret comes from a file, out of ps.
+func TestRotateFromFile(t *testing.T) {
+	dataDir := t.TempDir()
+	if _, err := pki.Ensure(pki.Config{Dir: layout.Server(dataDir).TLS, Hostname: "server", ServiceIP: net.IPv4(10, 43, 0, 1).To4(), ClusterDomain: "cluster.local"}); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "new-token")
+	if err := os.WriteFile(file, []byte("0123456789abcdef-from-a-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	app := &cli.App{Name: "kelp", Commands: []*cli.Command{Command()}, Writer: io.Discard, ErrWriter: io.Discard}
+	if err := app.Run([]string{"kelp", "token", "rotate", "--data-dir", dataDir, "--new-token-file", file}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(layout.Server(dataDir).Token)
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(data)), "::server:0123456789abcdef-from-a-file") {
+		t.Errorf("token file %q, %v", data, err)
+	}
+	if err := app.Run([]string{"kelp", "token", "rotate", "--data-dir", dataDir, "--new-token-file", file, "--new-token", "0123456789abcdef"}); err == nil || !strings.Contains(err.Error(), "exclude each other") {
+		t.Errorf("both: %v", err)
 	}
 }
