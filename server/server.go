@@ -170,6 +170,11 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err := systemobjects.Apply(ctx, admin, systemobjects.Config{DNS: !cfg.Disable.CoreDNS, ClusterDNS: cfg.ClusterDNS}); err != nil {
 		return err
 	}
+	if !cfg.DisableAgent {
+		if err := joinapi.ClaimServerNode(ctx, admin, cfg.Node.NodeName); err != nil {
+			return err
+		}
+	}
 	// The metrics API listens before the manifests register it with the
 	// apiserver, which would otherwise report it unreachable.
 	if !cfg.Disable.MetricsServer {

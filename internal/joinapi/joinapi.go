@@ -346,22 +346,20 @@ func (s *joinAPI) claimName(ctx context.Context, req JoinRequest) error {
 	if err != nil {
 		return err
 	}
-	sum := sha256.Sum256([]byte(req.Password))
-	hash := hex.EncodeToString(sum[:])
+	hash := passwordHash(req.Password)
 	secrets := c.CoreV1().Secrets("kube-system")
-	name := req.NodeName + ".node-password.kelp"
+	name := passwordSecretName(req.NodeName)
 	existing, err := secrets.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = secrets.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kelp.io/node-password": req.NodeName}},
-			Data:       map[string][]byte{"hash": []byte(hash)},
-		}, metav1.CreateOptions{})
+		_, err = secrets.Create(ctx, passwordSecret(req.NodeName, hash, false), metav1.CreateOptions{})
 		return err
 	case err != nil:
 		return err
 	case token.Equal(string(existing.Data["hash"]), hash):
 		return nil
+	case existing.Labels[serverNodeLabel] == "true":
+		return fmt.Errorf("%w: %q is the node of a server: give this machine another --node-name", errNameTaken, req.NodeName)
 	}
 	if _, err := c.CoreV1().Nodes().Get(ctx, req.NodeName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		if err != nil {
@@ -377,6 +375,60 @@ func (s *joinAPI) claimName(ctx context.Context, req JoinRequest) error {
 	existing.Data = map[string][]byte{"hash": []byte(hash)}
 	_, err = secrets.Update(ctx, existing, metav1.UpdateOptions{})
 	return err
+}
+
+// serverNodeLabel marks the password Secret of a server's own node.
+const serverNodeLabel = "kelp.io/server-node"
+
+func passwordSecretName(node string) string { return node + ".node-password.kelp" }
+
+func passwordHash(password string) string {
+	sum := sha256.Sum256([]byte(password))
+	return hex.EncodeToString(sum[:])
+}
+
+func passwordSecret(node, hash string, server bool) *corev1.Secret {
+	labels := map[string]string{"kelp.io/node-password": node}
+	if server {
+		labels[serverNodeLabel] = "true"
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: passwordSecretName(node), Namespace: "kube-system", Labels: labels},
+		Data:       map[string][]byte{"hash": []byte(hash)},
+	}
+}
+
+// ClaimServerNode takes node, a server's own node, for the server: its
+// password Secret holds the hash of a password nobody has, so no machine
+// joins under its name. Servers do not join through the join API; without
+// it, an agent token could claim a server's node name, and with it
+// system:node:<server> and the Secrets of the server's pods. One that an
+// agent claimed is taken back, with a warning.
+func ClaimServerNode(ctx context.Context, c kubernetes.Interface, node string) error {
+	secrets := c.CoreV1().Secrets("kube-system")
+	existing, err := secrets.Get(ctx, passwordSecretName(node), metav1.GetOptions{})
+	if err == nil && existing.Labels[serverNodeLabel] == "true" {
+		return nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("read the node password of this server's node %s: %w", node, err)
+	}
+	password, rerr := token.Random()
+	if rerr != nil {
+		return rerr
+	}
+	claim := passwordSecret(node, passwordHash(password), true)
+	if apierrors.IsNotFound(err) {
+		_, err = secrets.Create(ctx, claim, metav1.CreateOptions{})
+	} else {
+		log.Warnf("a machine joined as an agent under this server's node name %s: the name is this server's again, and that machine can no longer join under it", node)
+		existing.Labels, existing.Data = claim.Labels, claim.Data
+		_, err = secrets.Update(ctx, existing, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("claim the node name %s for this server: %w", node, err)
+	}
+	return nil
 }
 
 func (s *joinAPI) kube() (kubernetes.Interface, error) {

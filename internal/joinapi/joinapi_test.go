@@ -374,3 +374,43 @@ func TestRenewWithNodeCertificate(t *testing.T) {
 		t.Errorf("the deleted node with a token: %d %s", w.Code, w.Body)
 	}
 }
+
+// TestJoinServerNodeName: an agent token cannot claim a server's node
+// name, before or after the server's Node exists; a name an agent had
+// claimed before the server took it is the server's again.
+func TestJoinServerNodeName(t *testing.T) {
+	s, client := testJoinAPI(t)
+	agent := JoinRequest{NodeName: "server-1", Password: "an-agents-password"}
+	if w := joinAs(s, "node:agent-secret", agent); w.Code != http.StatusOK {
+		t.Fatalf("an agent's claim before any server: %d %s", w.Code, w.Body)
+	}
+	if err := ClaimServerNode(t.Context(), client, "server-1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []bool{false, true} {
+		if node {
+			if _, err := client.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "server-1"}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w := joinAs(s, "node:agent-secret", agent)
+		if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), `"server-1" is the node of a server`) {
+			t.Errorf("an agent joining as a server's node (Node exists: %v): %d %s", node, w.Code, w.Body)
+		}
+	}
+	// A restart of the server changes nothing.
+	before, err := client.CoreV1().Secrets("kube-system").Get(t.Context(), "server-1.node-password.kelp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ClaimServerNode(t.Context(), client, "server-1"); err != nil {
+		t.Fatal(err)
+	}
+	after, err := client.CoreV1().Secrets("kube-system").Get(t.Context(), "server-1.node-password.kelp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before.Data["hash"], after.Data["hash"]) {
+		t.Errorf("a server's restart made a new claim")
+	}
+}
