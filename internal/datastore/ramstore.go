@@ -135,13 +135,11 @@ func createKineDB(path string, pageSize int, firstRevision int64) error {
 			return fmt.Errorf("remove %s: %w", f, err)
 		}
 	}
-	dsn := (&url.URL{Scheme: "file", Path: tmp}).String()
-	db, err := sql.Open("sqlite", dsn)
+	db, err := openSQLite(tmp)
 	if err != nil {
 		return fmt.Errorf("create %s: %w", tmp, err)
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(1)
 	if pageSize != 0 {
 		if _, err := db.Exec(fmt.Sprintf("PRAGMA page_size = %d", pageSize)); err != nil {
 			return fmt.Errorf("create %s: set its page size: %w", tmp, err)
@@ -190,13 +188,11 @@ const compactionGap = 1000
 // deleted: watching from a revision in the gap is then refused as
 // compacted, and the client lists again, as after any compaction.
 func stepOverEmptyRevisions(ctx context.Context, path string, log *logrus.Entry) error {
-	dsn := (&url.URL{Scheme: "file", Path: path}).String()
-	db, err := sql.Open("sqlite", dsn)
+	db, err := openSQLite(path)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", path, err)
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(1)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", path, err)
@@ -223,4 +219,15 @@ func stepOverEmptyRevisions(ctx context.Context, path string, log *logrus.Entry)
 	}
 	log.Infof("Raised the compact revision of %s from %d to %d over revisions without rows, so that compacting it costs what its rows cost", path, compact.Int64, first.Int64-1)
 	return nil
+}
+
+// openSQLite opens the SQLite database at path, with one connection, for
+// kelp's own changes before kine starts on it.
+func openSQLite(path string) (*sql.DB, error) {
+	db, err := sql.Open("sqlite", (&url.URL{Scheme: "file", Path: path}).String())
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	return db, nil
 }
