@@ -303,13 +303,36 @@ setup_downloader() {
         fatal "neither sha256sum nor shasum is installed: one of them checks the download"
 }
 
+# https_only sets CURL_PROTO and WGET_PROTO, the options that keep the
+# downloads, redirects included, on https, and refuses a plain http URL,
+# unless INSTALL_KELP_ALLOW_HTTP=true: anyone on the path could swap a
+# binary fetched over http, and its checksum with it.
+https_only() {
+    CURL_PROTO=
+    WGET_PROTO=
+    is_true "${INSTALL_KELP_ALLOW_HTTP:-}" && return 0
+    for _url in "$@"; do
+        case $_url in
+            https://*) ;;
+            *) fatal "$_url is not an https URL: kelp is downloaded over https only (set INSTALL_KELP_ALLOW_HTTP=true for a mirror you trust on a network you trust)" ;;
+        esac
+    done
+    CURL_PROTO="--proto =https --proto-redir =https"
+    # busybox's wget has no --https-only: the URLs were checked above, but
+    # a redirect to http is followed.
+    if [ "$DOWNLOADER" = wget ] && wget --help 2>&1 | grep -q -- --https-only; then
+        WGET_PROTO=--https-only
+    fi
+}
+
 # download URL FILE fetches URL into FILE, three tries.
 download() {
     _try=1
     while :; do
+        # shellcheck disable=SC2086 # CURL_PROTO and WGET_PROTO are lists of options
         case $DOWNLOADER in
-            curl) as_root curl -fsSL --connect-timeout 20 -o "$2" "$1" && return 0 ;;
-            wget) as_root wget -q -O "$2" "$1" && return 0 ;;
+            curl) as_root curl $CURL_PROTO -fsSL --connect-timeout 20 -o "$2" "$1" && return 0 ;;
+            wget) as_root wget $WGET_PROTO -q -O "$2" "$1" && return 0 ;;
         esac
         [ "$_try" -lt 3 ] || return 1
         info "download of $1 failed; trying again"
@@ -328,9 +351,11 @@ resolve_version() {
         _channel=${INSTALL_KELP_CHANNEL:-stable}
         [ "$_channel" != stable ] || _channel=latest
         _url=${INSTALL_KELP_CHANNEL_URL:-${RELEASE_URL%/download}}/$_channel
+        https_only "$_url"
+        # shellcheck disable=SC2086 # CURL_PROTO and WGET_PROTO are lists of options
         case $DOWNLOADER in
-            curl) _where=$(curl -fsSL --connect-timeout 20 -o /dev/null -w '%{url_effective}' "$_url") || _where= ;;
-            wget) _where=$(wget -S -O /dev/null "$_url" 2>&1 | tr -d '\r' | sed -n 's/^ *[Ll]ocation: *//p' | tail -n 1) ;;
+            curl) _where=$(curl $CURL_PROTO -fsSL --connect-timeout 20 -o /dev/null -w '%{url_effective}' "$_url") || _where= ;;
+            wget) _where=$(wget $WGET_PROTO -S -O /dev/null "$_url" 2>&1 | tr -d '\r' | sed -n 's/^ *[Ll]ocation: *//p' | tail -n 1) ;;
         esac
         _where=${_where%/}
         VERSION=${_where##*/}
@@ -373,6 +398,7 @@ download_kelp() {
     RELEASE_URL=${INSTALL_KELP_URL:-$GITHUB_RELEASES/download}
     RELEASE_URL=${RELEASE_URL%/}
     setup_downloader
+    https_only "$RELEASE_URL"
     resolve_version
     _base=$RELEASE_URL/$VERSION
     _name=kelp-linux-$ARCH

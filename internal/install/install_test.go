@@ -415,6 +415,8 @@ func TestBadInput(t *testing.T) {
 		{name: "checksum mismatch", r: run{env: []string{"INSTALL_KELP_VERSION=v6.6.6"}}, want: "checksum mismatch for kelp-linux-amd64.zst"},
 		{name: "checksum mismatch, busybox", r: run{shell: busybox, env: []string{"INSTALL_KELP_VERSION=v6.6.6"}}, want: "checksum mismatch for kelp-linux-amd64.xz"},
 		{name: "no release", r: run{env: []string{"INSTALL_KELP_VERSION=v0.0.1"}}, want: "cannot download"},
+		{name: "http mirror", r: run{env: []string{"INSTALL_KELP_ALLOW_HTTP=false"}}, want: "/releases/download is not an https URL"},
+		{name: "http mirror, busybox", r: run{shell: busybox, env: []string{"INSTALL_KELP_ALLOW_HTTP="}}, want: "is not an https URL"},
 		{name: "no curl and no wget", r: run{shell: busybox, without: []string{"wget"}}, want: "neither curl nor wget"},
 		{name: "not root", r: run{uid: 65534}, want: "must run as root"},
 		{name: "not a kelp", r: run{env: []string{"INSTALL_KELP_BINARY=" + notKelp}}, want: notKelp + " is not a kelp binary"},

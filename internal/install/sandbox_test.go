@@ -277,6 +277,7 @@ func (s *sandbox) install(r run) (string, int) {
 		"FAKE_KELP_LOG=" + s.calls,
 		"INSTALL_KELP_URL=" + s.url + "/releases/download",
 		"INSTALL_KELP_VERSION=v1.0.0",
+		"INSTALL_KELP_ALLOW_HTTP=true", // the mirror is plain http
 	}, r.env...)
 	start := time.Now()
 	out, err := s.n.Run(5*time.Minute, cmd)
