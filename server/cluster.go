@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -140,25 +139,24 @@ func ClusterReset(ctx context.Context, cfg config.Server) error {
 	return nil
 }
 
-// restoreEtcd replaces the member's data with the snapshot at
-// --cluster-reset-restore-path, once it is verified.
+// restoreEtcd replaces the member's data with the snapshot that
+// --cluster-reset-restore-path names, once it is verified.
 func restoreEtcd(ctx context.Context, cfg config.Server) error {
 	dir := snapshot.Dir{DataDir: cfg.DataDir, Path: cfg.Snapshots.Dir, Node: cfg.NodeName}
-	name := cfg.ClusterResetRestorePath
-	if _, err := os.Stat(name); err != nil && cfg.Snapshots.S3 != nil && !strings.ContainsRune(name, '/') {
-		// Not a file here: the name of a snapshot on S3.
-		if _, err := dir.Fetch(ctx, *cfg.Snapshots.S3, name); err != nil {
-			return fmt.Errorf("--cluster-reset-restore-path: %w", err)
-		}
-	}
-	path, err := dir.Verified(name, datastore.KindEtcd, false)
+	found, err := dir.Find(ctx, cfg.ClusterResetRestorePath, cfg.Snapshots.S3)
 	if err != nil {
 		return fmt.Errorf("--cluster-reset-restore-path: %w", err)
 	}
-	backup, err := datastore.RestoreEtcd(cfg.DataDir, path, datastore.EtcdMember{Name: cfg.NodeName, AdvertiseIP: cfg.AdvertiseAddress.String()})
+	if found.FetchedFrom != "" {
+		log.WithFields(logrus.Fields{"from": found.FetchedFrom, "into": found.Path}).Info("Fetched the snapshot")
+	}
+	if err := dir.Verified(found.Path, datastore.KindEtcd, false); err != nil {
+		return fmt.Errorf("--cluster-reset-restore-path: %w", err)
+	}
+	backup, err := datastore.RestoreEtcd(cfg.DataDir, found.Path, datastore.EtcdMember{Name: cfg.NodeName, AdvertiseIP: cfg.AdvertiseAddress.String()})
 	if err != nil {
 		return err
 	}
-	log.WithFields(logrus.Fields{"snapshot": path, "previous": backup}).Info("Restored the embedded etcd from the snapshot")
+	log.WithFields(logrus.Fields{"snapshot": found.Path, "previous": backup}).Info("Restored the embedded etcd from the snapshot")
 	return nil
 }

@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,20 +25,25 @@ func Command() *cli.Command {
 		config.ConfigFlag(),
 		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server"},
 		&cli.StringFlag{Name: "datastore-endpoint", EnvVars: []string{"KELP_DATASTORE_ENDPOINT"}, Usage: "the server's --datastore-endpoint, if any: external datastores are not snapshotted by kelp"},
+		&cli.StringFlag{Name: "node-name", EnvVars: []string{"KELP_NODE_NAME"}, Usage: "the server's node name, which names its snapshots and says which are its own to prune (default: the hostname)"},
 	}, config.SnapshotStoreFlags(&in))
-	// open returns the snapshot directory and, with --snapshot-s3, the S3
-	// folder, checked to be reachable before anything is changed.
-	open := func(c *cli.Context) (Dir, *remote, error) {
+	// parse returns the snapshot directory and where snapshots are kept.
+	parse := func(c *cli.Context) (Dir, config.SnapshotStore, error) {
 		if c.String("datastore-endpoint") != "" {
-			return Dir{}, nil, errors.New("kelp snapshot covers SQLite and embedded etcd only: " + externalHint)
+			return Dir{}, config.SnapshotStore{}, errors.New("kelp snapshot covers SQLite and embedded etcd only: " + externalHint)
 		}
 		store, err := in.Parse()
 		if err != nil {
-			return Dir{}, nil, err
+			return Dir{}, config.SnapshotStore{}, err
 		}
-		d := Dir{DataDir: c.String("data-dir"), Path: store.Dir}
-		if store.S3 == nil {
-			return d, nil, nil
+		return Dir{DataDir: c.String("data-dir"), Path: store.Dir, Node: strings.ToLower(c.String("node-name"))}, store, nil
+	}
+	// open returns the snapshot directory and, with --snapshot-s3, the S3
+	// folder, checked to be reachable before anything is changed.
+	open := func(c *cli.Context) (Dir, *remote, error) {
+		d, store, err := parse(c)
+		if err != nil || store.S3 == nil {
+			return d, nil, err
 		}
 		r, err := openS3(c.Context, *store.S3)
 		return d, r, err
@@ -50,10 +54,12 @@ func Command() *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name:  "save",
-				Usage: "take a snapshot of the running or stopped server's SQLite or embedded etcd datastore; with --snapshot-s3 copy it to S3",
+				Usage: "take a snapshot of the running or stopped server's SQLite or embedded etcd datastore and keep it locally; with --snapshot-s3 then copy it, and this node's snapshots saved while S3 was down, to S3",
 				Flags: slices.Concat(flags, []cli.Flag{&cli.StringFlag{Name: "name", Value: DefaultName, Usage: "start of the snapshot's file name; the node name and UTC time follow"}}),
 				Action: func(c *cli.Context) error {
-					d, r, err := open(c)
+					// The snapshot is kept locally before S3 is asked
+					// anything: an S3 that is down must not cost it.
+					d, store, err := parse(c)
 					if err != nil {
 						return err
 					}
@@ -61,14 +67,18 @@ func Command() *cli.Command {
 					if err != nil {
 						return err
 					}
+					path := filepath.Join(d.path(), m.Name)
 					fmt.Fprintf(c.App.Writer, "saved %s (%s, %d bytes) in %s\n", m.Name, m.Datastore, m.Size, d.path())
-					if r == nil {
+					if store.S3 == nil {
 						return nil
 					}
-					if err := r.upload(c.Context, filepath.Join(d.path(), m.Name), m); err != nil {
-						return fmt.Errorf("%w; the local snapshot is kept", err)
+					r, uploaded, err := d.offsite(c.Context, *store.S3, m)
+					for _, name := range uploaded {
+						fmt.Fprintf(c.App.Writer, "uploaded %s\n", r.location(name))
 					}
-					fmt.Fprintf(c.App.Writer, "uploaded %s\n", r.location(m.Name))
+					if err != nil {
+						return fmt.Errorf("%w; the local snapshot %s is kept, and is uploaded by the next save once S3 answers", err, path)
+					}
 					return nil
 				},
 			},
@@ -124,16 +134,23 @@ func Command() *cli.Command {
 			},
 			{
 				Name:  "prune",
-				Usage: "keep the newest --retention snapshots named as kelp names them, locally and with --snapshot-s3 on S3 each; delete older ones and incomplete ones left by an interrupted save",
-				Flags: slices.Concat(flags, []cli.Flag{&cli.IntFlag{Name: "retention", Value: 5, Usage: "how many snapshots to keep"}}),
+				Usage: "keep this node's newest --retention snapshots named as kelp names them, locally and with --snapshot-s3 on S3 each; delete its older ones and incomplete ones left by an interrupted save",
+				Flags: slices.Concat(flags, []cli.Flag{
+					&cli.IntFlag{Name: "retention", Value: 5, Usage: "how many snapshots to keep"},
+					&cli.BoolFlag{Name: "all-nodes", Usage: "prune the snapshots of every node in the snapshot directory and S3 folder together, not only this node's"},
+				}),
 				Action: func(c *cli.Context) error {
 					d, r, err := open(c)
 					if err != nil {
 						return err
 					}
+					sel := selection{node: d.node()}
+					if c.Bool("all-nodes") {
+						sel.node = ""
+					}
 					// S3 first: if it fails, nothing local is deleted.
 					if r != nil {
-						removed, err := r.prune(c.Context, c.Int("retention"), "", "")
+						removed, err := r.prune(c.Context, c.Int("retention"), sel)
 						for _, name := range removed {
 							fmt.Fprintln(c.App.Writer, "deleted", r.location(name))
 						}
@@ -141,7 +158,7 @@ func Command() *cli.Command {
 							return err
 						}
 					}
-					removed, err := d.Prune(c.Int("retention"))
+					removed, err := d.prune(c.Int("retention"), sel)
 					for _, name := range removed {
 						fmt.Fprintln(c.App.Writer, "deleted", fileURL(filepath.Join(d.path(), name)))
 					}
@@ -158,18 +175,18 @@ func Command() *cli.Command {
 						return errors.New("name one snapshot to restore: kelp snapshot restore NAME (kelp snapshot ls shows them)")
 					}
 					name := c.Args().First()
-					d, r, err := open(c)
+					d, store, err := parse(c)
 					if err != nil {
 						return err
 					}
-					if _, err := os.Stat(filepath.Join(d.path(), name)); errors.Is(err, fs.ErrNotExist) && r != nil {
-						path, err := d.fetch(c.Context, r, name)
-						if err != nil {
-							return err
-						}
-						fmt.Fprintf(c.App.Writer, "fetched %s into %s\n", r.location(name), path)
+					found, err := d.Find(c.Context, name, store.S3)
+					if err != nil {
+						return err
 					}
-					res, err := d.Restore(name, c.Bool("force"))
+					if found.FetchedFrom != "" {
+						fmt.Fprintf(c.App.Writer, "fetched %s into %s\n", found.FetchedFrom, found.Path)
+					}
+					res, err := d.Restore(found.Path, c.Bool("force"))
 					if err != nil {
 						return err
 					}

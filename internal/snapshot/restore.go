@@ -22,41 +22,20 @@ type Restored struct {
 	DB     string
 }
 
-// Restore puts the named SQLite snapshot in place of the server's
-// database, which must be stopped. It checks the snapshot's checksum, its
-// datastore kind and, unless force, that it comes from this cluster,
-// before it changes anything. The replaced database is kept beside it as
-// state.db.before-restore-<time>.
-func (d Dir) Restore(name string, force bool) (Restored, error) {
-	if err := checkName(name); err != nil {
-		return Restored{}, err
-	}
-	path := filepath.Join(d.path(), name)
-	fi, err := os.Stat(path)
-	if err != nil {
-		return Restored{}, fmt.Errorf("snapshot %s: %w: kelp snapshot ls shows the snapshots", name, err)
-	}
-	meta, err := readSidecar(path, name, fi.Size())
-	if err != nil {
-		return Restored{}, fmt.Errorf("snapshot %s is incomplete (%v) and cannot be restored: pick another one", path, err)
-	}
-	if meta.Datastore == datastore.KindEtcd {
-		return Restored{}, fmt.Errorf("snapshot %s is of embedded etcd: restore it with kelp server --cluster-reset --cluster-reset-restore-path %s, with the server stopped; nothing was changed", name, name)
-	}
-	if meta.Datastore != datastore.KindSQLite {
-		return Restored{}, fmt.Errorf("snapshot %s is of a %q datastore, which kelp cannot restore", name, meta.Datastore)
-	}
+// Restore puts the SQLite snapshot at path (from Find) in place of the
+// server's database, which must be stopped. It checks the snapshot as
+// Verified does before it changes anything, its content as it copies it.
+// The replaced database is kept beside it as state.db.before-restore-<time>.
+func (d Dir) Restore(path string, force bool) (Restored, error) {
 	if kind := datastore.LocalKind(d.DataDir); kind == datastore.KindEtcd {
-		return Restored{}, fmt.Errorf("the data dir %s holds an embedded etcd datastore and %s is a SQLite snapshot: kelp does not restore one into the other", d.DataDir, name)
+		return Restored{}, fmt.Errorf("the data dir %s holds an embedded etcd datastore and kelp snapshot restore puts SQLite snapshots in place: an etcd snapshot is restored with kelp server --cluster-reset --cluster-reset-restore-path NAME", d.DataDir)
 	}
-	if !force {
-		hash, err := serverCAHash(d.DataDir)
-		if err != nil {
-			return Restored{}, fmt.Errorf("%w; or pass --force to restore a snapshot without checking that it comes from this cluster", err)
-		}
-		if hash != meta.CAHash {
-			return Restored{}, fmt.Errorf("snapshot %s comes from another cluster (its CA hash is %s, this server's is %s): its certificates and tokens would not match this data dir; pass --force to restore it anyway", name, meta.CAHash, hash)
-		}
+	meta, err := d.check(path, datastore.KindSQLite, force)
+	if errors.Is(err, errOtherCluster) {
+		return Restored{}, fmt.Errorf("%w; pass --force to restore it anyway", err)
+	}
+	if err != nil {
+		return Restored{}, err
 	}
 
 	db := datastore.SQLitePath(d.DataDir)

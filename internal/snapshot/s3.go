@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,6 +33,10 @@ type remote struct {
 	cfg    config.S3
 	client *minio.Client
 }
+
+// reachTimeout bounds the first request to the endpoint, which tells
+// whether it can be reached at all.
+const reachTimeout = 30 * time.Second
 
 // maxSidecar bounds what is read of a sidecar object: a real one is a few
 // hundred bytes.
@@ -78,9 +83,15 @@ func openS3(ctx context.Context, cfg config.S3) (*remote, error) {
 		return nil, fmt.Errorf("S3 endpoint %s: %w: check --snapshot-s3-endpoint", cfg.Endpoint, err)
 	}
 	r := &remote{cfg: cfg, client: client}
-	ctx, cancel := r.withTimeout(ctx)
+	// The answer is a few bytes: an endpoint that has not given it soon is
+	// down, however long an upload may take.
+	wait := min(cfg.Timeout, reachTimeout)
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	ok, err := client.BucketExists(ctx, cfg.Bucket)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return nil, fmt.Errorf("reach bucket %s at %s: no answer within %s: check --snapshot-s3-endpoint and the network", cfg.Bucket, cfg.Endpoint, wait)
+	}
 	if err != nil {
 		return nil, r.explain("reach bucket "+cfg.Bucket+" at", err)
 	}
@@ -226,7 +237,7 @@ func (r *remote) delete(ctx context.Context, names ...string) error {
 }
 
 // prune is Dir.prune for the S3 folder.
-func (r *remote) prune(ctx context.Context, retention int, base, keep string) ([]string, error) {
+func (r *remote) prune(ctx context.Context, retention int, sel selection) ([]string, error) {
 	if retention < 1 {
 		return nil, errRetention
 	}
@@ -234,22 +245,14 @@ func (r *remote) prune(ctx context.Context, retention int, base, keep string) ([
 	if err != nil {
 		return nil, err
 	}
-	remove := toPrune(list, retention, base, keep, time.Now())
+	remove := toPrune(list, retention, sel, time.Now())
 	return remove, r.delete(ctx, remove...)
 }
 
-// Fetch downloads the named snapshot and its metadata from S3 into the
+// fetch downloads the named snapshot and its metadata from S3 into the
 // snapshot directory, unless the directory has it already, and returns its
 // path. The download gets its name only once its size and sha256 match
 // its metadata: a corrupt or cut-short object leaves nothing behind.
-func (d Dir) Fetch(ctx context.Context, cfg config.S3, name string) (string, error) {
-	r, err := openS3(ctx, cfg)
-	if err != nil {
-		return "", err
-	}
-	return d.fetch(ctx, r, name)
-}
-
 func (d Dir) fetch(ctx context.Context, r *remote, name string) (string, error) {
 	if err := checkName(name); err != nil {
 		return "", err
@@ -309,4 +312,58 @@ func (d Dir) fetch(ctx context.Context, r *remote, name string) (string, error) 
 		return "", fullHint(err, dir)
 	}
 	return path, nil
+}
+
+// offsite copies the snapshot just saved, the newest of this node, to S3,
+// and with it the snapshots of this node that were saved while S3 could
+// not be reached: the complete local ones that are not on S3 and are newer
+// than the newest of this node's there. It is called after the local
+// snapshot is kept, so that nothing S3 does can prevent or remove it. It
+// returns the S3 folder, nil if it could not be opened, and the names it
+// uploaded, oldest first.
+func (d Dir) offsite(ctx context.Context, cfg config.S3, saved Metadata) (*remote, []string, error) {
+	r, err := openS3(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	onS3, err := r.list(ctx)
+	if err != nil {
+		return r, nil, err
+	}
+	local, err := d.List()
+	if err != nil {
+		return r, nil, err
+	}
+	var uploaded []string
+	for _, s := range toUpload(local, onS3, saved) {
+		if err := r.upload(ctx, s.Path, *s.Meta); err != nil {
+			return r, uploaded, err
+		}
+		uploaded = append(uploaded, s.Name)
+	}
+	return r, uploaded, nil
+}
+
+// toUpload returns the snapshots of local, sorted newest first, that
+// offsite uploads, oldest first: saved, and the complete ones of its node
+// that are not on S3 and newer than the newest of that node's there. A
+// snapshot deleted on S3 on purpose is older than what is there, and is
+// not uploaded again.
+func toUpload(local, onS3 []Snapshot, saved Metadata) []Snapshot {
+	there := map[string]bool{}
+	var newest time.Time
+	for _, s := range onS3 {
+		there[s.Name] = true
+		if s.Meta != nil && ownedBy(s, saved.Node) && s.Meta.Created.After(newest) {
+			newest = s.Meta.Created
+		}
+	}
+	var up []Snapshot
+	for _, s := range local {
+		if s.Meta != nil && (s.Name == saved.Name || !there[s.Name] && ownedBy(s, saved.Node) && s.Meta.Created.After(newest)) {
+			up = append(up, s)
+		}
+	}
+	slices.Reverse(up)
+	return up
 }

@@ -3,6 +3,8 @@ package snapshot
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -256,9 +258,13 @@ func TestFetch(t *testing.T) {
 	_, m := uploaded(t, s3)
 
 	into := Dir{DataDir: t.TempDir(), Path: filepath.Join(t.TempDir(), "snapshots")}
-	path, err := into.Fetch(context.Background(), s3.cfg, m.Name)
+	found, err := into.Find(context.Background(), m.Name, &s3.cfg)
 	if err != nil {
-		t.Fatalf("Fetch: %v", err)
+		t.Fatalf("Find of a snapshot only on S3: %v", err)
+	}
+	path := found.Path
+	if found.FetchedFrom != "s3://snapshots/clusters/a/"+m.Name {
+		t.Errorf("Find fetched from %q", found.FetchedFrom)
 	}
 	if path != filepath.Join(into.path(), m.Name) || sha256File(t, path) != m.SHA256 {
 		t.Errorf("fetched %s, want %s with sha256 %s", path, m.Name, m.SHA256)
@@ -267,11 +273,11 @@ func TestFetch(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].Meta == nil || list[0].Meta.SHA256 != m.SHA256 {
 		t.Errorf("after Fetch the directory lists %+v (%v), want the complete snapshot", list, err)
 	}
-	if again, err := into.Fetch(context.Background(), s3.cfg, m.Name); err != nil || again != path {
-		t.Errorf("Fetch of a snapshot that is there already: %s, %v", again, err)
+	if again, err := into.Find(context.Background(), m.Name, &s3.cfg); err != nil || again.Path != path || again.FetchedFrom != "" {
+		t.Errorf("Find of a snapshot that is there already: %+v, %v", again, err)
 	}
 
-	if _, err := into.Fetch(context.Background(), s3.cfg, "kelp-snapshot-x-20260101T000000Z"); err == nil || !strings.Contains(err.Error(), "no snapshot named") {
+	if _, err := into.Find(context.Background(), "kelp-snapshot-x-20260101T000000Z", &s3.cfg); err == nil || !strings.Contains(err.Error(), "no snapshot named") {
 		t.Errorf("Fetch of a missing snapshot: %v", err)
 	}
 
@@ -290,7 +296,7 @@ func TestFetch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s3.put(t, key, tc.content)
 			empty := Dir{DataDir: t.TempDir(), Path: t.TempDir()}
-			_, err := empty.Fetch(context.Background(), s3.cfg, m.Name)
+			_, err := empty.Find(context.Background(), m.Name, &s3.cfg)
 			if err == nil || !strings.Contains(err.Error(), "is corrupt") || !strings.Contains(err.Error(), "nothing was written") {
 				t.Fatalf("Fetch of a corrupt object: %v", err)
 			}
@@ -334,8 +340,9 @@ func TestS3WrongCredentials(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), s3.cfg.Endpoint) || !strings.Contains(err.Error(), "check --snapshot-s3-access-key and --snapshot-s3-secret-key") {
 		t.Fatalf("wrong secret key: %v", err)
 	}
-	if _, err := d.Fetch(context.Background(), bad, m.Name); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
-		t.Errorf("Fetch with a wrong secret key: %v", err)
+	elsewhere := Dir{DataDir: d.DataDir, Path: t.TempDir()}
+	if _, err := elsewhere.Find(context.Background(), m.Name, &bad); err == nil || !strings.Contains(err.Error(), "refused the credentials") {
+		t.Errorf("Find on S3 with a wrong secret key: %v", err)
 	}
 
 	args := []string{"--data-dir", d.DataDir, "--snapshot-dir", d.Path, "--snapshot-s3", "--snapshot-s3-endpoint", bad.Endpoint,
@@ -573,5 +580,136 @@ func TestSaveIntoFullDirectory(t *testing.T) {
 	}
 	if len(entries) != 2 {
 		t.Errorf("a failed save left files behind: %v", entries)
+	}
+}
+
+// s3DownArgs are kelp snapshot flags for S3 at the closed port of down.
+func s3DownArgs(down config.S3) []string {
+	return []string{"--snapshot-s3", "--snapshot-s3-endpoint", down.Endpoint, "--snapshot-s3-bucket", down.Bucket,
+		"--snapshot-s3-folder", down.Folder, "--snapshot-s3-region", down.Region, "--snapshot-s3-insecure",
+		"--snapshot-s3-access-key", down.AccessKey, "--snapshot-s3-secret-key", down.SecretKey}
+}
+
+// TestSaveKeepsLocalWhileS3Down checks that kelp snapshot save with S3
+// unreachable keeps its snapshot locally and fails naming the endpoint,
+// and that the next save with S3 back uploads it too.
+func TestSaveKeepsLocalWhileS3Down(t *testing.T) {
+	dataDir := sqliteDataDir(t)
+	snapDir := t.TempDir()
+	d := Dir{DataDir: dataDir, Path: snapDir, Node: "node-1"}
+	common := []string{"--data-dir", dataDir, "--snapshot-dir", snapDir, "--node-name", "node-1"}
+	down := closedS3(t)
+
+	out, err := runCommand(t, slices.Concat([]string{"save"}, common, s3DownArgs(down), []string{"--name", "while-down"})...)
+	if err == nil || !strings.Contains(err.Error(), down.Endpoint) || !strings.Contains(err.Error(), "is kept") {
+		t.Fatalf("save with S3 down: %v, want an error that names %s and keeps the snapshot\n%s", err, down.Endpoint, out)
+	}
+	list, err := d.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Meta == nil || !savedAs(list[0].Name, "while-down-node-1") || list[0].Meta.Node != "node-1" {
+		t.Fatalf("after a save with S3 down the directory lists %v, want one complete snapshot of node-1", names(list))
+	}
+	first := list[0].Name
+	if !strings.Contains(out, "saved "+first) {
+		t.Errorf("save printed %q", out)
+	}
+
+	// S3 is back: the next save uploads its snapshot and the one S3 missed.
+	s3 := newFakeS3(t)
+	time.Sleep(time.Second) // names go by the second
+	out, err = runCommand(t, slices.Concat([]string{"save"}, common, s3.args(), []string{"--name", "back"})...)
+	if err != nil {
+		t.Fatalf("save with S3 back: %v\n%s", err, out)
+	}
+	if got, want := s3Names(t, openTestS3(t, s3.cfg)), localNames(t, d); !slices.Equal(got, want) || len(got) != 2 {
+		t.Errorf("on S3 %v, local %v: want both snapshots in both places", got, want)
+	}
+	if !strings.Contains(out, "uploaded s3://snapshots/clusters/a/"+first) {
+		t.Errorf("save printed %q, want the upload of %s", out, first)
+	}
+}
+
+// TestScheduleUploadsWhatS3Missed checks that a scheduled run with S3
+// down keeps its snapshot, and the next run with S3 back uploads it.
+func TestScheduleUploadsWhatS3Missed(t *testing.T) {
+	dataDir := sqliteDataDir(t)
+	snapDir := t.TempDir()
+	down := closedS3(t)
+	cfg := ScheduleConfig{
+		Snapshots: config.Snapshots{Retention: 5, SnapshotStore: config.SnapshotStore{Dir: snapDir, S3: &down}},
+		DataDir:   dataDir,
+		Node:      "node-1",
+	}
+	err := cfg.run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), down.Endpoint) {
+		t.Fatalf("run with S3 down: %v, want an error that names %s", err, down.Endpoint)
+	}
+	d := Dir{DataDir: dataDir, Path: snapDir}
+	if got := localNames(t, d); len(got) != 1 {
+		t.Fatalf("after a run with S3 down the directory lists %v, want its snapshot", got)
+	}
+	s3 := newFakeS3(t)
+	cfg.Snapshots.S3 = &s3.cfg
+	time.Sleep(time.Second)
+	if err := cfg.run(context.Background()); err != nil {
+		t.Fatalf("run with S3 back: %v", err)
+	}
+	if got, want := s3Names(t, openTestS3(t, s3.cfg)), localNames(t, d); !slices.Equal(got, want) || len(got) != 2 {
+		t.Errorf("on S3 %v, local %v: want both snapshots in both places", got, want)
+	}
+}
+
+// TestPruneOwnNodeOnly checks that kelp snapshot prune on one of two
+// servers sharing an S3 folder removes only its own old snapshots, and
+// that --all-nodes prunes them all together.
+func TestPruneOwnNodeOnly(t *testing.T) {
+	s3 := newFakeS3(t)
+	dataDir := sqliteDataDir(t)
+	snapDir := t.TempDir()
+	r := openTestS3(t, s3.cfg)
+	base := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	var mine, theirs []string
+	// Three snapshots each of node-1 and node-1-b, alternating in time,
+	// in the shared folder; node-1's are local too.
+	for i := range 6 {
+		node := []string{"node-1", "node-1-b"}[i%2]
+		created := base.Add(time.Duration(i) * time.Minute)
+		name := "kelp-snapshot-" + node + "-" + created.Format(timeFormat)
+		data := []byte("snapshot " + name)
+		sum := sha256.Sum256(data)
+		meta := Metadata{Name: name, Datastore: datastore.KindSQLite, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(data)), Created: created, Node: node}
+		b, err := json.Marshal(meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s3.put(t, s3.cfg.Folder+"/"+name, data)
+		s3.put(t, s3.cfg.Folder+"/"+name+".json", b)
+		if node == "node-1" {
+			mine = append(mine, name)
+			fakeSnapshot(t, snapDir, name, created)
+			editSidecar(t, Dir{Path: snapDir}, name, func(m *Metadata) { m.Node = node })
+		} else {
+			theirs = append(theirs, name)
+		}
+	}
+	common := slices.Concat([]string{"prune", "--data-dir", dataDir, "--snapshot-dir", snapDir, "--node-name", "node-1", "--retention", "1"}, s3.args())
+	if out, err := runCommand(t, common...); err != nil {
+		t.Fatalf("prune: %v\n%s", err, out)
+	}
+	want := slices.Sorted(slices.Values(append([]string{mine[2]}, theirs...)))
+	if got := s3Names(t, r); !slices.Equal(got, want) {
+		t.Errorf("after prune on node-1, S3 holds %v, want node-1's newest and all of node-1-b's: %v", got, want)
+	}
+	if got := localNames(t, Dir{Path: snapDir}); !slices.Equal(got, mine[2:]) {
+		t.Errorf("after prune on node-1, the directory holds %v, want %v", got, mine[2:])
+	}
+
+	if out, err := runCommand(t, append(common, "--all-nodes")...); err != nil {
+		t.Fatalf("prune --all-nodes: %v\n%s", err, out)
+	}
+	if got := s3Names(t, r); !slices.Equal(got, theirs[2:]) {
+		t.Errorf("after prune --all-nodes --retention 1, S3 holds %v, want only the newest of all, %v", got, theirs[2:])
 	}
 }

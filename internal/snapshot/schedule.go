@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -58,8 +58,9 @@ func Schedule(ctx context.Context, c ScheduleConfig) error {
 	}
 }
 
-// run takes one scheduled snapshot, copies it to S3 and prunes. While S3
-// fails, no local snapshot is pruned: they may be the only copies.
+// run takes one scheduled snapshot, keeps it locally, copies it and those
+// taken while S3 was down to S3, and prunes. While S3 fails, no local
+// snapshot is pruned: they may be the only copies.
 func (c ScheduleConfig) run(ctx context.Context) error {
 	d := Dir{DataDir: c.DataDir, Path: c.Snapshots.Dir, Node: c.Node}
 	meta, err := d.Save(ctx, DefaultName)
@@ -67,28 +68,32 @@ func (c ScheduleConfig) run(ctx context.Context) error {
 		return err
 	}
 	taken := log.WithFields(logrus.Fields{"name": meta.Name, "bytes": meta.Size, "dir": d.path()})
-	var r *remote
-	if c.Snapshots.S3 != nil {
-		r, err = openS3(ctx, *c.Snapshots.S3)
-		if err == nil {
-			err = r.upload(ctx, filepath.Join(d.path(), meta.Name), meta)
-		}
-		if err == nil {
-			taken = taken.WithField("s3", r.location(meta.Name))
-		}
+	sel := selection{base: c.base(), node: c.Node, keep: meta.Name}
+	if c.Snapshots.S3 == nil {
+		taken.Info("snapshot taken")
+		pruned, err := d.prune(c.Snapshots.Retention, sel)
+		logPruned(pruned, d.path())
+		return err
+	}
+	r, uploaded, err := d.offsite(ctx, *c.Snapshots.S3, meta)
+	if slices.Contains(uploaded, meta.Name) {
+		taken = taken.WithField("s3", r.location(meta.Name))
 	}
 	taken.Info("snapshot taken")
-	if err != nil {
-		return fmt.Errorf("copy snapshot %s to S3: %w; no snapshot is pruned until a copy succeeds", meta.Name, err)
-	}
-	if r != nil {
-		pruned, err := r.prune(ctx, c.Snapshots.Retention, c.base(), meta.Name)
-		if err != nil {
-			return fmt.Errorf("prune snapshots in %s: %w; no local snapshot is pruned until S3 works again", r.cfg.Location(), err)
+	for _, name := range uploaded {
+		if name != meta.Name {
+			log.WithFields(logrus.Fields{"name": name, "s3": r.location(name)}).Info("uploaded a snapshot taken while S3 could not be reached")
 		}
-		logPruned(pruned, r.cfg.Location())
 	}
-	pruned, err := d.prune(c.Snapshots.Retention, c.base(), meta.Name)
+	if err != nil {
+		return fmt.Errorf("copy snapshot %s to S3: %w; it is kept in %s, and no snapshot is pruned until a copy succeeds", meta.Name, err, d.path())
+	}
+	pruned, err := r.prune(ctx, c.Snapshots.Retention, sel)
+	if err != nil {
+		return fmt.Errorf("prune snapshots in %s: %w; no local snapshot is pruned until S3 works again", r.cfg.Location(), err)
+	}
+	logPruned(pruned, r.cfg.Location())
+	pruned, err = d.prune(c.Snapshots.Retention, sel)
 	logPruned(pruned, d.path())
 	return err
 }

@@ -83,9 +83,18 @@ type Dir struct {
 	DataDir string
 	// Path is --snapshot-dir; empty means <data-dir>/server/db/snapshots.
 	Path string
-	// Node goes into the names of the snapshots Save takes; empty means
-	// the hostname.
+	// Node goes into the names and metadata of the snapshots Save takes,
+	// and is the node whose snapshots prune removes; empty means the
+	// hostname, lowercased as the server's default node name is.
 	Node string
+}
+
+func (d Dir) node() string {
+	if d.Node != "" {
+		return d.Node
+	}
+	host, _ := os.Hostname()
+	return strings.ToLower(host)
 }
 
 func (d Dir) path() string {
@@ -118,10 +127,7 @@ func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
 		return Metadata{}, fmt.Errorf("create snapshot directory %s: %w", dir, err)
 	}
 	now := time.Now().UTC()
-	node := d.Node
-	if node == "" {
-		node, _ = os.Hostname()
-	}
+	node := d.node()
 	if node != "" {
 		name += "-" + node
 	}
@@ -379,19 +385,23 @@ func (d Dir) Delete(names ...string) error {
 	return atomicfile.SyncDir(dir)
 }
 
-// Prune keeps the retention newest complete snapshots with the names Save
-// gives and removes the older ones, as well as incomplete snapshots with
-// such names and leftover temporary files, once they are older than a
-// running save could be. Files with other names are left alone. It returns
-// the names it removed.
-func (d Dir) Prune(retention int) ([]string, error) {
-	return d.prune(retention, "", "")
+// selection says which snapshots a prune considers.
+type selection struct {
+	// base, if not empty, limits it to the snapshots named <base>-<time>;
+	// otherwise it considers all that Save names.
+	base string
+	// node, if not empty, limits it to the snapshots of that node.
+	node string
+	// keep is the snapshot just taken: never removed, counted as kept.
+	keep string
 }
 
-// prune is Prune for the snapshots named <base>-<time> only, or all that
-// Save names if base is empty. keep, the snapshot just taken, is never
-// removed and counts as kept.
-func (d Dir) prune(retention int, base, keep string) ([]string, error) {
+// prune keeps the retention newest complete snapshots that sel selects and
+// removes the older ones, as well as incomplete snapshots it selects and
+// leftover temporary files, once they are older than a running save could
+// be. Files with other names than Save gives are left alone. It returns
+// the names it removed.
+func (d Dir) prune(retention int, sel selection) ([]string, error) {
 	if retention < 1 {
 		return nil, errRetention
 	}
@@ -399,7 +409,7 @@ func (d Dir) prune(retention int, base, keep string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	remove := toPrune(list, retention, base, keep, time.Now())
+	remove := toPrune(list, retention, sel, time.Now())
 	if err := d.Delete(remove...); err != nil {
 		return nil, err
 	}
@@ -411,14 +421,14 @@ var errRetention = errors.New("--retention must be at least 1: use kelp snapshot
 
 // toPrune returns the names of list, sorted newest first, that prune
 // removes.
-func toPrune(list []Snapshot, retention int, base, keep string, now time.Time) []string {
+func toPrune(list []Snapshot, retention int, sel selection, now time.Time) []string {
 	kept := 0
-	if keep != "" {
+	if sel.keep != "" {
 		kept = 1
 	}
 	var remove []string
 	for _, s := range list {
-		if s.Name == keep || !savedAs(s.Name, base) {
+		if s.Name == sel.keep || !savedAs(s.Name, sel.base) || sel.node != "" && !ownedBy(s, sel.node) {
 			continue
 		}
 		switch {
@@ -439,6 +449,17 @@ func toPrune(list []Snapshot, retention int, base, keep string, now time.Time) [
 func savedAs(name, base string) bool {
 	at := kelpName.FindStringIndex(name)
 	return at != nil && (base == "" || name[:at[0]] == base)
+}
+
+// ownedBy reports whether s is a snapshot of node: by the node its
+// metadata names, or, where that has none (an incomplete snapshot), by its
+// name, <name>-<node>-<time>.
+func ownedBy(s Snapshot, node string) bool {
+	if s.Meta != nil && s.Meta.Node != "" {
+		return strings.EqualFold(s.Meta.Node, node)
+	}
+	at := kelpName.FindStringIndex(s.Name)
+	return at != nil && strings.HasSuffix(strings.ToLower(s.Name[:at[0]]), "-"+strings.ToLower(node))
 }
 
 // entries lists the snapshot directory; one not made yet is empty.

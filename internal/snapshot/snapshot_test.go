@@ -157,7 +157,7 @@ func TestSQLiteSaveWhileRunningAndRestore(t *testing.T) {
 	put(t, cli, "/registry/test/kept", "after")
 	put(t, cli, "/registry/test/lost", "written after the snapshot")
 
-	if _, err := d.Restore(m.Name, false); err == nil || !strings.Contains(err.Error(), "stop") {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), false); err == nil || !strings.Contains(err.Error(), "stop") {
 		t.Fatalf("Restore while the datastore runs: %v, want a refusal that says to stop the server", err)
 	}
 	if got := get(t, cli, "/registry/test/lost"); got == "" {
@@ -165,7 +165,7 @@ func TestSQLiteSaveWhileRunningAndRestore(t *testing.T) {
 	}
 
 	stop(t, ds)
-	r, err := d.Restore(m.Name, false)
+	r, err := d.Restore(filepath.Join(d.path(), m.Name), false)
 	if err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
@@ -289,7 +289,7 @@ func TestRestoreRefusesCorruptSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := dbFiles(t, d)
-	_, err = d.Restore(m.Name, true)
+	_, err = d.Restore(filepath.Join(d.path(), m.Name), true)
 	if err == nil || !strings.Contains(err.Error(), "sha256") || !strings.Contains(err.Error(), "nothing was changed") {
 		t.Fatalf("Restore of a corrupt snapshot: %v", err)
 	}
@@ -302,7 +302,7 @@ func TestRestoreRefusesTruncatedSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := dbFiles(t, d)
-	_, err := d.Restore(m.Name, true)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), true)
 	if err == nil || !strings.Contains(err.Error(), "incomplete") || !strings.Contains(err.Error(), "metadata says") {
 		t.Fatalf("Restore of a truncated snapshot: %v", err)
 	}
@@ -313,12 +313,12 @@ func TestRestoreRefusesAnotherCluster(t *testing.T) {
 	d, m := savedSQLite(t)
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.CAHash = strings.Repeat("0", 64) })
 	before := dbFiles(t, d)
-	_, err := d.Restore(m.Name, false)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), false)
 	if err == nil || !strings.Contains(err.Error(), "another cluster") || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("Restore of another cluster's snapshot: %v", err)
 	}
 	unchanged(t, d, before)
-	if _, err := d.Restore(m.Name, true); err != nil {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), true); err != nil {
 		t.Fatalf("Restore with force: %v", err)
 	}
 }
@@ -327,7 +327,7 @@ func TestRestoreRefusesEtcdSnapshot(t *testing.T) {
 	d, m := savedSQLite(t)
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.Datastore = datastore.KindEtcd })
 	before := dbFiles(t, d)
-	_, err := d.Restore(m.Name, true)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), true)
 	if err == nil || !strings.Contains(err.Error(), "--cluster-reset-restore-path") {
 		t.Fatalf("Restore of an etcd snapshot into SQLite: %v", err)
 	}
@@ -404,10 +404,10 @@ func TestListPruneDelete(t *testing.T) {
 		t.Error("incomplete snapshots are not listed last")
 	}
 
-	if _, err := d.Prune(0); err == nil {
-		t.Error("Prune(0) succeeded")
+	if _, err := d.prune(0, selection{}); err == nil {
+		t.Error("prune(0) succeeded")
 	}
-	removed, err := d.Prune(2)
+	removed, err := d.prune(2, selection{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,7 +458,7 @@ func TestRestoreRefusesIncomplete(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := dbFiles(t, d)
-	if _, err := d.Restore(m.Name, true); err == nil || !strings.Contains(err.Error(), "incomplete") {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), true); err == nil || !strings.Contains(err.Error(), "incomplete") {
 		t.Fatalf("Restore without valid metadata: %v", err)
 	}
 	unchanged(t, d, before)
@@ -539,7 +539,7 @@ func TestEtcdSaveWhileRunning(t *testing.T) {
 	}
 
 	stop(t, ds)
-	if _, err := d.Restore(m.Name, false); err == nil || !strings.Contains(err.Error(), "--cluster-reset-restore-path") {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), false); err == nil || !strings.Contains(err.Error(), "--cluster-reset-restore-path") {
 		t.Errorf("Restore of an etcd snapshot: %v", err)
 	}
 
@@ -576,18 +576,20 @@ func TestToPrune(t *testing.T) {
 		snap("kelp-snapshot-n1-20261123T115950Z", 1, false),
 	}
 	tests := []struct {
-		name       string
-		retention  int
-		base, keep string
-		want       []string
+		name             string
+		retention        int
+		base, keep, node string
+		want             []string
 	}{
-		{"all kelp names", 2, "", "", []string{"kelp-snapshot-n1-20261123T115800Z", "kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T115600Z", "kelp-snapshot-n1-20261123T110000Z"}},
-		{"one node", 2, "kelp-snapshot-n1", "", []string{"kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T115600Z", "kelp-snapshot-n1-20261123T110000Z"}},
-		{"the one just taken is kept even when older", 1, "kelp-snapshot-n1", "kelp-snapshot-n1-20261123T115600Z", []string{"kelp-snapshot-n1-20261123T120000Z", "kelp-snapshot-n1-20261123T115800Z", "kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T110000Z"}},
+		{"all kelp names", 2, "", "", "", []string{"kelp-snapshot-n1-20261123T115800Z", "kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T115600Z", "kelp-snapshot-n1-20261123T110000Z"}},
+		{"node n1, by name without a node in the metadata", 2, "", "", "n1", []string{"kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T115600Z", "kelp-snapshot-n1-20261123T110000Z"}},
+		{"node n1-b", 1, "", "", "n1-b", nil},
+		{"one node", 2, "kelp-snapshot-n1", "", "", []string{"kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T115600Z", "kelp-snapshot-n1-20261123T110000Z"}},
+		{"the one just taken is kept even when older", 1, "kelp-snapshot-n1", "kelp-snapshot-n1-20261123T115600Z", "", []string{"kelp-snapshot-n1-20261123T120000Z", "kelp-snapshot-n1-20261123T115800Z", "kelp-snapshot-n1-20261123T115700Z", "kelp-snapshot-n1-20261123T110000Z"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := toPrune(list, tt.retention, tt.base, tt.keep, now); !slices.Equal(got, tt.want) {
+			if got := toPrune(list, tt.retention, selection{base: tt.base, keep: tt.keep, node: tt.node}, now); !slices.Equal(got, tt.want) {
 				t.Errorf("toPrune = %v, want %v", got, tt.want)
 			}
 		})
