@@ -15,8 +15,9 @@ import (
 // would cost a write every 15 s for nothing.
 func startHelmController(g *component.Group, cfg config.Server, leaderElection bool) error {
 	hc := helmchart.Config{
-		Kubeconfig:     layout.Server(cfg.DataDir).AdminKubeconfig,
-		LeaderElection: leaderElection,
+		Kubeconfig:      layout.Server(cfg.DataDir).AdminKubeconfig,
+		LeaderElection:  leaderElection,
+		AllowLocalRepos: cfg.HelmAllowLocalRepos,
 	}
 	return g.Go("helm-controller", func(ctx context.Context) error { return helmchart.Run(ctx, hc) })
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +65,9 @@ func TestHelm(t *testing.T) {
 	if err := index.WriteFile(filepath.Join(charts, "index.yaml"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := n.Listen("tcp", "127.0.0.1:0")
+	// On the node's address: kelp refuses loopback repositories
+	// (--helm-allow-local-repos), as "loopback" below checks.
+	l, err := n.Listen("tcp", testcluster.NodeIP+":0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,12 +98,13 @@ func TestHelm(t *testing.T) {
 	waitHelmCRD(t, n)
 	content := base64.StdEncoding.EncodeToString(archive)
 	for name, spec := range map[string]map[string]any{
-		"content": {"chartContent": content, "valuesContent": "greeting: from content\n", "set": map[string]any{"count": 2}},
-		"repo":    {"chart": "demo", "repo": repoURL, "version": "0.2.0", "set": map[string]any{"greeting": "from a repo"}},
-		"static":  {"chart": "https://%{KUBERNETES_API}%/static/charts/demo.tgz", "valuesContent": "greeting: from the static dir\n"},
-		"missing": {"chart": "nope", "repo": repoURL},
-		"unset":   {"chartContent": content, "valuesContent": "greeting: null\n"},
-		"invalid": {"chartContent": content, "valuesContent": "greeting: [unclosed\n"},
+		"content":  {"chartContent": content, "valuesContent": "greeting: from content\n", "set": map[string]any{"count": 2}},
+		"repo":     {"chart": "demo", "repo": repoURL, "version": "0.2.0", "set": map[string]any{"greeting": "from a repo"}},
+		"static":   {"chart": "https://%{KUBERNETES_API}%/static/charts/demo.tgz", "valuesContent": "greeting: from the static dir\n"},
+		"missing":  {"chart": "nope", "repo": repoURL},
+		"loopback": {"chart": "demo", "repo": "http://127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)},
+		"unset":    {"chartContent": content, "valuesContent": "greeting: null\n"},
+		"invalid":  {"chartContent": content, "valuesContent": "greeting: [unclosed\n"},
 	} {
 		spec["targetNamespace"], spec["createNamespace"] = helmTestNS, true
 		obj := &unstructured.Unstructured{Object: map[string]any{
@@ -119,6 +124,7 @@ func TestHelm(t *testing.T) {
 	waitDeployed(t, dyn, "content", metav1.ConditionTrue, helmchart.ReasonInstalled, "revision 1")
 	waitDeployed(t, dyn, "repo", metav1.ConditionTrue, helmchart.ReasonInstalled, "chart demo 0.2.0")
 	waitDeployed(t, dyn, "missing", metav1.ConditionFalse, helmchart.ReasonChartUnavailable, `chart "nope" not found in repository`)
+	waitDeployed(t, dyn, "loopback", metav1.ConditionFalse, helmchart.ReasonChartUnavailable, "which HelmCharts may not fetch from")
 	waitDeployed(t, dyn, "unset", metav1.ConditionFalse, helmchart.ReasonInstallFailed, "greeting is required")
 	waitDeployed(t, dyn, "invalid", metav1.ConditionFalse, helmchart.ReasonValuesInvalid, "spec.valuesContent")
 

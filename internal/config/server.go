@@ -41,6 +41,9 @@ type Server struct {
 	// DisableRAMStore is --disable-ram-store: a server on SQLite keeps
 	// Leases and Events in state.db too, instead of in its RAM store.
 	DisableRAMStore bool
+	// HelmAllowLocalRepos is --helm-allow-local-repos: HelmCharts may
+	// fetch from loopback and link-local addresses.
+	HelmAllowLocalRepos bool
 	// Token and AgentToken are the secrets nodes join with (--token,
 	// --agent-token); empty: the token kept in the data dir, or none.
 	Token, AgentToken string
@@ -129,6 +132,7 @@ type ServerInput struct {
 	httpsPort                                                                        int
 	clusterInit, clusterReset, disableAgent, disableNetworkPolicy, secretsEncryption bool
 	disableRAMStore                                                                  bool
+	helmAllowLocalRepos                                                              bool
 	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable                           cli.StringSlice
 }
 
@@ -161,6 +165,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "token-file", EnvVars: env("token-file"), Destination: &in.tokenFile, Usage: "file holding --token's secret (or, with --server, the join token)"},
 		&cli.StringFlag{Name: "agent-token-file", EnvVars: env("agent-token-file"), Destination: &in.agentTokenFile, Usage: "file holding --agent-token's secret"},
 		&cli.StringFlag{Name: "overlay", EnvVars: env("overlay"), Value: "vxlan", Destination: &in.overlay, Usage: "pod network between nodes: vxlan, host-gw (nodes on one L2 network) or none (bring your own CNI)"},
+		&cli.BoolFlag{Name: "helm-allow-local-repos", EnvVars: env("helm-allow-local-repos"), Destination: &in.helmAllowLocalRepos, Usage: "let HelmCharts fetch charts from loopback and link-local addresses (refused by default)"},
 		&cli.BoolFlag{Name: "disable-ram-store", EnvVars: env("disable-ram-store"), Destination: &in.disableRAMStore, Usage: "on SQLite, keep Leases and Events on disk in the datastore instead of in RAM under /run/kelp"},
 		&cli.BoolFlag{Name: "disable-network-policy", EnvVars: env("disable-network-policy"), Destination: &in.disableNetworkPolicy, Usage: "do not enforce NetworkPolicies on the nodes"},
 		&cli.StringFlag{Name: "audit-log-path", EnvVars: env("audit-log-path"), Destination: &in.audit.LogPath, Usage: "log the apiserver's requests to this file (default: no audit log)"},
@@ -200,6 +205,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		ClusterInit:             in.clusterInit,
 		DisableAgent:            in.disableAgent,
 		DisableRAMStore:         in.disableRAMStore,
+		HelmAllowLocalRepos:     in.helmAllowLocalRepos,
 		Disable:                 Disable{NetworkPolicy: in.disableNetworkPolicy},
 		JoinServer:              strings.TrimRight(in.joinServer, "/"),
 		ClusterReset:            in.clusterReset,

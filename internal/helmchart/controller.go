@@ -52,6 +52,9 @@ type Config struct {
 	// LeaderElection makes the servers that share a datastore take turns:
 	// only the holder of a Lease works on HelmCharts.
 	LeaderElection bool
+	// AllowLocalRepos lets charts come from loopback and link-local
+	// addresses, which are refused otherwise.
+	AllowLocalRepos bool
 }
 
 // Run installs, upgrades and uninstalls the releases of HelmCharts until
@@ -82,7 +85,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	c := &controller{
 		dynamic:  dyn,
-		fetch:    fetcher{apiHost: u.Host, api: api},
+		fetch:    fetcher{apiHost: u.Host, api: api, allowLocal: cfg.AllowLocalRepos},
 		releases: releases{kubeconfig: cfg.Kubeconfig},
 	}
 	if !cfg.LeaderElection {

@@ -3,16 +3,21 @@ package helmchart
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"path"
 	"strings"
+	"syscall"
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
@@ -65,6 +70,9 @@ type fetcher struct {
 	// api reaches apiHost with the admin's credentials; it is used for
 	// the static charts only.
 	api *http.Client
+	// allowLocal lets charts come from loopback and link-local addresses
+	// (--helm-allow-local-repos).
+	allowLocal bool
 }
 
 // load returns the chart s names, with its dependencies in place.
@@ -82,7 +90,7 @@ func (f fetcher) load(ctx context.Context, s Spec) (*chart.Chart, error) {
 	}
 	ref := strings.ReplaceAll(s.Chart, KubernetesAPI, f.apiHost)
 	repoURL := strings.ReplaceAll(s.Repo, KubernetesAPI, f.apiHost)
-	var chartURL string
+	var chartURL, digest string
 	switch {
 	case ref == "":
 		return nil, fail(ReasonChartUnavailable, "spec.chart is empty: name a chart of spec.repo, give a chart URL, or put the chart archive in spec.chartContent")
@@ -93,7 +101,7 @@ func (f fetcher) load(ctx context.Context, s Spec) (*chart.Chart, error) {
 	case repoURL != "":
 		var err error
 		// k3s manifests may name the chart as "repo/name".
-		if chartURL, err = f.find(ctx, s, repoURL, path.Base(ref)); err != nil {
+		if chartURL, digest, err = f.find(ctx, s, repoURL, path.Base(ref)); err != nil {
 			return nil, err
 		}
 	default:
@@ -103,21 +111,24 @@ func (f fetcher) load(ctx context.Context, s Spec) (*chart.Chart, error) {
 	if err != nil {
 		return nil, err
 	}
+	if sum := sha256.Sum256(b); digest != "" && !strings.EqualFold(hex.EncodeToString(sum[:]), digest) {
+		return nil, fail(ReasonChartInvalid, "%s has sha256 %x, but the repository's index says %s: the archive or the index was changed", chartURL, sum, digest)
+	}
 	return loadArchive(b, chartURL)
 }
 
 // find looks name up in the index of the repository at repoURL and returns
 // the URL of the version s asks for (a version or a semver range; empty:
-// the latest).
-func (f fetcher) find(ctx context.Context, s Spec, repoURL, name string) (string, error) {
+// the latest), and the sha256 the index gives for its archive, if any.
+func (f fetcher) find(ctx context.Context, s Spec, repoURL, name string) (chartURL, digest string, _ error) {
 	indexURL := strings.TrimSuffix(repoURL, "/") + "/index.yaml"
 	b, err := f.get(ctx, s, indexURL)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	var index repo.IndexFile
 	if err := yaml.Unmarshal(b, &index); err != nil {
-		return "", fail(ReasonChartUnavailable, "%s is not a chart repository index: %w", indexURL, err)
+		return "", "", fail(ReasonChartUnavailable, "%s is not a chart repository index: %w", indexURL, err)
 	}
 	for n, versions := range index.Entries {
 		index.Entries[n] = dropNil(versions)
@@ -129,16 +140,16 @@ func (f fetcher) find(ctx context.Context, s Spec, repoURL, name string) (string
 		if s.Version != "" {
 			what += fmt.Sprintf(" version %q", s.Version)
 		}
-		return "", fail(ReasonChartUnavailable, "%s not found in repository %s (check spec.chart and spec.version)", what, repoURL)
+		return "", "", fail(ReasonChartUnavailable, "%s not found in repository %s (check spec.chart and spec.version)", what, repoURL)
 	}
 	if len(version.URLs) == 0 {
-		return "", fail(ReasonChartUnavailable, "chart %q version %s in repository %s has no URL", name, version.Version, repoURL)
+		return "", "", fail(ReasonChartUnavailable, "chart %q version %s in repository %s has no URL", name, version.Version, repoURL)
 	}
 	u, err := repo.ResolveReferenceURL(repoURL, version.URLs[0])
 	if err != nil {
-		return "", fail(ReasonChartUnavailable, "chart %q in repository %s: %w", name, repoURL, err)
+		return "", "", fail(ReasonChartUnavailable, "chart %q in repository %s: %w", name, repoURL, err)
 	}
-	return u, nil
+	return u, version.Digest, nil
 }
 
 // dropNil leaves out the empty entries a hand-written index may have,
@@ -210,6 +221,9 @@ func (f fetcher) client(s Spec, u *url.URL) (*http.Client, error) {
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = tlsConfig
+	if !f.allowLocal {
+		transport.DialContext = (&net.Dialer{Timeout: 30 * time.Second, Control: refuseLocal}).DialContext
+	}
 	// One request per client: a kept connection would outlive it.
 	transport.DisableKeepAlives = true
 	return &http.Client{Transport: transport}, nil
@@ -230,4 +244,24 @@ func loadArchive(b []byte, from string) (*chart.Chart, error) {
 
 func isHTTP(s string) bool {
 	return strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
+}
+
+// refuseLocal refuses a connection to a loopback, link-local or
+// unspecified address, which a HelmChart could otherwise point the server
+// at: its own ports, or a cloud's metadata service (169.254.169.254). It
+// checks the address being dialled, after name resolution and redirects.
+func refuseLocal(network, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return err
+	}
+	ip = ip.Unmap()
+	if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
+		return fmt.Errorf("%s is a loopback or link-local address, which HelmCharts may not fetch from (kelp server --helm-allow-local-repos allows it)", ip)
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -189,7 +190,7 @@ func TestLoadRepo(t *testing.T) {
 	}
 	srv := httptest.NewServer(http.FileServer(http.Dir(dir)))
 	defer srv.Close()
-	f := fetcher{apiHost: "kelp.invalid:6443"}
+	f := fetcher{apiHost: "kelp.invalid:6443", allowLocal: true}
 
 	for version, want := range map[string]string{"": "2.0.0", "1.0.0": "1.0.0", "~1.0": "1.0.0", "^1": "1.1.0"} {
 		ch, err := f.load(context.Background(), Spec{Chart: "demo", Repo: srv.URL + "/", Version: version})
@@ -199,6 +200,13 @@ func TestLoadRepo(t *testing.T) {
 		if ch.Metadata.Version != want {
 			t.Errorf("version %q: loaded %s, want %s", version, ch.Metadata.Version, want)
 		}
+	}
+	// An archive that is not the one the index names is refused.
+	if err := os.WriteFile(filepath.Join(dir, "demo-1.0.0.tgz"), demoArchive(t, "1.0.0-changed"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.load(context.Background(), Spec{Chart: "demo", Repo: srv.URL, Version: "1.0.0"}); reasonOf(err) != ReasonChartInvalid || !strings.Contains(err.Error(), "but the repository's index says") {
+		t.Errorf("an archive changed after the index: got %v, want ChartInvalid naming the digest", err)
 	}
 	// k3s manifests may name a chart "repo/name".
 	if _, err := f.load(context.Background(), Spec{Chart: "stable/demo", Repo: srv.URL}); err != nil {
@@ -226,7 +234,7 @@ func TestLoadRepo(t *testing.T) {
 func TestRepoCA(t *testing.T) {
 	srv := httptest.NewTLSServer(http.NotFoundHandler())
 	defer srv.Close()
-	f := fetcher{apiHost: "kelp.invalid:6443"}
+	f := fetcher{apiHost: "kelp.invalid:6443", allowLocal: true}
 	_, err := f.load(context.Background(), Spec{Chart: "demo", Repo: srv.URL})
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("unknown CA: got %v, want a certificate error", err)
@@ -248,4 +256,31 @@ func TestRepoCA(t *testing.T) {
 
 func pemOf(srv *httptest.Server) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+}
+
+// TestLocalReposRefused: without --helm-allow-local-repos, a HelmChart
+// cannot make the server fetch from its own loopback or a link-local
+// address (a cloud's metadata service), by address or by name.
+func TestLocalReposRefused(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	f := fetcher{apiHost: "kelp.invalid:6443"}
+	for _, repoURL := range []string{
+		srv.URL,
+		"http://localhost:" + port,
+		"http://[::1]:" + port,
+		"http://169.254.169.254",
+		"http://[fe80::1%25lo]:" + port,
+		"http://0.0.0.0:" + port,
+	} {
+		_, err := f.load(context.Background(), Spec{Chart: "demo", Repo: repoURL})
+		if err == nil || !strings.Contains(err.Error(), "which HelmCharts may not fetch from") {
+			t.Errorf("%s: got %v, want a refusal", repoURL, err)
+		}
+	}
+	_, err := fetcher{apiHost: "kelp.invalid:6443", allowLocal: true}.load(context.Background(), Spec{Chart: "demo", Repo: srv.URL})
+	if err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("with allowLocal: got %v, want the server's 404", err)
+	}
 }
