@@ -15,13 +15,31 @@ import (
 )
 
 // TestSecretsEncryption reads a Secret's bytes straight from the
-// datastore: in the clear before `kelp secrets-encrypt enable` and
+// datastore: in the clear in a cluster made with
+// --secrets-encryption=false before `kelp secrets-encrypt enable` and
 // `reencrypt`, encrypted after, with the new key after `rotate-keys`, and
-// still readable through the API after a restart.
+// still readable through the API after a restart. A cluster made with
+// kelp's defaults encrypts from the start.
 func TestSecretsEncryption(t *testing.T) {
 	t.Parallel()
+	t.Run("default", func(t *testing.T) {
+		t.Parallel()
+		n := testcluster.NewNode(t)
+		n.Start("--disable-agent")
+		n.WaitReady(startTimeout)
+		if _, err := n.Client().CoreV1().Secrets("default").Create(context.Background(), &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "precious"},
+			Data:       map[string][]byte{"password": []byte("plain-sight")},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		out, err := n.RunKelp(time.Minute, "etcdctl", "--data-dir", n.DataDir, "get", "/registry/secrets/default/precious", "--print-value-only")
+		if err != nil || !strings.HasPrefix(out, "k8s:enc:secretbox:v1:") || strings.Contains(out, "plain-sight") {
+			t.Errorf("a Secret of a new cluster is stored as %.60q (%v), want encrypted with secretbox", out, err)
+		}
+	})
 	n := testcluster.NewNode(t)
-	n.Start()
+	n.Start("--secrets-encryption=false")
 	n.WaitReady(startTimeout)
 	c := n.Client()
 	ctx := context.Background()

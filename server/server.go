@@ -341,17 +341,20 @@ func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
 }
 
 // secretsEncryption returns the encryption configuration the apiserver
-// reads: made at the first start, encrypting with --secrets-encryption and
-// in the clear without; taken from the cluster by a joining server; kept
-// once there, so that `kelp secrets-encrypt` changes it while the
+// reads: made at the first start, encrypting unless
+// --secrets-encryption=false; taken from the cluster by a joining server;
+// kept once there, so that `kelp secrets-encrypt` changes it while the
 // apiserver runs and reloads it.
 func secretsEncryption(cfg config.Server, fromCluster []byte) (string, error) {
 	path := layout.Server(cfg.DataDir).EncryptionConfig
-	_, ok, err := secretsencrypt.Load(path)
+	current, ok, err := secretsencrypt.Load(path)
 	switch {
 	case err != nil:
 		return "", err
 	case ok:
+		if cfg.SecretsEncryption && !current.Enabled {
+			log.Warn("Secrets are stored in the clear in this cluster (made without --secrets-encryption, or before kelp encrypted them by default): encrypt them with `kelp secrets-encrypt enable` and then `kelp secrets-encrypt reencrypt`; --secrets-encryption=false silences this")
+		}
 	case len(fromCluster) > 0:
 		if err = os.MkdirAll(filepath.Dir(path), 0o700); err == nil {
 			err = atomicfile.Write(path, fromCluster, 0o600)

@@ -81,3 +81,25 @@ func TestSecretsOnCommandLine(t *testing.T) {
 		}
 	}
 }
+
+// TestSecretsEncryptionDefault: a new cluster encrypts Secrets unless
+// told not to.
+func TestSecretsEncryptionDefault(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{nil, true},
+		{[]string{"--secrets-encryption=false"}, false},
+		{[]string{"--secrets-encryption"}, true},
+	} {
+		s, err := runServer(t, tc.args...)
+		if err != nil || s.SecretsEncryption != tc.want {
+			t.Errorf("%q: SecretsEncryption %v (%v), want %v", tc.args, s.SecretsEncryption, err, tc.want)
+		}
+	}
+	t.Setenv("KELP_SECRETS_ENCRYPTION", "false")
+	if s, err := runServer(t); err != nil || s.SecretsEncryption {
+		t.Errorf("KELP_SECRETS_ENCRYPTION=false: %v (%v)", s.SecretsEncryption, err)
+	}
+}

@@ -173,7 +173,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.IntFlag{Name: "audit-log-maxsize", EnvVars: env("audit-log-maxsize"), Value: 100, Destination: &in.audit.MaxSizeMB, Usage: "MiB at which the audit log is rotated"},
 		&cli.IntFlag{Name: "audit-log-maxbackup", EnvVars: env("audit-log-maxbackup"), Value: 10, Destination: &in.audit.MaxBackups, Usage: "rotated audit logs kept"},
 		&cli.IntFlag{Name: "audit-log-maxage", EnvVars: env("audit-log-maxage"), Value: 30, Destination: &in.audit.MaxAgeDays, Usage: "days a rotated audit log is kept"},
-		&cli.BoolFlag{Name: "secrets-encryption", EnvVars: env("secrets-encryption"), Destination: &in.secretsEncryption, Usage: "encrypt Secrets at rest (see kelp secrets-encrypt)"},
+		&cli.BoolFlag{Name: "secrets-encryption", EnvVars: env("secrets-encryption"), Value: true, Destination: &in.secretsEncryption, Usage: "encrypt Secrets at rest in a new cluster (secretbox; see kelp secrets-encrypt); --secrets-encryption=false stores them in the clear"},
 		&cli.StringFlag{Name: "pod-security-default", EnvVars: env("pod-security-default"), Value: "privileged", Destination: &in.podSecurityDefault, Usage: "Pod Security level of namespaces without their own: privileged, baseline or restricted"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
