@@ -75,7 +75,7 @@ func Args(cfg Config) []string {
 		"allow-privileged":                   "true",
 		"anonymous-auth":                     "true", // RBAC grants anonymous only /healthz, /livez, /readyz and /version
 		"authorization-mode":                 "Node,RBAC",
-		"enable-admission-plugins":           "NodeRestriction",
+		"enable-admission-plugins":           "NodeRestriction,ValidatingAdmissionPolicy", // the second is on by default; kelp's policies keep each node's controllers to their own node
 		"client-ca-file":                     cfg.Certs.ClientCA.Cert,
 		"tls-cert-file":                      cfg.Certs.APIServer.Cert,
 		"tls-private-key-file":               cfg.Certs.APIServer.Key,

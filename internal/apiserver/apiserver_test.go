@@ -38,7 +38,7 @@ func TestArgs(t *testing.T) {
 			name: "defaults",
 			want: []string{
 				"--authorization-mode=Node,RBAC",
-				"--enable-admission-plugins=NodeRestriction",
+				"--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy",
 				"--secure-port=6443",
 				"--bind-address=0.0.0.0",
 				"--advertise-address=192.168.1.10",

@@ -260,7 +260,7 @@ func trimNode(obj any) (any, error) {
 	}
 	var ann map[string]string
 	for k, v := range node.Annotations {
-		if strings.HasPrefix(k, "overlay.kelp.io/") {
+		if strings.HasPrefix(k, AnnotationPrefix) {
 			if ann == nil {
 				ann = map[string]string{}
 			}

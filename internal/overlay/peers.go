@@ -16,9 +16,13 @@ import (
 
 // The annotations by which a node tells the others how to reach its pods.
 const (
-	AnnotationBackend  = "overlay.kelp.io/backend"
-	AnnotationPublicIP = "overlay.kelp.io/public-ip"
-	AnnotationVTEPMAC  = "overlay.kelp.io/vtep-mac"
+	// AnnotationPrefix starts every annotation the overlay writes; a
+	// node's controllers may write no other on their Node
+	// (internal/systemobjects).
+	AnnotationPrefix   = "overlay.kelp.io/"
+	AnnotationBackend  = AnnotationPrefix + "backend"
+	AnnotationPublicIP = AnnotationPrefix + "public-ip"
+	AnnotationVTEPMAC  = AnnotationPrefix + "vtep-mac"
 )
 
 // Peer is another node whose pods this node routes to.

@@ -24,7 +24,7 @@ type NodeCerts struct {
 	KubeletServing PEMPair // the kubelet's serving certificate
 	Proxy          PEMPair // system:kube-proxy
 	DNS            PEMPair // system:kelp-dns
-	Controller     PEMPair // system:kelp-controller
+	Controller     PEMPair // system:kelp-controller:<name> in system:kelp-controllers
 }
 
 // NodeFiles are where a node's credentials are on disk: NodeCerts and the
@@ -38,6 +38,19 @@ type NodeFiles struct {
 	DNS            Pair
 	Controller     Pair
 }
+
+// ControllerGroup is the group of every node's controllers (overlay,
+// NetworkPolicy, local storage); RBAC grants it what they read and write.
+const ControllerGroup = "system:kelp-controllers"
+
+// ControllerUserPrefix starts the name of a node's controllers' identity;
+// the node's name follows it. Admission limits each to its own node's
+// objects by that name (package systemobjects).
+const ControllerUserPrefix = "system:kelp-controller:"
+
+// ControllerUser is the identity of the controllers of node, the common
+// name of their certificate.
+func ControllerUser(node string) string { return ControllerUserPrefix + strings.ToLower(node) }
 
 // Node returns the files of the server's own node.
 func (f Files) Node() NodeFiles {
@@ -123,7 +136,7 @@ func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
 		{leafSpec{ca: serverCA, cn: name, usages: serverAuth, sans: normalizeSANs(sans)}, &out.KubeletServing},
 		{leafSpec{ca: clientCA, cn: "system:kube-proxy", usages: clientAuth}, &out.Proxy},
 		{leafSpec{ca: clientCA, cn: "system:kelp-dns", usages: clientAuth}, &out.DNS},
-		{leafSpec{ca: clientCA, cn: "system:kelp-controller", usages: clientAuth}, &out.Controller},
+		{leafSpec{ca: clientCA, cn: ControllerUser(name), orgs: []string{ControllerGroup}, usages: clientAuth}, &out.Controller},
 	} {
 		pair, err := is.issue(l.spec)
 		if err != nil {

@@ -39,7 +39,7 @@ func TestIssueNode(t *testing.T) {
 		{"kubelet serving", certs.KubeletServing, f.ServerCA.Cert, x509.ExtKeyUsageServerAuth, "agent-1", nil},
 		{"proxy", certs.Proxy, f.ClientCA.Cert, x509.ExtKeyUsageClientAuth, "system:kube-proxy", nil},
 		{"dns", certs.DNS, f.ClientCA.Cert, x509.ExtKeyUsageClientAuth, "system:kelp-dns", nil},
-		{"controller", certs.Controller, f.ClientCA.Cert, x509.ExtKeyUsageClientAuth, "system:kelp-controller", nil},
+		{"controller", certs.Controller, f.ClientCA.Cert, x509.ExtKeyUsageClientAuth, "system:kelp-controller:agent-1", []string{"system:kelp-controllers"}},
 	} {
 		pair, err := tls.X509KeyPair(tc.pair.Cert, tc.pair.Key)
 		if err != nil {

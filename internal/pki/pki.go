@@ -107,7 +107,7 @@ type Files struct {
 	KubeletServing         Pair // signed by ServerCA, so the apiserver verifies it
 	KubeProxy              Pair // system:kube-proxy, the node's Service proxy
 	DNS                    Pair // system:kelp-dns, the node's DNS server
-	Controller             Pair // system:kelp-controller, the node's NetworkPolicy controller
+	Controller             Pair // system:kelp-controller:<hostname>, the node's overlay, NetworkPolicy and local storage
 	AuthProxy              Pair // signed by RequestHeaderCA
 
 	EtcdServer Pair // serving and client, signed by EtcdServerCA
@@ -286,7 +286,7 @@ func (c Config) leaves(f Files, cas loadedCAs) []leafSpec {
 		{ca: cas.server, files: f.KubeletServing, cn: strings.ToLower(c.Hostname), usages: serverAuth, sans: nodeSANs},
 		{ca: cas.client, files: f.KubeProxy, cn: "system:kube-proxy", usages: clientAuth},
 		{ca: cas.client, files: f.DNS, cn: "system:kelp-dns", usages: clientAuth},
-		{ca: cas.client, files: f.Controller, cn: "system:kelp-controller", usages: clientAuth},
+		{ca: cas.client, files: f.Controller, cn: ControllerUser(c.Hostname), orgs: []string{ControllerGroup}, usages: clientAuth},
 		{ca: cas.requestHeader, files: f.AuthProxy, cn: "system:auth-proxy", usages: clientAuth},
 		{ca: cas.etcdServer, files: f.EtcdServer, cn: "etcd-server", usages: serverClientAuth, sans: nodeSANs},
 		{ca: cas.etcdServer, files: f.EtcdClient, cn: "etcd-client", usages: clientAuth},

@@ -158,7 +158,7 @@ func leafCases(f Files) []leafCase {
 		{"kubelet-serving", f.KubeletServing, f.ServerCA.Cert, serverAuth, "node-1", nil},
 		{"kube-proxy", f.KubeProxy, f.ClientCA.Cert, clientAuth, "system:kube-proxy", nil},
 		{"dns", f.DNS, f.ClientCA.Cert, clientAuth, "system:kelp-dns", nil},
-		{"controller", f.Controller, f.ClientCA.Cert, clientAuth, "system:kelp-controller", nil},
+		{"controller", f.Controller, f.ClientCA.Cert, clientAuth, "system:kelp-controller:node-1", []string{"system:kelp-controllers"}},
 		{"auth-proxy", f.AuthProxy, f.RequestHeaderCA.Cert, clientAuth, "system:auth-proxy", nil},
 		{"etcd-server", f.EtcdServer, f.EtcdServerCA.Cert, serverClientAuth, "etcd-server", nil},
 		{"etcd-client", f.EtcdClient, f.EtcdServerCA.Cert, clientAuth, "etcd-client", nil},
@@ -800,6 +800,30 @@ func TestEnsureRemovesRetiredCredential(t *testing.T) {
 	}
 	if !slices.Equal(removed, retired) {
 		t.Errorf("logged the removal of %v, want %v", removed, retired)
+	}
+}
+
+// A server made before each node had its own controller identity holds
+// the one all nodes shared; its next start gives its node its own.
+func TestEnsureMovesTheControllerToTheNodesIdentity(t *testing.T) {
+	cfg := testConfig(t)
+	f, _ := run(t, cfg)
+	ca, err := loadAuthority(f.ClientCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	is := issuer{now: time.Now().UTC(), log: logrus.New()}
+	shared, err := is.issue(leafSpec{ca: ca, cn: "system:kelp-controller", usages: clientAuth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, f.Controller.Cert, shared.Cert)
+	write(t, f.Controller.Key, shared.Key)
+
+	run(t, cfg)
+	cert := loadCert(t, f.Controller.Cert)
+	if cert.Subject.CommonName != "system:kelp-controller:node-1" || !slices.Equal(cert.Subject.Organization, []string{"system:kelp-controllers"}) {
+		t.Errorf("the node's controllers are CN=%s O=%v after Ensure, want CN=system:kelp-controller:node-1 O=[system:kelp-controllers]", cert.Subject.CommonName, cert.Subject.Organization)
 	}
 }
 

@@ -13,15 +13,17 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kelp-dev/kelp/internal/joinapi"
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 // FieldManager owns every field kelp sets on its objects, here and in the
 // built-in manifests (internal/addons applies those under the same name).
 const FieldManager = "kelp"
 
-// controllerUser is the identity of the nodes' controllers: the common
-// name of the certificate pki issues them.
-const controllerUser = "system:kelp-controller"
+// controllerRole is the name of the nodes' controllers' ClusterRole and
+// its binding, that of the identity they shared before each had its own:
+// applying the binding anew takes the grant from that identity.
+const controllerRole = "system:kelp-controller"
 
 // joinAPIRole is the name clusters made by earlier versions already know
 // the join API's role by; a new name would leave the old role behind.
@@ -49,6 +51,11 @@ func Apply(ctx context.Context, c kubernetes.Interface, cfg Config) error {
 		if err := CheckDNSService(ctx, c, cfg.ClusterDNS); err != nil {
 			return err
 		}
+	}
+	// The policies go first: the grant to each node's identity must not
+	// be in force before the rule that keeps it to its own node.
+	if err := applyNodeAdmission(ctx, c); err != nil {
+		return err
 	}
 	for _, r := range []boundClusterRole{joinAPIAccess(), controllerAccess()} {
 		if err := r.apply(ctx, c); err != nil {
@@ -112,17 +119,18 @@ func joinAPIAccess() boundClusterRole {
 
 // controllerAccess lets the nodes' controllers (overlay, NetworkPolicy)
 // read what decides who may talk to whom, and publish their overlay
-// addresses on their Nodes (a node's own identity may not list the
-// others).
+// addresses on their Nodes (a node's kubelet identity may not list the
+// others). It grants every node's identity, the group pki issues them in;
+// the nodes policy (nodeadmission.go) keeps each to its own Node.
 func controllerAccess() boundClusterRole {
 	return boundClusterRole{
-		name: controllerUser,
+		name: controllerRole,
 		rules: []*rbacv1ac.PolicyRuleApplyConfiguration{
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("pods", "namespaces").WithVerbs("list", "watch"),
 			rbacv1ac.PolicyRule().WithAPIGroups("networking.k8s.io").WithResources("networkpolicies").WithVerbs("list", "watch"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("nodes").WithVerbs("get", "list", "watch", "patch"),
 		},
-		subjects: []*rbacv1ac.SubjectApplyConfiguration{user(controllerUser)},
+		subjects: []*rbacv1ac.SubjectApplyConfiguration{group(pki.ControllerGroup)},
 	}
 }
 
@@ -138,10 +146,6 @@ func (r boundClusterRole) apply(ctx context.Context, c kubernetes.Interface) err
 		return fmt.Errorf("apply ClusterRoleBinding %s: %w", r.name, err)
 	}
 	return nil
-}
-
-func user(name string) *rbacv1ac.SubjectApplyConfiguration {
-	return rbacv1ac.Subject().WithAPIGroup(rbacv1.GroupName).WithKind(rbacv1.UserKind).WithName(name)
 }
 
 func group(name string) *rbacv1ac.SubjectApplyConfiguration {

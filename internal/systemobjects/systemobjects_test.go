@@ -53,6 +53,20 @@ func objects(t *testing.T, c kubernetes.Interface) map[string]metav1.Object {
 	for i := range rbs.Items {
 		add("RoleBinding", &rbs.Items[i])
 	}
+	policies, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range policies.Items {
+		add("ValidatingAdmissionPolicy", &policies.Items[i])
+	}
+	bindings, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range bindings.Items {
+		add("ValidatingAdmissionPolicyBinding", &bindings.Items[i])
+	}
 	services, err := c.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +95,7 @@ func TestApplyUpgradesAnOlderClusterRole(t *testing.T) {
 	ctx := context.Background()
 	c := fake.NewClientset()
 	old := &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: controllerUser},
+		ObjectMeta: metav1.ObjectMeta{Name: controllerRole},
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"pods", "namespaces"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"list", "watch"}},
@@ -97,15 +111,15 @@ func TestApplyUpgradesAnOlderClusterRole(t *testing.T) {
 		t.Fatalf("Apply: %v", err)
 	}
 
-	got, err := c.RbacV1().ClusterRoles().Get(ctx, controllerUser, metav1.GetOptions{})
+	got, err := c.RbacV1().ClusterRoles().Get(ctx, controllerRole, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.ContainsFunc(got.Rules, func(r rbacv1.PolicyRule) bool { return reflect.DeepEqual(r, nodesRule) }) {
-		t.Errorf("ClusterRole %s after Apply has rules %+v, without %+v", controllerUser, got.Rules, nodesRule)
+		t.Errorf("ClusterRole %s after Apply has rules %+v, without %+v", controllerRole, got.Rules, nodesRule)
 	}
 	if len(got.Rules) != 3 {
-		t.Errorf("ClusterRole %s after Apply has %d rules, want 3: %+v", controllerUser, len(got.Rules), got.Rules)
+		t.Errorf("ClusterRole %s after Apply has %d rules, want 3: %+v", controllerRole, len(got.Rules), got.Rules)
 	}
 }
 
@@ -142,6 +156,10 @@ func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
 		"ClusterRole /system:kelp-controller",
 		"ClusterRoleBinding /kelp:supervisor",
 		"ClusterRoleBinding /system:kelp-controller",
+		"ValidatingAdmissionPolicy /" + NodesPolicy,
+		"ValidatingAdmissionPolicy /" + VolumesPolicy,
+		"ValidatingAdmissionPolicyBinding /" + NodesPolicy,
+		"ValidatingAdmissionPolicyBinding /" + VolumesPolicy,
 	}
 	if !reflect.DeepEqual(keys(got), want) {
 		t.Fatalf("objects after Apply:\n%s\nwant:\n%s", strings.Join(keys(got), "\n"), strings.Join(want, "\n"))
@@ -157,6 +175,11 @@ func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
 	join := got["ClusterRoleBinding /kelp:supervisor"].(*rbacv1.ClusterRoleBinding)
 	if len(join.Subjects) != 2 || join.Subjects[0].Name != "system:unauthenticated" || join.Subjects[1].Name != "system:authenticated" {
 		t.Errorf("kelp:supervisor is bound to %+v, want everyone", join.Subjects)
+	}
+	controllers := got["ClusterRoleBinding /system:kelp-controller"].(*rbacv1.ClusterRoleBinding)
+	wantSubjects := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:kelp-controllers"}}
+	if !reflect.DeepEqual(controllers.Subjects, wantSubjects) {
+		t.Errorf("system:kelp-controller is bound to %+v, want %+v", controllers.Subjects, wantSubjects)
 	}
 }
 
@@ -188,8 +211,8 @@ func TestApplyAcceptsKubeDNSAtTheClusterDNSAddress(t *testing.T) {
 		if err := Apply(context.Background(), c, withDNS); err != nil {
 			t.Errorf("Apply with kube-dns %v: %v", existing, err)
 		}
-		if got := len(objects(t, c)); got != 4+len(existing) {
-			t.Errorf("Apply with kube-dns %v left %d objects, want kelp's 4 and the Service", existing, got)
+		if got := len(objects(t, c)); got != 8+len(existing) {
+			t.Errorf("Apply with kube-dns %v left %d objects, want kelp's 8 and the Service", existing, got)
 		}
 	}
 }
@@ -208,5 +231,32 @@ func TestApplyRefusesToMoveKubeDNS(t *testing.T) {
 func TestApplyNeedsTheClusterDNSAddress(t *testing.T) {
 	if err := Apply(context.Background(), fake.NewClientset(), Config{DNS: true}); err == nil {
 		t.Error("Apply with DNS and no address succeeded")
+	}
+}
+
+// Clusters made before each node had its own identity bound the nodes'
+// controllers' role to the one identity all shared: the same Apply that
+// grants each node's identity takes the grant from the shared one.
+func TestApplyTakesTheGrantFromTheSharedControllerIdentity(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset()
+	old := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: controllerRole},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: controllerRole},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: sharedControllerUser}},
+	}
+	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, old, metav1.CreateOptions{FieldManager: "kelp"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Apply(ctx, c, withDNS); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	got, err := c.RbacV1().ClusterRoleBindings().Get(ctx, controllerRole, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:kelp-controllers"}}
+	if !reflect.DeepEqual(got.Subjects, want) {
+		t.Errorf("%s after Apply is bound to %+v, want %+v", controllerRole, got.Subjects, want)
 	}
 }
