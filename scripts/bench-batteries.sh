@@ -27,7 +27,7 @@ declare -A line
 for c in "${configs[@]}"; do
   name=${c%%|*}
   out=$(KELP_ARGS=${c#*|} "$repo/scripts/bench-node.sh")
-  line[$name]=$(grep -m1 '^  all ' <<<"$out")
+  line[$name]=$(grep -m1 '^ *the whole node ' <<<"$out")
   echo "$name: ${line[$name]#*: }" >&2
 done
 
@@ -35,10 +35,10 @@ field() { # NAME WHAT: the number after WHAT in NAME's figures
   sed -E "s/.*$2 +([0-9.]+).*/\1/" <<<"${line[$1]}"
 }
 echo "kelp bench-batteries: $("$KELP" --version | head -1), idle ${IDLE}s each, whole node"
-printf '  %-20s %9s %9s %12s %14s\n' "" "RSS MiB" "PSS MiB" "CPU % core" "writes KiB/s"
+printf '  %-20s %9s %9s %12s %14s %13s\n' "" "RSS MiB" "PSS MiB" "CPU % core" "writes KiB/s" "working set"
 for c in "${configs[@]}"; do
   name=${c%%|*}
-  printf '  %-20s %9s %9s %12s %14s\n' "$name" "$(field "$name" RSS)" "$(field "$name" PSS)" "$(field "$name" CPU)" "$(field "$name" writes)"
+  printf '  %-20s %9s %9s %12s %14s %13s\n' "$name" "$(field "$name" RSS)" "$(field "$name" PSS)" "$(field "$name" CPU)" "$(field "$name" writes)" "$(field "$name" 'working set')"
 done
 awk -v a="${line[all on]}" -v b="${line[all off]}" 'function num(s, what) { match(s, what " +[0-9.]+"); split(substr(s, RSTART, RLENGTH), f, / +/); return f[2] }
   BEGIN { printf "  %-20s %9.0f %9.0f %12.1f\n", "all on - all off", num(a, "RSS") - num(b, "RSS"), num(a, "PSS") - num(b, "PSS"), num(a, "CPU") - num(b, "CPU") }'
