@@ -43,6 +43,8 @@ func readProcess(pid int) (process, bool) {
 	dir := filepath.Join("/proc", strconv.Itoa(pid))
 	p := process{pid: pid, ppid: ppid}
 	p.mountNS, _ = os.Readlink(filepath.Join(dir, "ns", "mnt"))
+	p.cgroupNS, _ = os.Readlink(filepath.Join(dir, "ns", "cgroup"))
+	p.netNS, _ = os.Readlink(filepath.Join(dir, "ns", "net"))
 	p.exe, _ = os.Readlink(filepath.Join(dir, "exe"))
 	p.cwd, _ = os.Readlink(filepath.Join(dir, "cwd"))
 	p.cmdline = nulSeparated(filepath.Join(dir, "cmdline"))

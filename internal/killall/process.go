@@ -36,7 +36,10 @@ const dataDirEnv = "KELP_DATA_DIR"
 type process struct {
 	pid, ppid int
 	mountNS   string // target of /proc/PID/ns/mnt
-	exe       string // target of /proc/PID/exe, maybe ending in deleted
+	// cgroupNS and netNS are the targets of /proc/PID/ns/cgroup and
+	// /proc/PID/ns/net.
+	cgroupNS, netNS string
+	exe             string // target of /proc/PID/exe, maybe ending in deleted
 	// program is the main package in the Go build info of the file the
 	// process runs; "" if it is not Go. The kernel keeps the file readable
 	// through /proc/PID/exe after it was replaced, so a kelp that was
@@ -115,7 +118,13 @@ func (c classifier) plan(procs []process, self int, pods []int) (plan, error) {
 	var out plan
 	var errs []error
 	for _, p := range procs {
-		if p.pid == self || p.mountNS != ownNS {
+		if p.pid == self {
+			continue
+		}
+		if p.mountNS != ownNS {
+			if sharesMachine(p, procs[i]) {
+				out.others = append(out.others, p.pid)
+			}
 			continue
 		}
 		switch o, err := c.ownerOf(p); {
@@ -134,6 +143,19 @@ func (c classifier) plan(procs []process, self int, pods []int) (plan, error) {
 	}
 	out.kill = slices.Sorted(maps.Keys(kill))
 	return out, errors.Join(errs...)
+}
+
+// sharesMachine says whether p, in another mount namespace than killall
+// (self), is the containerd of a kelp node that shares the machine's pod
+// cgroups or network with killall's: its data dir cannot be told from
+// here, and the kubepods cgroups, interfaces and nftables tables killall
+// would remove may be its own. A node in namespaces of its own (a test
+// node, a kelp cluster node) is none of killall's business.
+func sharesMachine(p, self process) bool {
+	if !p.root || p.program != containerdProgram {
+		return false
+	}
+	return p.cgroupNS == self.cgroupNS || p.netNS == self.netNS
 }
 
 // ownerOf tells whose p is. A process that is not root's is nobody's: a

@@ -61,6 +61,13 @@ func withEnv(p process, env ...string) process {
 }
 
 func inNS(p process, ns string) process {
+	p.mountNS, p.cgroupNS, p.netNS = ns, ns, ns
+	return p
+}
+
+// inMountNS is p in mount namespace ns, in the machine's cgroup and
+// network namespaces.
+func inMountNS(p process, ns string) process {
 	p.mountNS = ns
 	return p
 }
@@ -162,6 +169,15 @@ func TestPlan(t *testing.T) {
 			name:    "a server of the data dir in another mount namespace (a test node)",
 			dataDir: "/var/lib/kelp",
 			procs:   machine(inNS(node[0], otherNS)),
+		},
+		{
+			name:    "a node in another mount namespace with the machine's cgroups and network holds them",
+			dataDir: "/var/lib/kelp",
+			procs: machine(append(slices.Clone(node), inMountNS(other[0], otherNS), inMountNS(other[1], otherNS),
+				inMountNS(other[2], otherNS))...),
+			pods: []int{302, 503},
+			kill: []int{200, 201, 300, 301, 302},
+			rest: []int{501},
 		},
 		{
 			name:    "shims of the machine's own containerd",
