@@ -143,7 +143,7 @@ if [[ " ${KELP_ARGS:-} " != *" --disable coredns "* ]]; then
 fi
 echo "kelp bench-node: $("$KELP" --version | head -1), $(nproc) CPUs${KELP_ARGS:+, kelp server $KELP_ARGS}"
 printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss, app answers by DNS name %ss\n' \
-  "$(secs $t_api)" "$(secs $t_node)" "$(secs $t_pod)" "$(secs $t_dns)"
+  "$(secs "$t_api")" "$(secs "$t_node")" "$(secs "$t_pod")" "$(secs "$t_dns")"
 
 # measure SECONDS TITLE: the figures of every process of the node over
 # SECONDS (measure_node: kelp, containerd and the runc shims), under TITLE.
