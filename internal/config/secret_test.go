@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	logrustest "github.com/sirupsen/logrus/hooks/test"
 )
 
 // TestSecretFiles: the server's secrets come from files as the agent's
@@ -101,5 +103,23 @@ func TestSecretsEncryptionDefault(t *testing.T) {
 	t.Setenv("KELP_SECRETS_ENCRYPTION", "false")
 	if s, err := runServer(t); err != nil || s.SecretsEncryption {
 		t.Errorf("KELP_SECRETS_ENCRYPTION=false: %v (%v)", s.SecretsEncryption, err)
+	}
+}
+
+// TestShortSecretOfAnExistingCluster: a cluster made with a short secret
+// before kelp asked for 16 characters starts, with a warning.
+func TestShortSecretOfAnExistingCluster(t *testing.T) {
+	dataDir := t.TempDir()
+	if _, err := runServer(t, "--data-dir", dataDir, "--token", "s3cret"); err == nil {
+		t.Fatal("a short secret for a new cluster was taken")
+	}
+	writeFile(t, filepath.Join(dataDir, "server", "token"), "K10abc::server:s3cret\n")
+	hook := logrustest.NewGlobal()
+	defer hook.Reset()
+	if _, err := runServer(t, "--data-dir", dataDir, "--token", "s3cret"); err != nil {
+		t.Fatalf("the cluster's own short secret: %v", err)
+	}
+	if e := hook.LastEntry(); e == nil || !strings.Contains(e.Message, "--token: a secret of 6 characters") {
+		t.Errorf("no warning: %v", e)
 	}
 }

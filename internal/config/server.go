@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -249,12 +250,13 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		}
 	}
 	check(checkOverlay(in.overlay))
+	kept := layout.Server(s.DataDir)
 	if in.joinServer == "" {
 		// A joining server's token is the cluster's, checked where it
 		// was chosen.
-		check(token.CheckChosen("--token", s.Token))
+		check(checkChosen("--token", s.Token, kept.Token))
 	}
-	check(token.CheckChosen("--agent-token", s.AgentToken))
+	check(checkChosen("--agent-token", s.AgentToken, kept.AgentToken))
 	if (in.joinServer == "" && strings.Contains(s.Token, "::")) || strings.Contains(s.AgentToken, "::") {
 		check(errors.New("--token and --agent-token take the secret alone, not a full KELP1… token (a full token is for joining, with --server)"))
 	}
@@ -413,4 +415,20 @@ func checkEndpoint(raw string) error {
 		}
 	}
 	return errors.New("--datastore-endpoint: want a postgres://, mysql:// or https:// (etcd) URL")
+}
+
+// checkChosen refuses a short secret chosen for a new cluster; for a
+// cluster made with it before kelp asked for 16 characters (its token is
+// kept at kept) it only warns: refusing would stop an upgraded server
+// that its nodes and scripts join with that secret.
+func checkChosen(flag, secret, kept string) error {
+	err := token.CheckChosen(flag, secret)
+	if err == nil {
+		return nil
+	}
+	if fi, serr := os.Stat(kept); serr == nil && fi.Size() > 0 {
+		logrus.WithField("component", "config").Warnf("%v; this cluster was made with it, so kelp goes on: choose a longer one (for --token, `kelp token rotate --new-token-file FILE`) and put it in this server's configuration", err)
+		return nil
+	}
+	return err
 }
