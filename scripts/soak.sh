@@ -356,12 +356,14 @@ declare -A gone=()
 declare -A rotated=()
 churn_probes() {
   local m=$1 f out=()
-  if [[ -z ${gone[token]:-} ]] && kc churn -n kube-system get secret "$token_secret" 2>&1 | grep -q NotFound; then
+  # Not a pipe into grep: under pipefail, kubectl's failure (the one we
+  # look for) would fail the pipe.
+  if [[ -z ${gone[token]:-} && $(kc churn -n kube-system get secret "$token_secret" 2>&1) == *NotFound* ]]; then
     gone[token]=$m
     out+=(token-expired)
     echo "$m token-expired $token_secret" >>"$work/churn.timers"
   fi
-  if [[ -z ${gone[event]:-} ]] && kc churn get event soak-ttl-probe 2>&1 | grep -q NotFound; then
+  if [[ -z ${gone[event]:-} && $(kc churn get event soak-ttl-probe 2>&1) == *NotFound* ]]; then
     gone[event]=$m
     out+=(event-ttl)
     echo "$m event-ttl soak-ttl-probe" >>"$work/churn.timers"
