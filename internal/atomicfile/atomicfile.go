@@ -7,6 +7,8 @@
 // over the target, and then the directory is synced so that the rename
 // itself survives a power cut. Without the syncs, a filesystem such as ext4
 // may commit the rename before the data and leave a zero-length file.
+//
+// ReadRegular is the other side, for files whose path someone else chose.
 package atomicfile
 
 import (

@@ -3,14 +3,15 @@ package killall
 import (
 	"bytes"
 	"debug/buildinfo"
+	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // readProcesses reads the process table from /proc. A process that ends
@@ -95,74 +96,53 @@ const maxConfigFile = 1 << 20
 
 // configFiles is the file system at a directory as killall reads the
 // config files of other processes through it: regular files of at most
-// maxConfigFile, and directories to find drop-ins in. Which file that is
-// is the other process's choice: a FIFO would hang killall in open, a
-// device or an endless file would have it read for ever.
+// maxConfigFile (atomicfile.ReadRegular), and directories to find
+// drop-ins in. Which file that is is the other process's choice: a FIFO
+// would hang killall in open, a device or an endless file would have it
+// read for ever.
 type configFiles string
 
-// Open opens a regular file or a directory.
+// Open opens a directory only: files are read with ReadFile.
 func (dir configFiles) Open(name string) (fs.File, error) {
-	if !fs.ValidPath(name) {
-		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrInvalid}
+	path, err := dir.path("open", name)
+	if err != nil {
+		return nil, err
 	}
-	path := filepath.Join(string(dir), name)
-	// Not even opened when it is no file: opening a device can do things.
 	if info, err := os.Stat(path); err != nil {
 		return nil, err
-	} else if err := regular(info); err != nil {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	} else if !info.IsDir() {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: errors.New("not a directory: kelp killall reads config files with ReadFile")}
 	}
-	// O_NONBLOCK: should a FIFO take the file's place meanwhile, opening
-	// it returns at once, and the file's own mode, read from the open
-	// file, refuses it.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	info, err := f.Stat()
-	if err == nil {
-		err = regular(info)
-	}
-	if err != nil {
-		_ = f.Close()
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
-	}
-	return f, nil
+	return os.Open(path)
 }
 
 // Stat does not open name.
 func (dir configFiles) Stat(name string) (fs.FileInfo, error) {
-	if !fs.ValidPath(name) {
-		return nil, &fs.PathError{Op: "stat", Path: name, Err: fs.ErrInvalid}
+	path, err := dir.path("stat", name)
+	if err != nil {
+		return nil, err
 	}
-	return os.Stat(filepath.Join(string(dir), name))
+	return os.Stat(path)
 }
 
 // ReadFile reads a regular file of at most maxConfigFile.
 func (dir configFiles) ReadFile(name string) ([]byte, error) {
-	f, err := dir.Open(name)
+	path, err := dir.path("read", name)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	// Not the size from stat: the file may grow while it is read.
-	data, err := io.ReadAll(io.LimitReader(f, maxConfigFile+1))
+	data, err := atomicfile.ReadRegular(path, maxConfigFile)
 	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxConfigFile {
-		return nil, &fs.PathError{Op: "read", Path: filepath.Join(string(dir), name),
-			Err: fmt.Errorf("larger than %d bytes, which no kelp config file is", maxConfigFile)}
+		return nil, fmt.Errorf("%w: kelp killall reads only regular files of at most 1 MiB as config files", err)
 	}
 	return data, nil
 }
 
-// regular refuses what is neither a regular file nor a directory.
-func regular(info fs.FileInfo) error {
-	if info.Mode().IsRegular() || info.IsDir() {
-		return nil
+func (dir configFiles) path(op, name string) (string, error) {
+	if !fs.ValidPath(name) {
+		return "", &fs.PathError{Op: op, Path: name, Err: fs.ErrInvalid}
 	}
-	return fmt.Errorf("not a regular file (mode %s): kelp killall reads only regular files as config files", info.Mode().Type())
+	return filepath.Join(string(dir), name), nil
 }
 
 // resolveSymlinks returns path with its symlinks resolved, or path when it
