@@ -79,6 +79,7 @@ func newApp() *cli.App {
 	cli.VersionPrinter = func(*cli.Context) { fmt.Print(version.String()) }
 	var serverInput config.ServerInput
 	var agentInput config.AgentInput
+	var migrateInput config.ServerInput
 	return &cli.App{
 		Name:            "kelp",
 		Usage:           "Kubernetes in one binary",
@@ -96,6 +97,27 @@ func newApp() *cli.App {
 				Usage:  "join this machine to a cluster as a node",
 				Flags:  config.AgentFlags(&agentInput),
 				Action: func(c *cli.Context) error { return runAgent(c, &agentInput) },
+			},
+			{
+				Name:  "datastore",
+				Usage: "manage a server's datastore",
+				Subcommands: []*cli.Command{{
+					Name:  "migrate",
+					Usage: "move a stopped server's cluster, with everything in it, to another datastore; the old one is kept beside it",
+					Flags: append(config.ServerFlags(&migrateInput), &cli.StringFlag{
+						Name:     "to",
+						Required: true,
+						Usage:    "where the cluster goes: sqlite, etcd (embedded), or a --datastore-endpoint (postgres://…, mysql://…, https://… for an external etcd)",
+					}),
+					Action: func(c *cli.Context) error {
+						cfg, err := migrateInput.Parse(config.DetectHost())
+						if err != nil {
+							return err
+						}
+						logging.Setup(cfg.Debug)
+						return server.MigrateDatastore(c.Context, cfg, c.String("to"), c.App.Writer)
+					},
+				}},
 			},
 			token.Command(),
 			snapshot.Command(),

@@ -3,7 +3,8 @@
 # cost minute by minute; it never judges the figures. The machine is noisy:
 # compare figures of one run.
 #
-# Usage: scripts/soak.sh idle|churn     (as root, from anywhere)
+# Usage: scripts/soak.sh idle|churn|crash     (as root, from anywhere)
+#   KILLS=200          crash: SIGKILLs per datastore
 #   WINDOW=1800        idle: seconds measured once the nodes are Ready
 #   DURATION=7200      churn: seconds of churn once the node is Ready
 #   KELP=bin/kelp
@@ -32,6 +33,15 @@
 #          the renewal loop's look (at the latest hourly: maxWait in
 #          internal/certrenew/loop.go) and the event TTL (the apiserver's
 #          --event-ttl, 1 h unless KELP_ARGS says otherwise) need nothing.
+#   crash  server/crash_test.go's TestCrash with KILLS kills instead of CI's
+#          10, SQLite and embedded etcd at once: writers update ConfigMaps,
+#          kelp is SIGKILLed at a random moment, the datastore's files are
+#          checked (SQLite integrity_check, etcd's bbolt check and HashKV
+#          history), and after the restart every acknowledged write must be
+#          there. Prints each datastore's summary: kills, writes
+#          acknowledged, lost (0, or the run fails at the first loss),
+#          restart times. A kill during a datastore migration is
+#          TestMigrateKilledMidway (internal/datastore).
 # kelp runs with --debug, for kine's "COMPACT compacted from" lines and the
 # renewal loop's; what that logging costs is in the figures. Its output goes
 # to a tmpfs (/dev/shm), so that its writes are not counted; data dirs are
@@ -82,9 +92,24 @@ seconds_of() {
 case $mode in
   idle) seconds=$WINDOW var=WINDOW ;;
   churn) seconds=$DURATION var=DURATION ;;
-  *) die "usage: soak.sh idle|churn (got '$mode'); see the comment at its top" ;;
+  crash) ;;
+  *) die "usage: soak.sh idle|churn|crash (got '$mode'); see the comment at its top" ;;
 esac
 [[ $(id -u) == 0 ]] || die "run as root"
+if [[ $mode == crash ]]; then
+  KILLS=${KILLS:-200}
+  [[ $KILLS =~ ^[1-9][0-9]*$ ]] || die "KILLS must be a number of kills, got '$KILLS'"
+  [[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
+  out=${LOGDIR:-$(mktemp -d "${TMPDIR:-/tmp}/kelp-soak-crash.XXXXXX")}/crash.log
+  mkdir -p "$(dirname "$out")"
+  echo "soak crash: $KILLS kills per datastore; the test's log goes to $out"
+  status=0
+  (cd "$repo" && CGO_ENABLED=0 KELP_BIN=$KELP KELP_CRASH_KILLS=$KILLS \
+    go test -count=1 -timeout 0 -v -run '^TestCrash$' ./server/ >"$out" 2>&1) || status=$?
+  grep -E -- '--- (PASS|FAIL)|[0-9]+ kills, ' "$out" | sed 's/^ *//'
+  (( status == 0 )) || die "TestCrash failed (exit $status): see $out"
+  exit 0
+fi
 [[ $seconds =~ ^[1-9][0-9]*$ && $seconds -ge 60 ]] || die "$var must be a number of seconds, at least 60 (one minute of the trace), got '$seconds'"
 [[ -z $LEAF_LIFETIME ]] || (( $(seconds_of "$LEAF_LIFETIME" || echo 0) >= 60 )) ||
   die "LEAF_LIFETIME must be empty or a duration of at least 1m such as 30m, got '$LEAF_LIFETIME'"

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -36,7 +37,8 @@ import (
 )
 
 const (
-	// crashKills is how many times each datastore is killed.
+	// crashKills is how many times each datastore is killed, unless
+	// KELP_CRASH_KILLS says otherwise (scripts/soak.sh crash).
 	crashKills = 10
 	// crashObjects ConfigMaps are written by crashWriters clients at once,
 	// each client updating its own share of them over and over.
@@ -91,6 +93,12 @@ func crashRepeatedly(t *testing.T, n *testcluster.Node, args []string, intact fu
 	if testing.Short() {
 		kills = 3
 	}
+	if v := os.Getenv("KELP_CRASH_KILLS"); v != "" {
+		var err error
+		if kills, err = strconv.Atoi(v); err != nil || kills < 1 {
+			t.Fatalf("KELP_CRASH_KILLS=%q: want a number of kills, at least 1", v)
+		}
+	}
 	began := time.Now()
 	n.Start(args...)
 	n.WaitReady(startTimeout)
@@ -136,7 +144,7 @@ func crashRepeatedly(t *testing.T, n *testcluster.Node, args []string, intact fu
 		t.Fatalf("after the last clean stop: %v", err)
 	}
 	slices.Sort(restarts)
-	t.Logf("%d kills, %d writes acknowledged, %d acknowledged objects checked after restarts, %d cut-off writes found committed; restart to ready min %s median %s max %s; total %s",
+	t.Logf("%d kills, %d writes acknowledged, 0 of them lost, %d acknowledged objects checked after restarts, %d cut-off writes found committed, datastore intact after every kill; restart to ready min %s median %s max %s; total %s",
 		kills, acked, checked, cutOffCommitted, restarts[0].Round(time.Millisecond), restarts[len(restarts)/2].Round(time.Millisecond),
 		restarts[len(restarts)-1].Round(time.Millisecond), time.Since(began).Round(time.Second))
 }

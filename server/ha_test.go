@@ -44,13 +44,14 @@ spec:
   ports: [{port: 80, targetPort: 8080}]
 `
 
-// TestHA runs three servers on embedded etcd and an agent: the second and
-// third join through the first; stopping any one server in turn leaves
+// TestHA moves a server's SQLite cluster to embedded etcd, then runs three
+// servers on it and an agent: the second and third join through the first; stopping any one server in turn leaves
 // the cluster serving writes and the agent's pod reachable through a
 // Service, and the server catches up when it is back; deleting the first
 // server's Node removes its etcd member for good, and it says so when it
 // starts again; losing the majority stops writes, and --cluster-reset on
-// the survivor brings the cluster back with every object written before.
+// the survivor brings the cluster back with every object written before,
+// and it moves the cluster back to SQLite.
 func TestHA(t *testing.T) {
 	t.Parallel()
 	lab := testcluster.NewLab(t)
@@ -60,9 +61,27 @@ func TestHA(t *testing.T) {
 	agent.AddImage(image)
 
 	// server-1 runs a node, so that `kubectl delete node` can retire it.
+	// It starts on SQLite with a workload; --cluster-init then moves its
+	// cluster to embedded etcd, with the pod running on, and the others
+	// join it.
 	s1.Agent = true
+	s1.AddImage(image)
+	s1.Start()
+	s1.WaitReady(startTimeout)
+	applyMigratedWorkload(t, s1)
+	before, pod, ready := migratedDump(t, s1), migratedPod(t, s1.Client()), readySince(t, s1.Client(), "server-1")
+	s1.Stop()
 	s1.Start("--cluster-init")
 	s1.WaitReady(startTimeout)
+	if !s1.Logged("Moved the cluster from SQLite to embedded etcd") {
+		t.Error("server-1 did not say it moved its cluster to etcd")
+	}
+	sameDump(t, "SQLite to etcd", before, migratedDump(t, s1))
+	notRestarted(t, pod, migratedPod(t, s1.Client()))
+	if since := readySince(t, s1.Client(), "server-1"); !since.Equal(ready) {
+		t.Errorf("server-1 was not Ready throughout the migration: Ready since %s, before since %s", since, ready)
+	}
+	secretEncrypted(t, s1)
 	tok, err := os.ReadFile(s1.TokenFile())
 	if err != nil {
 		t.Fatal(err)
@@ -186,6 +205,20 @@ func TestHA(t *testing.T) {
 	}
 	must(t, "write after the reset", func() error { return writeConfigMap(s2.Client(), "after-reset") })
 	reachable("with server-2 alone")
+
+	// Back to one small server: the survivor moves the cluster to SQLite.
+	before = migratedDump(t, s2)
+	s2.Stop()
+	out, err = s2.RunKelp(2*time.Minute, append([]string{"datastore", "migrate", "--to", "sqlite"}, s2.ServerArgs(joinArgs...)[1:]...)...)
+	if err != nil || !strings.Contains(out, "start kelp server without --cluster-init, --server") || !strings.Contains(out, "etcd.before-migrate-") {
+		t.Fatalf("kelp datastore migrate --to sqlite: %v\n%s", err, tail(out))
+	}
+	s2.Start()
+	s2.WaitReady(startTimeout)
+	sameDump(t, "etcd to SQLite", before, migratedDump(t, s2))
+	secretEncrypted(t, s2)
+	must(t, "write on SQLite", func() error { return writeConfigMap(s2.Client(), "on-sqlite") })
+	reachable("with server-2 on SQLite")
 }
 
 func secretOf(tok string) string {

@@ -103,6 +103,9 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
+	if err := migrateToEtcd(ctx, cfg, certs); err != nil {
+		return err
+	}
 	dc := datastoreConfig(cfg, certs)
 	dc.InitialCluster = cluster.initialCluster
 	store, err := datastore.Start(ctx, dc)

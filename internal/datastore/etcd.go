@@ -85,10 +85,11 @@ func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend,
 	if err := checkEtcdBackend(dir); err != nil {
 		return nil, "", Backend{}, err
 	}
-	// kelp does not migrate SQLite to etcd; an empty cluster beside the old
-	// data would look like lost data.
+	// An empty cluster beside the old data would look like lost data: the
+	// server migrates it first (server.migrateToEtcd) unless it joins
+	// another cluster.
 	if sqlitePath := filepath.Join(dbDir, stateDBName); !wal.Exist(filepath.Join(dir, "member", "wal")) && nonEmpty(sqlitePath) {
-		return nil, "", Backend{}, fmt.Errorf("%s: a SQLite datastore exists at %s and kelp does not migrate it to etcd: start without --cluster-init to use it, or move it away to start an empty etcd cluster", desc, sqlitePath)
+		return nil, "", Backend{}, fmt.Errorf("%s: this server holds a cluster of its own in the SQLite datastore %s: start it with --cluster-init and without --server to move that cluster to etcd, or move the file away to join another cluster", desc, sqlitePath)
 	}
 	closing, removed := &atomic.Bool{}, &atomic.Bool{}
 	ec, err := etcdConfig(cfg, dir, log, closing, removed)

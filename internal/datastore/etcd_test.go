@@ -205,7 +205,7 @@ func TestDatastoreKindSwitchIsRefused(t *testing.T) {
 	put(t, d.Backend(), "/registry/test/a", "one")
 	stopWithin(t, d, 30*time.Second)
 	_, err = Start(context.Background(), etcdTestConfig(t, sqliteDir, tls))
-	if err == nil || !strings.Contains(err.Error(), "does not migrate") {
+	if err == nil || !strings.Contains(err.Error(), "holds a cluster of its own") {
 		t.Errorf("etcd start over a SQLite datastore: %v", err)
 	}
 }

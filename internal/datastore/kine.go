@@ -78,31 +78,7 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 	connectTimeout := orDefault(cfg.connectTimeout, remoteConnectTimeout)
 	switch kind {
 	case KindSQLite:
-		dbPath := filepath.Join(dbDir, stateDBName)
-		spec.desc = "SQLite datastore " + dbPath
-		spec.pollInterval = sqlitePollInterval
-		// kine's DSN for SQLite is a path followed by mattn/go-sqlite3 style
-		// parameters, which it translates for modernc.org/sqlite.
-		spec.dsn = "sqlite://" + dbPath + "?" + sqliteParams
-		spec.check = func(ctx context.Context) error {
-			if wal.Exist(filepath.Join(dbDir, etcdDirName, "member", "wal")) {
-				return fmt.Errorf("%s: an embedded etcd datastore exists at %s: start with --cluster-init to use it, or move it away to start an empty SQLite datastore", spec.desc, filepath.Join(dbDir, etcdDirName))
-			}
-			fresh, err := checkSQLite(ctx, dbPath)
-			if err != nil || !fresh {
-				return err
-			}
-			// kine would make it with SQLite's 4 KiB pages; with 1 KiB
-			// ones each commit writes half the bytes (a Lease-sized update
-			// costs 24 instead of 46 KB of WAL and checkpoint) for LISTs
-			// that read the datastore a third slower where objects are
-			// 4 KiB (BenchmarkSQLiteWrites, BenchmarkSQLiteReads). An
-			// existing database keeps the pages it was made with.
-			if err := createKineDB(dbPath, sqlitePageSize, 0); err != nil {
-				return fmt.Errorf("%s: %w", spec.desc, err)
-			}
-			return atomicfile.SyncDir(dbDir)
-		}
+		spec = sqliteSpec(dbDir, spec.runDir, 0)
 	case KindPostgres:
 		spec.desc = "PostgreSQL datastore " + Redact(cfg.Endpoint)
 		spec.dsn = cfg.Endpoint
@@ -118,6 +94,41 @@ func startKine(ctx context.Context, cfg Config, kind string, log *logrus.Entry) 
 	}
 	eng, be, err := listenKine(ctx, spec, log)
 	return eng, spec.desc, be, err
+}
+
+// sqliteSpec is kine on the SQLite datastore in dbDir. A new database's
+// revisions start after firstRevision.
+func sqliteSpec(dbDir, runDir string, firstRevision int64) kineSpec {
+	dbPath := filepath.Join(dbDir, stateDBName)
+	desc := "SQLite datastore " + dbPath
+	return kineSpec{
+		desc:         desc,
+		dbDir:        dbDir,
+		runDir:       runDir,
+		pollInterval: sqlitePollInterval,
+		// kine's DSN for SQLite is a path followed by mattn/go-sqlite3 style
+		// parameters, which it translates for modernc.org/sqlite.
+		dsn: "sqlite://" + dbPath + "?" + sqliteParams,
+		check: func(ctx context.Context) error {
+			if wal.Exist(filepath.Join(dbDir, etcdDirName, "member", "wal")) {
+				return fmt.Errorf("%s: an embedded etcd datastore exists at %s: start with --cluster-init to use it, or move it away to start an empty SQLite datastore", desc, filepath.Join(dbDir, etcdDirName))
+			}
+			fresh, err := checkSQLite(ctx, dbPath)
+			if err != nil || !fresh {
+				return err
+			}
+			// kine would make it with SQLite's 4 KiB pages; with 1 KiB
+			// ones each commit writes half the bytes (a Lease-sized update
+			// costs 24 instead of 46 KB of WAL and checkpoint) for LISTs
+			// that read the datastore a third slower where objects are
+			// 4 KiB (BenchmarkSQLiteWrites, BenchmarkSQLiteReads). An
+			// existing database keeps the pages it was made with.
+			if err := createKineDB(dbPath, sqlitePageSize, firstRevision); err != nil {
+				return fmt.Errorf("%s: %w", desc, err)
+			}
+			return atomicfile.SyncDir(dbDir)
+		},
+	}
 }
 
 // kineSpec is one kine: the database it serves and where it listens.

@@ -172,4 +172,48 @@ func TestPostgres(t *testing.T) {
 			t.Error("error shows the password")
 		}
 	})
+
+	t.Run("migrate from SQLite and back", func(t *testing.T) {
+		dataDir := t.TempDir()
+		sqlite := Config{DataDir: dataDir}
+		pg := Config{DataDir: dataDir, Endpoint: fmt.Sprintf("postgres://kelp:%s@127.0.0.1:%d/migrated", password, port)}
+		d := startReady(t, sqlite)
+		fill(t, d.Backend(), 600)
+		want, _ := contents(t, d.Backend())
+		stopWithin(t, d, 30*time.Second)
+
+		m := migrate(t, sqlite, pg)
+		if LocalKind(dataDir) != "" || !strings.Contains(m.Kept, "state.db.before-migrate-") {
+			t.Errorf("the SQLite source was not moved aside: %q, kept %q", LocalKind(dataDir), m.Kept)
+		}
+		if strings.Contains(m.To, password) {
+			t.Errorf("the migration names the password: %s", m.To)
+		}
+		d = startReady(t, pg)
+		got, _ := contents(t, d.Backend())
+		sameContents(t, "PostgreSQL", got, want)
+		stopWithin(t, d, 30*time.Second)
+
+		other := Config{DataDir: t.TempDir()}
+		d = startReady(t, other)
+		put(t, d.Backend(), "/registry/test/other", "x")
+		stopWithin(t, d, 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := Migrate(ctx, other, Config{DataDir: other.DataDir, Endpoint: pg.Endpoint}); err == nil || !strings.Contains(err.Error(), "not empty") {
+			t.Errorf("migrating into a PostgreSQL database that holds a cluster: %v", err)
+		}
+
+		m = migrate(t, pg, sqlite)
+		if LocalKind(dataDir) != KindSQLite || m.Kept != "" {
+			t.Errorf("after the migration back: %q, kept %q", LocalKind(dataDir), m.Kept)
+		}
+		d = startReady(t, sqlite)
+		got, _ = contents(t, d.Backend())
+		sameContents(t, "SQLite from PostgreSQL", got, want)
+		stopWithin(t, d, 30*time.Second)
+		d = startReady(t, pg)
+		got, _ = contents(t, d.Backend())
+		sameContents(t, "PostgreSQL after the migration back", got, want)
+	})
 }

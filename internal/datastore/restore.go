@@ -49,20 +49,8 @@ func RestoreEtcd(dataDir, path string, member EtcdMember) (backup string, err er
 
 	stamp := time.Now().UTC().Format("20060102T150405Z")
 	staging := filepath.Join(db, etcdDirName+".restoring-"+stamp)
-	peer := (&url.URL{Scheme: "https", Host: net.JoinHostPort(orDefault(member.AdvertiseIP, "127.0.0.1"), strconv.Itoa(defaultEtcdPeerPort))}).String()
-	err = snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
-		SnapshotPath:        path,
-		Name:                member.Name,
-		OutputDataDir:       staging,
-		PeerURLs:            []string{peer},
-		InitialCluster:      member.Name + "=" + peer,
-		InitialClusterToken: "kelp",
-		RevisionBump:        restoreRevisionBump,
-		MarkCompacted:       true,
-	})
-	if err != nil {
-		os.RemoveAll(staging)
-		return "", fmt.Errorf("restore etcd snapshot %s: %w; nothing was changed", path, err)
+	if err := buildMember(staging, path, member, restoreRevisionBump); err != nil {
+		return "", err
 	}
 	live := filepath.Join(db, etcdDirName)
 	if _, err := os.Stat(live); err == nil {
@@ -76,4 +64,26 @@ func RestoreEtcd(dataDir, path string, member EtcdMember) (backup string, err er
 		return backup, fmt.Errorf("put the restored member in place as %s: %w; the previous data is %s", live, err, backup)
 	}
 	return backup, atomicfile.SyncDir(db)
+}
+
+// buildMember makes in dir, for the caller to put in place, the data of a
+// new one-member etcd cluster from the etcd snapshot at path, its revision
+// raised by bump and the revisions below it marked compacted.
+func buildMember(dir, path string, member EtcdMember, bump uint64) error {
+	peer := (&url.URL{Scheme: "https", Host: net.JoinHostPort(orDefault(member.AdvertiseIP, "127.0.0.1"), strconv.Itoa(defaultEtcdPeerPort))}).String()
+	err := snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+		SnapshotPath:        path,
+		Name:                member.Name,
+		OutputDataDir:       dir,
+		PeerURLs:            []string{peer},
+		InitialCluster:      member.Name + "=" + peer,
+		InitialClusterToken: "kelp",
+		RevisionBump:        bump,
+		MarkCompacted:       true,
+	})
+	if err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("restore etcd snapshot %s: %w; nothing was changed", path, err)
+	}
+	return nil
 }
