@@ -11,7 +11,8 @@
 # which go:embed reads and which `go build`/`go test` in this tree use. Any
 # other build gets its bundle in a temporary directory and embeds it through
 # `go build -overlay`, so a cross or release build never changes what the
-# host's builds and tests embed.
+# host's builds and tests embed. Every build applies kelp's patches to
+# upstream modules (scripts/patches.sh).
 set -euo pipefail
 out=${2:-}
 [[ -z $out || $out == /* ]] || out=$PWD/$out
@@ -49,6 +50,9 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
 done
 
+# kelp's patches to upstream modules (scripts/patches/).
+modfile=$(scripts/patches.sh .cache/patched)
+
 mkdir -p "$(dirname "$out")"
-CGO_ENABLED=0 GOOS=linux GOARCH="$arch" go build "${overlay[@]}" -ldflags "$ldflags" -o "$out" .
+CGO_ENABLED=0 GOOS=linux GOARCH="$arch" go build -modfile="$modfile" "${overlay[@]}" -ldflags "$ldflags" -o "$out" .
 echo "built $out ($version, $arch)"

@@ -49,8 +49,9 @@ arm64) TRIPLET=aarch64-linux-gnu; CROSS_GCC=gcc-aarch64-linux-gnu; MACHINE='ARM 
 esac
 DEBARCH=$ARCH # Debian and Go agree on these two names
 
-# Packages: the host gets gcc/pkg-config/file; the target arch gets libseccomp.
-pkgs=(pkg-config file)
+# Packages: the host gets gcc/pkg-config/file, and patch for build.sh's
+# scripts/overlay.sh; the target arch gets libseccomp.
+pkgs=(pkg-config file patch)
 if [[ $ARCH == "$HOSTARCH" ]]; then
 	CC=${CC:-gcc}
 	# Qualified: once another architecture's libseccomp-dev is installed,

@@ -45,9 +45,11 @@ unformatted=$(gofmt -l main.go agent embed internal server)
 shellcheck --external-sources --source-path=SCRIPTDIR install.sh scripts/*.sh scripts/lib/*.sh .ci/run
 
 scripts/build.sh
-# The same build as bin/kelp (pure-Go SQLite), sharing its build cache.
+# The same build as bin/kelp (pure-Go SQLite, kelp's patches to upstream
+# modules), sharing its build cache.
 export CGO_ENABLED=0
-go vet ./...
+modfile=$(scripts/patches.sh .cache/patched)
+go vet -modfile="$modfile" ./...
 go run "$staticcheck" ./...
 # Cluster tests call t.Parallel: up to -parallel of them (by default
 # GOMAXPROCS, the number of CPUs) run at once in each package, beside other
@@ -55,4 +57,4 @@ go run "$staticcheck" ./...
 # (internal/testcluster), so any of them may run together. ./server/ is
 # named first so that its cluster tests, the longest package by far, start
 # first instead of after every other package.
-KELP_BIN=$PWD/bin/kelp go test -count=1 -timeout 35m "$@" ./server/ ./...
+KELP_BIN=$PWD/bin/kelp go test -modfile="$modfile" -count=1 -timeout 35m "$@" ./server/ ./...

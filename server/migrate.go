@@ -26,6 +26,11 @@ func MigrateDatastore(ctx context.Context, cfg config.Server, to string, out io.
 	target := from
 	target.Endpoint, target.CAFile, target.CertFile, target.KeyFile = "", "", "", ""
 	target.ClusterInit = false
+	if cfg.Datastore.Endpoint == "" {
+		// From SQLite or embedded etcd, --datastore-cafile, -certfile
+		// and -keyfile are the target's, as the server will run with them.
+		from.CAFile, from.CertFile, from.KeyFile = "", "", ""
+	}
 	var next string
 	switch to {
 	case "sqlite":
@@ -35,6 +40,9 @@ func MigrateDatastore(ctx context.Context, cfg config.Server, to string, out io.
 		next = "with --cluster-init, and without --datastore-endpoint; more servers then join it with --server and the server token"
 	default:
 		target.Endpoint = to
+		if cfg.Datastore.Endpoint == "" {
+			target.CAFile, target.CertFile, target.KeyFile = cfg.Datastore.CAFile, cfg.Datastore.CertFile, cfg.Datastore.KeyFile
+		}
 		next = "with --datastore-endpoint set to the new database, and without --cluster-init and --server"
 	}
 	if err := target.Validate(); err != nil {

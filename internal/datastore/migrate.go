@@ -82,19 +82,21 @@ func Migrate(ctx context.Context, from, to Config) (_ Migrated, rerr error) {
 	log := logrus.WithField("component", "datastore migration")
 
 	// Start takes the lock a running server holds, except on an external
-	// etcd, where it is taken here.
+	// etcd, where it is taken here; either is released with the source.
+	var lock *dirLock
 	if fromKind == KindExternalEtcd {
 		if err := makePrivateDir(db); err != nil {
 			return Migrated{}, err
 		}
-		lock, err := lockDir(db)
-		if err != nil {
+		if lock, err = lockDir(db); err != nil {
 			return Migrated{}, err
 		}
-		defer lock.release()
 	}
 	src, err := Start(ctx, from)
 	if err != nil {
+		if lock != nil {
+			lock.release()
+		}
 		return Migrated{}, fmt.Errorf("open the source: %w", err)
 	}
 	srcStopped := false
@@ -103,6 +105,9 @@ func Migrate(ctx context.Context, from, to Config) (_ Migrated, rerr error) {
 			return nil
 		}
 		srcStopped = true
+		if lock != nil {
+			defer lock.release()
+		}
 		return stopStore(src)
 	}
 	defer func() { rerr = errors.Join(rerr, stopSource()) }()

@@ -286,3 +286,35 @@ func TestMigrateChild(t *testing.T) {
 	fmt.Fprintln(&out, "migration ended:", err)
 	os.Stdout.Write(out.Bytes())
 }
+
+// A cluster goes to an external etcd (an embedded one stands in) with its
+// client certificates, and back; the external etcd keeps what it holds.
+func TestMigrateExternalEtcd(t *testing.T) {
+	tls := etcdTestTLS(t)
+	embedded := startReady(t, etcdTestConfig(t, t.TempDir(), tls))
+	dataDir := t.TempDir()
+	sqlite := Config{DataDir: dataDir}
+	external := Config{DataDir: dataDir, Endpoint: embedded.Backend().Endpoints[0], CAFile: tls.ServerCA, CertFile: tls.Client.Cert, KeyFile: tls.Client.Key}
+
+	d := startReady(t, sqlite)
+	fill(t, d.Backend(), 100)
+	want, _ := contents(t, d.Backend())
+	stopWithin(t, d, 30*time.Second)
+
+	migrate(t, sqlite, external)
+	if LocalKind(dataDir) != "" {
+		t.Errorf("the SQLite source was not moved aside: %q", LocalKind(dataDir))
+	}
+	got, _ := contents(t, embedded.Backend())
+	sameContents(t, "external etcd", got, want)
+
+	m := migrate(t, external, sqlite)
+	if m.Kept != "" {
+		t.Errorf("an external source was kept as %q: it stays where it is", m.Kept)
+	}
+	d = startReady(t, sqlite)
+	got, _ = contents(t, d.Backend())
+	sameContents(t, "SQLite from external etcd", got, want)
+	got, _ = contents(t, embedded.Backend())
+	sameContents(t, "external etcd after the migration back", got, want)
+}
