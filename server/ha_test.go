@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,34 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
+
+// haDaemonSet runs a pod on every node, servers too.
+const haDaemonSet = `
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: everywhere}
+spec:
+  selector: {matchLabels: {app: everywhere}}
+  template:
+    metadata: {labels: {app: everywhere}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: web
+        image: ` + testcluster.TestImage + `
+        imagePullPolicy: IfNotPresent
+        args: [serve]
+`
+
+// everywherePod is haDaemonSet's pod on node.
+func everywherePod(t *testing.T, c kubernetes.Interface, node string) corev1.Pod {
+	t.Helper()
+	pods, err := c.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: "app=everywhere", FieldSelector: "spec.nodeName=" + node})
+	if err != nil || len(pods.Items) != 1 || len(pods.Items[0].Status.ContainerStatuses) != 1 {
+		t.Fatalf("the DaemonSet's pod on %s: %v, %v", node, pods, err)
+	}
+	return pods.Items[0]
+}
 
 // haWorkload is a web pod on the agent behind a ClusterIP Service.
 const haWorkload = `
@@ -64,8 +93,11 @@ func TestHA(t *testing.T) {
 	// It starts on SQLite with a workload; --cluster-init then moves its
 	// cluster to embedded etcd, with the pod running on, and the others
 	// join it.
-	s1.Agent = true
-	s1.AddImage(image)
+	// Every server runs a node, and a DaemonSet a pod on each.
+	for _, s := range []*testcluster.Node{s1, s2, s3} {
+		s.Agent = true
+		s.AddImage(image)
+	}
 	s1.Start()
 	s1.WaitReady(startTimeout)
 	applyMigratedWorkload(t, s1)
@@ -114,7 +146,7 @@ func TestHA(t *testing.T) {
 	agent.StartAgent(s1.URL(), s1.TokenFile())
 	agent.WaitLog("kelp node is running", startTimeout)
 	c := s2.Client()
-	waitNodesReady(t, c, 2)
+	waitNodesReady(t, c, 4)
 	eventually(t, "three apiservers in the kubernetes EndpointSlice", func() (bool, error) {
 		return len(apiserverAddresses(c)) == 3, nil
 	})
@@ -127,7 +159,8 @@ func TestHA(t *testing.T) {
 	})
 
 	waitServiceAccount(t, c, "default")
-	apply(t, s2, haWorkload)
+	apply(t, s2, haWorkload+"---\n"+haDaemonSet)
+	rolloutStatus(t, s2, "daemonset/everywhere", 2*startTimeout)
 	eventually(t, "the web pod on the agent ready", func() (bool, error) {
 		pod, err := c.CoreV1().Pods("default").Get(context.Background(), "web", metav1.GetOptions{})
 		return err == nil && podReady(pod), nil
@@ -162,6 +195,41 @@ func TestHA(t *testing.T) {
 		})
 	}
 
+	// Two of three SIGKILLed is a lost majority: --cluster-reset on the
+	// survivor brings the cluster back, its pod running on, and the two
+	// others join it again once their etcd data is moved away, as the
+	// README says.
+	survivor := everywherePod(t, c, "server-2")
+	s1.Kill()
+	s3.Kill()
+	killed := time.Now()
+	_ = s2.StopFailed()
+	out, err := s2.RunKelp(2*time.Minute, s2.ServerArgs(append(joinArgs, "--cluster-reset")...)...)
+	if err != nil || !strings.Contains(out, "cluster of one member") {
+		t.Fatalf("kelp server --cluster-reset after two kills: %v\n%s", err, tail(out))
+	}
+	s2.Start(joinArgs...)
+	s2.WaitReady(startTimeout)
+	notRestarted(t, survivor, everywherePod(t, s2.Client(), "server-2"))
+	rejoin := []string{"--server", s2.URL(), "--token", strings.TrimSpace(string(tok))}
+	// A server's hostname stays its own for 30 s after its last renewal.
+	time.Sleep(time.Until(killed.Add(35 * time.Second)))
+	for _, s := range []*testcluster.Node{s1, s3} {
+		etcd := filepath.Join(s.DataDir, "server", "db", "etcd")
+		if err := os.Rename(etcd, etcd+".lost"); err != nil {
+			t.Fatal(err)
+		}
+		s.Start(rejoin...)
+	}
+	s1.WaitReady(2 * startTimeout)
+	s3.WaitReady(2 * startTimeout)
+	eventually(t, "three voting etcd members again", func() (bool, error) {
+		out, err := s2.RunKelp(time.Minute, "etcdctl", "--data-dir", s2.DataDir, "member", "list")
+		return err == nil && strings.Count(out, ", started, ") == 3 && !strings.Contains(out, "true"), nil
+	})
+	must(t, "write after the rejoin", func() error { return writeConfigMap(s1.Client(), "after-rejoin") })
+	reachable("after two servers were killed and rejoined")
+
 	// server-1, which the agent joined through, goes away for good.
 	s1.Stop()
 	kubectl(t, s2, "delete", "node", "server-1")
@@ -174,7 +242,7 @@ func TestHA(t *testing.T) {
 		return err == nil && renewedAfter(lease, gone.Add(15*time.Second)), nil
 	})
 	reachable("with server-1 gone")
-	out, err := s1.RunKelp(2*time.Minute, s1.ServerArgs("--cluster-init")...)
+	out, err = s1.RunKelp(2*time.Minute, s1.ServerArgs(rejoin...)...)
 	if err == nil || !strings.Contains(out, "removed from the etcd cluster") {
 		t.Errorf("server-1 restarted after its removal: %v, want it to say it was removed\n%s", err, tail(out))
 	}
