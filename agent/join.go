@@ -127,7 +127,7 @@ func serverAddresses(joined string, servers []string) []string {
 }
 
 // bootstrap gets the node's credentials from the server, trying again
-// with backoff while it does not answer. Without the server, a node that
+// with backoff while it does not answer, or later when it asks to wait. Without the server, a node that
 // joined before goes on with what it saved then.
 func bootstrap(ctx context.Context, c joinapi.Client, req joinapi.JoinRequest, savedPath string) (joinapi.JoinResponse, error) {
 	var saved *joinapi.JoinResponse
@@ -150,14 +150,11 @@ func bootstrap(ctx context.Context, c joinapi.Client, req joinapi.JoinRequest, s
 			return joinapi.JoinResponse{}, err
 		}
 		if saved != nil {
-			log.WithError(err).Warn("the server does not answer; the node starts with the credentials of its last join")
+			log.WithError(err).Warn("cannot join now; the node starts with the credentials of its last join")
 			return *saved, nil
 		}
-		log.WithError(err).Warnf("cannot join yet; trying again in %s", wait)
-		select {
-		case <-ctx.Done():
-			return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", c.Server, ctx.Err())
-		case <-time.After(wait):
+		if err := joinapi.Wait(ctx, log, err, wait); err != nil {
+			return joinapi.JoinResponse{}, fmt.Errorf("join %s: %w", c.Server, err)
 		}
 	}
 }

@@ -253,6 +253,46 @@ func TestJoinWaitsForServer(t *testing.T) {
 	}
 }
 
+// A server that turns this address away (429, as the join API does after
+// wrong tokens came from it) is asked again no sooner than its
+// Retry-After, and the log says once why the agent waits.
+func TestJoinHonoursRetryAfter(t *testing.T) {
+	hook := testlog.Capture(t)
+	s := newJoinServer(t, http.StatusOK, http.StatusOK)
+	ok := s.Config.Handler
+	var turnedAway atomic.Bool
+	s.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == joinapi.JoinPath && !turnedAway.Swap(true) {
+			s.joins.Add(1)
+			w.Header().Set("Retry-After", "3")
+			http.Error(w, "too many wrong tokens came from this address", http.StatusTooManyRequests)
+			return
+		}
+		ok.ServeHTTP(w, r)
+	})
+	caPath, savedPath := joinFiles(t)
+	began := time.Now()
+	_, err := bootstrap(t.Context(), joinapi.Client{Server: s.URL, Token: nodeToken(pki.CAHash(s.ca)), CAFile: caPath}, joinReq, savedPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took < 3*time.Second {
+		t.Errorf("joined again after %s; the server asked for 3 s", took)
+	}
+	if got := s.joins.Load(); got != 2 {
+		t.Errorf("asked %d times, want twice", got)
+	}
+	var waits []string
+	for _, e := range hook.AllEntries() {
+		if e.Level <= logrus.WarnLevel {
+			waits = append(waits, e.Message)
+		}
+	}
+	if len(waits) != 1 || !strings.Contains(waits[0], "asks this machine to wait") || !strings.Contains(waits[0], "too many wrong tokens") || !strings.Contains(waits[0], "3s") {
+		t.Errorf("warned %q; want once, why and how long it waits", waits)
+	}
+}
+
 func TestFetchCAFailure(t *testing.T) {
 	s := newJoinServer(t, http.StatusOK, http.StatusInternalServerError)
 	caPath, _ := joinFiles(t)

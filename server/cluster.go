@@ -85,11 +85,8 @@ func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
 		if errors.Is(err, joinapi.ErrRefused) {
 			return joined{}, fmt.Errorf("join %s: %w", cfg.JoinServer, err)
 		}
-		log.WithError(err).Warnf("cannot join the cluster yet; trying again in %s", wait)
-		select {
-		case <-ctx.Done():
-			return joined{}, fmt.Errorf("join %s: %w", cfg.JoinServer, ctx.Err())
-		case <-time.After(wait):
+		if err := joinapi.Wait(ctx, log, err, wait); err != nil {
+			return joined{}, fmt.Errorf("join %s: %w", cfg.JoinServer, err)
 		}
 	}
 	if resp.Datastore == datastore.KindEtcd && !cfg.EmbeddedEtcd() {

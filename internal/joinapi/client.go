@@ -11,8 +11,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/token"
@@ -103,6 +106,9 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 	case http.StatusOK:
 	case http.StatusUnauthorized, http.StatusForbidden, http.StatusConflict, http.StatusBadRequest:
 		return nil, fmt.Errorf("%w: %s", ErrRefused, strings.TrimSpace(string(data)))
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		return nil, &RetryLaterError{Server: c.Server, Status: answer.Status, Message: strings.TrimSpace(string(data)),
+			RetryAfter: retryAfter(answer.Header.Get("Retry-After"), time.Now())}
 	default:
 		return nil, fmt.Errorf("join %s: %s: %s", c.Server, answer.Status, strings.TrimSpace(string(data)))
 	}
@@ -110,6 +116,68 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 		return nil, fmt.Errorf("join %s: malformed answer: %w", c.Server, err)
 	}
 	return ca, nil
+}
+
+// A RetryLaterError is a server's answer to wait before trying again: the
+// join API turns an address away for a while after wrong tokens came from
+// it (429), as the apiserver does while it is overloaded (429) or starting
+// (503).
+type RetryLaterError struct {
+	Server, Status, Message string
+	// RetryAfter is how long the server asked to wait; 0: it did not say.
+	RetryAfter time.Duration
+}
+
+func (e *RetryLaterError) Error() string {
+	return fmt.Sprintf("join %s: %s: %s", e.Server, e.Status, e.Message)
+}
+
+// retryAfter reads a Retry-After header, seconds or an HTTP date; 0 when
+// it is absent or malformed.
+func retryAfter(header string, now time.Time) time.Duration {
+	if seconds, err := strconv.Atoi(strings.TrimSpace(header)); err == nil {
+		return max(time.Duration(seconds)*time.Second, 0)
+	}
+	if t, err := http.ParseTime(header); err == nil {
+		return max(t.Sub(now), 0)
+	}
+	return 0
+}
+
+// MaxRetryAfter bounds how long a join waits because the server asked it
+// to: the join API turns an address away for at most maxBackoff, and a
+// longer Retry-After is a mistake or a server that is not kelp's.
+const MaxRetryAfter = maxBackoff
+
+// Wait waits before a join that failed with err is tried again: backoff,
+// or as long as the server asked with Retry-After when that is longer, up
+// to MaxRetryAfter. It logs why once, on log. It returns ctx's error if
+// ctx ends first.
+func Wait(ctx context.Context, log *logrus.Entry, err error, backoff time.Duration) error {
+	wait, later := retryDelay(err, backoff)
+	if later != nil {
+		log.WithField("server", later.Server).Warnf("the server asks this machine to wait before it tries to join again (%s: %s); trying again in %s", later.Status, later.Message, wait)
+	} else {
+		log.WithError(err).Warnf("cannot join yet; trying again in %s", wait)
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
+// retryDelay is how long Wait waits, and the answer that asked for it
+// when that is longer than backoff.
+func retryDelay(err error, backoff time.Duration) (time.Duration, *RetryLaterError) {
+	var later *RetryLaterError
+	if errors.As(err, &later) && later.RetryAfter > backoff {
+		return min(later.RetryAfter, MaxRetryAfter), later
+	}
+	return backoff, nil
 }
 
 // tokenNames says whether the token's hash vouches for something in ca.

@@ -2,9 +2,11 @@ package joinapi
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/testlog"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -271,5 +274,89 @@ func TestFirstJoinDuringCARotation(t *testing.T) {
 		if _, err := join(Client{Token: nodeToken(""), CAFile: pinned}); err != nil {
 			t.Errorf("after --finish, a node that joined with a token that names %s: %v", r.name, err)
 		}
+	}
+}
+
+// A source the join API turns away gets a RetryLaterError that says for
+// how long, read from the 429's Retry-After.
+func TestClientReadsRetryAfter(t *testing.T) {
+	s, _ := withFakeClock(t)
+	testlog.Capture(t)
+	front := newStubServer(t, s.cfg.Certs, readPEM(t, s.cfg.Certs.ServerCA.Cert), s.join)
+	pinned := filepath.Join(t.TempDir(), "server-ca.crt")
+	if err := os.WriteFile(pinned, readPEM(t, s.cfg.Certs.ServerCA.Cert), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	post := func(secret string) error {
+		c := Client{Server: front.URL, Token: token.Token{User: token.NodeUser, Secret: secret}, CAFile: pinned}
+		var resp JoinResponse
+		_, err := c.Post(t.Context(), JoinPath, JoinRequest{NodeName: "agent-1", Password: "0123456789abcdef0123"}, &resp)
+		return err
+	}
+	for range maxFailures {
+		if err := post("guess"); !errors.Is(err, ErrRefused) {
+			t.Fatalf("a wrong token: %v", err)
+		}
+	}
+	err := post("agent-secret")
+	var later *RetryLaterError
+	if !errors.As(err, &later) || later.RetryAfter != firstBackoff || !strings.Contains(err.Error(), "429") || !strings.Contains(err.Error(), "too many wrong tokens") {
+		t.Fatalf("the right token from a source turned away: %v, want a RetryLaterError for %s", err, firstBackoff)
+	}
+	if errors.Is(err, ErrRefused) {
+		t.Errorf("%v is final; want it tried again later", err)
+	}
+}
+
+func TestRetryAfterHeader(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for header, want := range map[string]time.Duration{
+		"":                              0,
+		"120":                           2 * time.Minute,
+		" 7 ":                           7 * time.Second,
+		"-5":                            0,
+		"soon":                          0,
+		"Thu, 01 Jan 2026 00:00:30 GMT": 30 * time.Second,
+		"Wed, 31 Dec 2025 23:00:00 GMT": 0,
+	} {
+		if got := retryAfter(header, now); got != want {
+			t.Errorf("Retry-After %q: %s, want %s", header, got, want)
+		}
+	}
+}
+
+// A join waits as long as the server asks when that is longer than its
+// own backoff, at most MaxRetryAfter, and stops waiting when told to.
+func TestWaitHonoursRetryAfter(t *testing.T) {
+	later := func(d time.Duration) error {
+		return fmt.Errorf("wrapped: %w", &RetryLaterError{Server: "https://s:6443", Status: "429 Too Many Requests", Message: "slow down", RetryAfter: d})
+	}
+	for _, tc := range []struct {
+		name  string
+		err   error
+		asked bool
+		want  time.Duration
+	}{
+		{"no answer", errors.New("connection refused"), false, 4 * time.Second},
+		{"429 without Retry-After", later(0), false, 4 * time.Second},
+		{"429 for less than the backoff", later(time.Second), false, 4 * time.Second},
+		{"429 for a minute", later(time.Minute), true, time.Minute},
+		{"429 for a day", later(24 * time.Hour), true, MaxRetryAfter},
+	} {
+		got, asked := retryDelay(tc.err, 4*time.Second)
+		if got != tc.want || (asked != nil) != tc.asked {
+			t.Errorf("%s: waits %s (asked %v), want %s (asked %v)", tc.name, got, asked != nil, tc.want, tc.asked)
+		}
+	}
+
+	hook := testlog.Capture(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	if err := Wait(ctx, log, later(time.Hour), time.Second); !errors.Is(err, context.DeadlineExceeded) || time.Since(began) > 5*time.Second {
+		t.Errorf("Wait: %v after %s, want the context's end at once", err, time.Since(began))
+	}
+	if len(hook.AllEntries()) != 1 || !strings.Contains(hook.LastEntry().Message, "asks this machine to wait") || !strings.Contains(hook.LastEntry().Message, "slow down") || !strings.Contains(hook.LastEntry().Message, "1h0m0s") {
+		t.Errorf("logged %d entries, the last %q; want one that says the server asked to wait an hour, and why", len(hook.AllEntries()), hook.LastEntry().Message)
 	}
 }
