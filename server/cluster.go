@@ -139,7 +139,7 @@ func ClusterReset(ctx context.Context, cfg config.Server) error {
 // restoreEtcd replaces the member's data with the snapshot that
 // --cluster-reset-restore-path names, once it is verified.
 func restoreEtcd(ctx context.Context, cfg config.Server) error {
-	dir := snapshot.Dir{DataDir: cfg.DataDir, Path: cfg.Snapshots.Dir, Node: cfg.NodeName}
+	dir := snapshot.Dir{DataDir: cfg.DataDir, Path: cfg.Snapshots.Dir, Node: cfg.NodeName, Token: cfg.Token}
 	found, err := dir.Find(ctx, cfg.ClusterResetRestorePath, cfg.Snapshots.S3)
 	if err != nil {
 		return fmt.Errorf("--cluster-reset-restore-path: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 // Command is `kelp snapshot`: snapshots of a server's datastore, run on it.
@@ -169,7 +170,11 @@ func Command() *cli.Command {
 				Name:      "restore",
 				Usage:     "put a SQLite snapshot in place of the stopped server's database, keeping the replaced one; with --snapshot-s3 a snapshot that is only on S3 is fetched first",
 				ArgsUsage: "NAME",
-				Flags:     slices.Concat(flags, []cli.Flag{&cli.BoolFlag{Name: "force", Usage: "restore a snapshot even if it comes from another cluster (another server CA)"}}),
+				Flags: slices.Concat(flags, []cli.Flag{
+					&cli.BoolFlag{Name: "force", Usage: "restore a snapshot even if it comes from another cluster (another server CA)"},
+					&cli.StringFlag{Name: "token-file", EnvVars: []string{"KELP_TOKEN_FILE"}, Usage: "file holding the cluster's server token (or its secret), which authenticates snapshots: on a new machine, or for a snapshot saved before a `kelp token rotate` (default: <data-dir>/server/token)"},
+					&cli.StringFlag{Name: "token", EnvVars: []string{"KELP_TOKEN"}, Usage: "the server token, as --token-file; from the config file or environment, --token-file keeps it out of ps"},
+				}),
 				Action: func(c *cli.Context) error {
 					if c.Args().Len() != 1 {
 						return errors.New("name one snapshot to restore: kelp snapshot restore NAME (kelp snapshot ls shows them)")
@@ -177,6 +182,9 @@ func Command() *cli.Command {
 					name := c.Args().First()
 					d, store, err := parse(c)
 					if err != nil {
+						return err
+					}
+					if d.Token, err = restoreToken(c); err != nil {
 						return err
 					}
 					found, err := d.Find(c.Context, name, store.S3)
@@ -200,6 +208,18 @@ func Command() *cli.Command {
 			},
 		},
 	}
+}
+
+// restoreToken is the server token given to a restore, if any.
+func restoreToken(c *cli.Context) (string, error) {
+	file := c.String("token-file")
+	if file == "" {
+		return c.String("token"), nil
+	}
+	if c.IsSet("token") {
+		return "", errors.New("--token and --token-file exclude each other")
+	}
+	return token.ReadFile("--token-file", file)
 }
 
 // deleteEverywhere deletes the named snapshots in the directory and, if r

@@ -251,8 +251,9 @@ func (r *remote) prune(ctx context.Context, retention int, sel selection) ([]str
 
 // fetch downloads the named snapshot and its metadata from S3 into the
 // snapshot directory, unless the directory has it already, and returns its
-// path. The download gets its name only once its size and sha256 match
-// its metadata: a corrupt or cut-short object leaves nothing behind.
+// path. Its metadata must be authenticated (authenticate) before anything
+// is downloaded, and the download gets its name only once its size and
+// sha256 match it: a corrupt or cut-short object leaves nothing behind.
 func (d Dir) fetch(ctx context.Context, r *remote, name string) (string, error) {
 	if err := checkName(name); err != nil {
 		return "", err
@@ -266,6 +267,13 @@ func (d Dir) fetch(ctx context.Context, r *remote, name string) (string, error) 
 	meta, err := parseSidecar(b, name, -1)
 	if err != nil {
 		return "", fmt.Errorf("snapshot %s is incomplete (%v) and cannot be fetched: pick another one", r.location(name), err)
+	}
+	keys, err := d.keys()
+	if err != nil {
+		return "", err
+	}
+	if err := authenticate(meta, r.location(name), true, keys); err != nil {
+		return "", err
 	}
 	dir := d.path()
 	path := filepath.Join(dir, name)

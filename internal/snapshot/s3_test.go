@@ -257,7 +257,8 @@ func TestFetch(t *testing.T) {
 	s3 := newFakeS3(t)
 	_, m := uploaded(t, s3)
 
-	into := Dir{DataDir: t.TempDir(), Path: filepath.Join(t.TempDir(), "snapshots")}
+	// A new machine after a disaster: the user gives the token.
+	into := Dir{DataDir: t.TempDir(), Path: filepath.Join(t.TempDir(), "snapshots"), Token: testTokenSecret}
 	found, err := into.Find(context.Background(), m.Name, &s3.cfg)
 	if err != nil {
 		t.Fatalf("Find of a snapshot only on S3: %v", err)
@@ -295,7 +296,7 @@ func TestFetch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s3.put(t, key, tc.content)
-			empty := Dir{DataDir: t.TempDir(), Path: t.TempDir()}
+			empty := Dir{DataDir: t.TempDir(), Path: t.TempDir(), Token: testTokenSecret}
 			_, err := empty.Find(context.Background(), m.Name, &s3.cfg)
 			if err == nil || !strings.Contains(err.Error(), "is corrupt") || !strings.Contains(err.Error(), "nothing was written") {
 				t.Fatalf("Fetch of a corrupt object: %v", err)

@@ -62,6 +62,11 @@ type Metadata struct {
 	Size        int64     `json:"size"`
 	Created     time.Time `json:"created"`
 	Node        string    `json:"node,omitempty"`
+	// MACKeyID names the key of MAC, an HMAC-SHA256 of the other fields
+	// keyed from the server token (mac.go); both are empty in the
+	// sidecars of older kelp.
+	MACKeyID string `json:"macKeyID,omitempty"`
+	MAC      string `json:"mac,omitempty"`
 }
 
 // Snapshot is a snapshot file in a Dir or an object on S3.
@@ -87,6 +92,10 @@ type Dir struct {
 	// and is the node whose snapshots prune removes; empty means the
 	// hostname, lowercased as the server's default node name is.
 	Node string
+	// Token is a server token, or its secret, that a restore checks
+	// sidecars with besides the data dir's own: the token of the cluster
+	// on a new machine, or the one from before a `kelp token rotate`.
+	Token string
 }
 
 func (d Dir) node() string {
@@ -119,6 +128,10 @@ func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
 		return Metadata{}, fmt.Errorf("no SQLite or embedded etcd datastore in %s: run kelp snapshot on a server, with its --data-dir; %s", layout.Server(d.DataDir).DB, externalHint)
 	}
 	caHash, err := serverCAHash(d.DataDir)
+	if err != nil {
+		return Metadata{}, err
+	}
+	key, err := serverKey(d.DataDir)
 	if err != nil {
 		return Metadata{}, err
 	}
@@ -158,6 +171,7 @@ func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
 		Created:     now,
 		Node:        node,
 	}
+	key.sign(&meta)
 	if err := publish(tmpPath, filepath.Join(dir, name), meta); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return Metadata{}, fmt.Errorf("a snapshot named %s exists already: wait a second or pick another --name", name)

@@ -21,6 +21,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/datastore"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 // newServerDir makes a data dir with a server's PKI, as kelp server does
@@ -38,7 +39,22 @@ func newServerDir(t *testing.T) (string, pki.Files) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := token.Ensure(layout.Server(dataDir).Token, token.ServerUser, testTokenSecret, pki.CAHash(readFile(t, files.ServerCA.Cert))); err != nil {
+		t.Fatal(err)
+	}
 	return dataDir, files
+}
+
+// testTokenSecret is the secret of the server token of newServerDir.
+const testTokenSecret = "0123456789abcdef0123456789abcdef"
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func start(t *testing.T, cfg datastore.Config) *datastore.Datastore {
@@ -257,7 +273,18 @@ func keys(m map[string][]byte) []string {
 	return ks
 }
 
+// editSidecar changes a sidecar as its cluster would have written it:
+// authenticated with the test token's key.
 func editSidecar(t *testing.T, d Dir, name string, edit func(*Metadata)) {
+	t.Helper()
+	forgeSidecar(t, d, name, func(m *Metadata) {
+		edit(m)
+		keyFrom(testTokenSecret).sign(m)
+	})
+}
+
+// forgeSidecar changes a sidecar as someone without the token could.
+func forgeSidecar(t *testing.T, d Dir, name string, edit func(*Metadata)) {
 	t.Helper()
 	path := filepath.Join(d.path(), name+".json")
 	b, err := os.ReadFile(path)

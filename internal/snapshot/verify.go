@@ -88,7 +88,8 @@ func (d Dir) Verified(path, kind string, force bool) error {
 var errOtherCluster = errors.New("comes from another cluster")
 
 // check is what every restore checks before it reads the snapshot file at
-// path: that it has valid metadata, is of the datastore kind, and, unless
+// path: that it has valid metadata that the cluster's token authenticates
+// (authenticate), is of the datastore kind, and, unless
 // force, comes from this cluster, if this data dir has a server CA. A data
 // dir without one is a new machine replacing a lost server: its
 // certificates come from a backup of the old server's tls directory, or
@@ -101,6 +102,13 @@ func (d Dir) check(path, kind string, force bool) (*Metadata, error) {
 	meta, err := readSidecar(path, filepath.Base(path), fi.Size())
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s is incomplete or not a kelp snapshot (%v) and cannot be restored; nothing was changed: pick another one", path, err)
+	}
+	keys, err := d.keys()
+	if err != nil {
+		return nil, err
+	}
+	if err := authenticate(meta, path, false, keys); err != nil {
+		return nil, err
 	}
 	switch {
 	case meta.Datastore == kind:
