@@ -391,19 +391,50 @@ verify() { # FILE NAME
         fatal "checksum mismatch for $2 of $VERSION: got $_got, sha256sums.txt says $_want. Nothing was installed; try again, or check INSTALL_KELP_URL"
 }
 
+# check_public_key fails early, before anything is downloaded, unless
+# the signature that INSTALL_KELP_PUBLIC_KEY asks for can be checked.
+check_public_key() {
+    _key=${INSTALL_KELP_PUBLIC_KEY:-}
+    [ -n "$_key" ] || return 0
+    command -v openssl >/dev/null 2>&1 ||
+        fatal "INSTALL_KELP_PUBLIC_KEY is set, but openssl, which checks the release's signature with it, is not installed: install it (apt-get install openssl, apk add openssl), or unset INSTALL_KELP_PUBLIC_KEY to rely on https and the checksums alone"
+    { [ -f "$_key" ] && [ -r "$_key" ]; } ||
+        fatal "INSTALL_KELP_PUBLIC_KEY $_key is not a readable file: give the path of the release's Ed25519 public key (PEM)"
+    openssl pkeyutl -help 2>&1 | grep -q -- -rawin ||
+        fatal "$(openssl version) cannot check Ed25519 signatures (openssl pkeyutl -rawin needs OpenSSL 3.0 or later): upgrade it, or unset INSTALL_KELP_PUBLIC_KEY"
+    openssl pkey -pubin -in "$_key" -noout -text 2>/dev/null | grep -q ED25519 ||
+        fatal "INSTALL_KELP_PUBLIC_KEY $_key is not an Ed25519 public key in PEM (-----BEGIN PUBLIC KEY-----)"
+}
+
+# check_signature checks the release's sha256sums.txt against its Ed25519
+# signature, sha256sums.txt.sig, when INSTALL_KELP_PUBLIC_KEY names the
+# key: https and the checksums alone trust whoever serves the release.
+check_signature() { # BASE_URL
+    _key=${INSTALL_KELP_PUBLIC_KEY:-}
+    [ -n "$_key" ] || return 0
+    download "$1/sha256sums.txt.sig" "$TMP_DIR/sha256sums.txt.sig" ||
+        fatal "cannot download $1/sha256sums.txt.sig, the signature INSTALL_KELP_PUBLIC_KEY asks to check: nothing was installed (is $VERSION signed?)"
+    as_root openssl pkeyutl -verify -pubin -inkey "$_key" -rawin -in "$TMP_DIR/sha256sums.txt" \
+        -sigfile "$TMP_DIR/sha256sums.txt.sig" >/dev/null 2>&1 ||
+        fatal "the signature of sha256sums.txt of $VERSION does not match the key $_key: nothing was installed. Either the release was not signed with that key, or what $1 serves is not the release"
+    info "sha256sums.txt of $VERSION is signed with $_key"
+}
+
 # download_kelp fetches the release binary for ARCH into NEW_BIN,
 # compressed with what the host can decompress, and checks it against the
-# release's sha256sums.txt.
+# release's sha256sums.txt (signed, with INSTALL_KELP_PUBLIC_KEY).
 download_kelp() {
     RELEASE_URL=${INSTALL_KELP_URL:-$GITHUB_RELEASES/download}
     RELEASE_URL=${RELEASE_URL%/}
     setup_downloader
     https_only "$RELEASE_URL"
+    check_public_key
     resolve_version
     _base=$RELEASE_URL/$VERSION
     _name=kelp-linux-$ARCH
     info "downloading kelp $VERSION for $ARCH from $_base"
     download "$_base/sha256sums.txt" "$TMP_DIR/sha256sums.txt" || fatal "cannot download $_base/sha256sums.txt"
+    check_signature "$_base"
     if command -v zstd >/dev/null 2>&1; then
         _ext=.zst _unpack="zstd -dcq"
     elif command -v xz >/dev/null 2>&1; then

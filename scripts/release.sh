@@ -8,6 +8,9 @@
 #                         zstd, including busybox unxz
 #   install.sh            the installer, served beside them
 #   sha256sums.txt        `sha256sum` lines for every file above
+#   sha256sums.txt.sig    with KELP_RELEASE_SIGNING_KEY=PRIVATE_KEY.pem: its
+#                         Ed25519 signature (scripts/sign-release.sh), which
+#                         install.sh checks with INSTALL_KELP_PUBLIC_KEY
 #
 # install.sh downloads these names. Each ARCH is built by scripts/build.sh
 # straight into dist/ with its bundle embedded through an overlay, so a
@@ -81,5 +84,10 @@ done
 
 install -m 0644 install.sh dist/install.sh
 (cd dist && sha256sum -- kelp-linux-* install.sh >sha256sums.txt)
+if [[ -n ${KELP_RELEASE_SIGNING_KEY:-} ]]; then
+  scripts/sign-release.sh "$KELP_RELEASE_SIGNING_KEY" dist
+else
+  log "KELP_RELEASE_SIGNING_KEY is not set: sha256sums.txt is not signed"
+fi
 log "wrote dist/:"
 ls -l dist >&2

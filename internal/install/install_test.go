@@ -429,6 +429,16 @@ func TestBadInput(t *testing.T) {
 		{name: "KELP_URL without token", r: run{env: []string{"KELP_URL=https://10.0.0.1:6443"}}, want: "needs KELP_TOKEN"},
 		{name: "relative data dir", r: run{args: []string{"server", "-d", "data"}}, want: "data dir data: use an absolute path"},
 		{name: "flag without value", r: run{args: []string{"server", "--token"}}, want: "needs a value"},
+		{name: "signature of other checksums", r: run{env: []string{"INSTALL_KELP_VERSION=v6.6.6", "INSTALL_KELP_PUBLIC_KEY=" + filepath.Join(mirror, releaseKey)}},
+			want: "signature of sha256sums.txt of v6.6.6 does not match the key"},
+		{name: "signature of another key", r: run{env: []string{"INSTALL_KELP_PUBLIC_KEY=" + filepath.Join(mirror, otherKey)}},
+			want: "signature of sha256sums.txt of v1.0.0 does not match the key"},
+		{name: "no signature", r: run{env: []string{"INSTALL_KELP_VERSION=v2.0.0", "INSTALL_KELP_PUBLIC_KEY=" + filepath.Join(mirror, releaseKey)}},
+			want: "sha256sums.txt.sig, the signature INSTALL_KELP_PUBLIC_KEY asks to check"},
+		{name: "signature without openssl", r: run{shell: busybox, env: []string{"INSTALL_KELP_PUBLIC_KEY=" + filepath.Join(mirror, releaseKey)}},
+			want: "openssl, which checks the release's signature with it, is not installed"},
+		{name: "not a public key", r: run{env: []string{"INSTALL_KELP_PUBLIC_KEY=/etc/hostname"}}, want: "/etc/hostname is not an Ed25519 public key"},
+		{name: "no public key", r: run{env: []string{"INSTALL_KELP_PUBLIC_KEY=/nonexistent.pem"}}, want: "/nonexistent.pem is not a readable file"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := newSandbox(t, systemd, mirror)
@@ -447,6 +457,13 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
+	t.Run("signed release", func(t *testing.T) {
+		s := newSandbox(t, systemd, mirror)
+		out := s.mustInstall(run{env: []string{"INSTALL_KELP_PUBLIC_KEY=" + filepath.Join(mirror, releaseKey)}})
+		if !strings.Contains(out, "sha256sums.txt of v1.0.0 is signed with") || s.read("/usr/local/bin/kelp") != string(fakeKelp("v1.0.0")) {
+			t.Errorf("a release signed with the key given was not installed, or not checked:\n%s", out)
+		}
+	})
 	t.Run("check-config skipped", func(t *testing.T) {
 		s := newSandbox(t, systemd, mirror)
 		s.mustInstall(run{env: []string{"FAKE_KELP_CHECK=fail", "INSTALL_KELP_SKIP_CHECK=true"}})

@@ -2,8 +2,12 @@ package install
 
 import (
 	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -424,6 +428,9 @@ var (
 // fakeMirror is a release mirror of fake kelps, made once per test
 // binary: v1.0.0 and v2.0.0 for amd64 and arm64, and v6.6.6 whose
 // sha256sums.txt does not match its files. The latest release is v2.0.0.
+// v1.0.0 and v6.6.6 are signed by scripts/sign-release.sh with a
+// throwaway key, whose public key is releaseKey (and another one's is
+// otherKey); v6.6.6's sums were changed after.
 func fakeMirror(t *testing.T) string {
 	t.Helper()
 	fakeMirrorOnce.Do(func() {
@@ -435,6 +442,20 @@ func fakeMirror(t *testing.T) string {
 			release(t, filepath.Join(fakeMirrorDir, "releases", "download", v), map[string][]byte{
 				"amd64": fakeKelp(v), "arm64": fakeKelp(v + "-arm64"),
 			}, false)
+		}
+		private := filepath.Join(fakeMirrorDir, "release.key")
+		if fakeMirrorErr = writeKeys(private, filepath.Join(fakeMirrorDir, releaseKey)); fakeMirrorErr != nil {
+			return
+		}
+		if fakeMirrorErr = writeKeys(filepath.Join(fakeMirrorDir, "other.key"), filepath.Join(fakeMirrorDir, otherKey)); fakeMirrorErr != nil {
+			return
+		}
+		for _, v := range []string{"v1.0.0", "v6.6.6"} {
+			cmd := exec.Command(filepath.Join(repoRoot(t), "scripts", "sign-release.sh"), private, filepath.Join(fakeMirrorDir, "releases", "download", v))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				fakeMirrorErr = fmt.Errorf("sign-release.sh: %w\n%s", err, out)
+				return
+			}
 		}
 		sums := filepath.Join(fakeMirrorDir, "releases", "download", "v6.6.6", "sha256sums.txt")
 		data, err := os.ReadFile(sums)
@@ -448,6 +469,33 @@ func fakeMirror(t *testing.T) string {
 		t.Fatal(fakeMirrorErr)
 	}
 	return fakeMirrorDir
+}
+
+// The public keys in the fake mirror's directory: of the key that signs
+// its releases, and of another.
+const (
+	releaseKey = "release.pub"
+	otherKey   = "other.pub"
+)
+
+// writeKeys writes a new Ed25519 key pair, PEM, as openssl genpkey and
+// openssl pkey -pubout do.
+func writeKeys(private, public string) error {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(private, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return err
+	}
+	if der, err = x509.MarshalPKIXPublicKey(pub); err != nil {
+		return err
+	}
+	return os.WriteFile(public, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), 0o644)
 }
 
 // tamper changes the first digit of every checksum in a sha256sums file.
