@@ -247,7 +247,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	}
 	if !cfg.Snapshots.Disabled && cfg.Datastore.Endpoint == "" {
 		if err := g.Go("snapshots", func(ctx context.Context) error {
-			return snapshot.Schedule(ctx, snapshot.ScheduleConfig{Snapshots: cfg.Snapshots, DataDir: cfg.DataDir, Node: cfg.NodeName})
+			return snapshot.Schedule(ctx, snapshot.ScheduleConfig{Snapshots: cfg.Snapshots, DataDir: cfg.DataDir, Node: cfg.NodeName, Events: admin})
 		}); err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/nodeevent"
 	"github.com/kelp-dev/kelp/internal/token"
 )
 
@@ -78,6 +79,11 @@ func Command() *cli.Command {
 						fmt.Fprintf(c.App.Writer, "uploaded %s\n", r.location(name))
 					}
 					if err != nil {
+						// On a running server, the failure shows on its Node
+						// as a scheduled one's does.
+						if events, cerr := nodeevent.Client(layout.Server(d.DataDir).AdminKubeconfig); cerr == nil {
+							warnUploadFailed(c.Context, events, d.node(), *store.S3, m, d.path(), err)
+						}
 						return fmt.Errorf("%w; the local snapshot %s is kept, and is uploaded by the next save once S3 answers", err, path)
 					}
 					return nil

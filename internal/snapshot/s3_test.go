@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"io"
 	stdlog "log"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,9 +26,15 @@ import (
 	"github.com/robfig/cron/v3"
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 const (
@@ -515,14 +523,26 @@ func TestScheduleRunKeepsLocalWhileS3Fails(t *testing.T) {
 	fakeSnapshot(t, snapDir, "kelp-snapshot-node-1-20260101T000000Z", time.Now().Add(-time.Hour))
 	bad := s3.cfg
 	bad.SecretKey = "wrong"
+	events := fake.NewClientset()
 	cfg := ScheduleConfig{
 		Snapshots: config.Snapshots{Retention: 1, SnapshotStore: config.SnapshotStore{Dir: snapDir, S3: &bad}},
 		DataDir:   dataDir,
 		Node:      "node-1",
+		Events:    events,
 	}
 	err := cfg.run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "refused the credentials") || !strings.Contains(err.Error(), "no snapshot is pruned") {
 		t.Fatalf("run with a wrong secret key: %v", err)
+	}
+	// The failure shows on the Node, naming the endpoint, not the secret.
+	evs, err := events.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(evs.Items) != 1 {
+		t.Fatalf("events: %v, %v; want one", evs, err)
+	}
+	ev := evs.Items[0]
+	if ev.InvolvedObject.Kind != "Node" || ev.InvolvedObject.Name != "node-1" || ev.Type != corev1.EventTypeWarning || ev.Reason != ReasonUploadFailed ||
+		!strings.Contains(ev.Message, bad.Endpoint) || !strings.Contains(ev.Message, "is kept in "+snapDir) || strings.Contains(ev.Message, bad.SecretKey) || strings.Contains(ev.Message, testAccessKey) {
+		t.Errorf("event on %s %s: %s %s: %q", ev.InvolvedObject.Kind, ev.InvolvedObject.Name, ev.Type, ev.Reason, ev.Message)
 	}
 	d := Dir{DataDir: dataDir, Path: snapDir}
 	list, err := d.List()
@@ -600,10 +620,14 @@ func TestSaveKeepsLocalWhileS3Down(t *testing.T) {
 	d := Dir{DataDir: dataDir, Path: snapDir, Node: "node-1"}
 	common := []string{"--data-dir", dataDir, "--snapshot-dir", snapDir, "--node-name", "node-1"}
 	down := closedS3(t)
+	events := fakeAPIServer(t, dataDir)
 
 	out, err := runCommand(t, slices.Concat([]string{"save"}, common, s3DownArgs(down), []string{"--name", "while-down"})...)
 	if err == nil || !strings.Contains(err.Error(), down.Endpoint) || !strings.Contains(err.Error(), "is kept") {
 		t.Fatalf("save with S3 down: %v, want an error that names %s and keeps the snapshot\n%s", err, down.Endpoint, out)
+	}
+	if got := events(); len(got) != 1 || !strings.Contains(got[0], ReasonUploadFailed) || !strings.Contains(got[0], "node-1") || !strings.Contains(got[0], down.Endpoint) || strings.Contains(got[0], down.SecretKey) {
+		t.Errorf("events recorded: %q; want one on node-1 that names %s", got, down.Endpoint)
 	}
 	list, err := d.List()
 	if err != nil {
@@ -629,6 +653,42 @@ func TestSaveKeepsLocalWhileS3Down(t *testing.T) {
 	}
 	if !strings.Contains(out, "uploaded s3://snapshots/clusters/a/"+first) {
 		t.Errorf("save printed %q, want the upload of %s", out, first)
+	}
+}
+
+// fakeAPIServer answers the server's admin.kubeconfig in dataDir with
+// an apiserver that takes Events; it returns the bodies of those it took
+// (protobuf or JSON: either holds the strings as they are).
+func fakeAPIServer(t *testing.T, dataDir string) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var took []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if r.Method != http.MethodPost || r.URL.Path != "/api/v1/namespaces/default/events" || err != nil {
+			http.Error(w, "not an event", http.StatusNotFound)
+			return
+		}
+		mu.Lock()
+		took = append(took, string(body))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"kind":"Event","apiVersion":"v1","metadata":{"name":"e","namespace":"default"}}`))
+	}))
+	t.Cleanup(srv.Close)
+	kubeconfig := clientcmdapi.NewConfig()
+	kubeconfig.Clusters["kelp"] = &clientcmdapi.Cluster{Server: srv.URL}
+	kubeconfig.AuthInfos["admin"] = &clientcmdapi.AuthInfo{}
+	kubeconfig.Contexts["kelp"] = &clientcmdapi.Context{Cluster: "kelp", AuthInfo: "admin"}
+	kubeconfig.CurrentContext = "kelp"
+	if err := clientcmd.WriteToFile(*kubeconfig, layout.Server(dataDir).AdminKubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(took)
 	}
 }
 

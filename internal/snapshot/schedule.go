@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/nodeevent"
 )
 
 var log = logrus.WithField("component", "snapshot")
@@ -21,6 +23,31 @@ type ScheduleConfig struct {
 	// Node names the scheduled snapshots, kelp-snapshot-<node>-<time>, and
 	// so tells apart those of servers that share an S3 folder.
 	Node string
+	// Events, if not nil, is where a failed upload is recorded as an
+	// Event on the Node, besides the log.
+	Events kubernetes.Interface
+}
+
+// EventComponent is the source of the Events about snapshots.
+const EventComponent = "kelp-snapshot"
+
+// ReasonUploadFailed is the reason of the Warning Event on the server's
+// Node when a snapshot could not be copied to S3.
+const ReasonUploadFailed = "SnapshotUploadFailed"
+
+// warnUploadFailed records on the Node of the server that saved the
+// snapshot meta that its upload failed with err. The message names the
+// snapshot, where it is kept and the S3 location and endpoint; err says
+// what failed in words that hold no secret (remote.explain names the
+// flags, never their values).
+func warnUploadFailed(ctx context.Context, events kubernetes.Interface, node string, cfg config.S3, meta Metadata, dir string, err error) {
+	if events == nil {
+		return
+	}
+	message := fmt.Sprintf("snapshot %s is kept in %s, but copying it to %s at %s failed: %v", meta.Name, dir, cfg.Location(), cfg.Endpoint, err)
+	if err := nodeevent.Warning(ctx, events, node, EventComponent, ReasonUploadFailed, message); err != nil {
+		log.WithError(err).Debug("could not record the failed upload on the node")
+	}
 }
 
 // base is what the time follows in the names of the scheduled snapshots
@@ -86,6 +113,7 @@ func (c ScheduleConfig) run(ctx context.Context) error {
 		}
 	}
 	if err != nil {
+		warnUploadFailed(ctx, c.Events, c.Node, *c.Snapshots.S3, meta, d.path(), err)
 		return fmt.Errorf("copy snapshot %s to S3: %w; it is kept in %s, and no snapshot is pruned until a copy succeeds", meta.Name, err, d.path())
 	}
 	pruned, err := r.prune(ctx, c.Snapshots.Retention, sel)
