@@ -126,6 +126,7 @@ func Command() *cli.Command {
 					}
 					fmt.Fprintln(c.App.Writer, t)
 					fmt.Fprintln(c.App.ErrWriter, "kelp: if the server runs with --token (or token: in its config file), change it there too")
+					fmt.Fprintln(c.App.ErrWriter, "kelp: snapshots saved before now are authenticated with the old secret: keep the old token to restore them (kelp snapshot restore --token-file)")
 					return nil
 				},
 			},
