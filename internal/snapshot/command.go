@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -99,17 +98,9 @@ func Command() *cli.Command {
 					if err != nil {
 						return err
 					}
-					list, err := d.List()
+					list, err := listAll(c.Context, stores(d, r))
 					if err != nil {
 						return err
-					}
-					if r != nil {
-						onS3, err := r.list(c.Context)
-						if err != nil {
-							return err
-						}
-						list = append(list, onS3...)
-						sortNewestFirst(list)
 					}
 					w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 					fmt.Fprintln(w, "NAME\tSIZE\tCREATED\tDATASTORE\tLOCATION")
@@ -136,7 +127,7 @@ func Command() *cli.Command {
 					if err != nil {
 						return err
 					}
-					return deleteEverywhere(c.Context, d, r, c.Args().Slice())
+					return removeEverywhere(c.Context, stores(d, r), c.Args().Slice())
 				},
 			},
 			{
@@ -156,18 +147,18 @@ func Command() *cli.Command {
 						sel.node = ""
 					}
 					// S3 first: if it fails, nothing local is deleted.
-					if r != nil {
-						removed, err := r.prune(c.Context, c.Int("retention"), sel)
+					for _, s := range stores(d, r) {
+						removed, err := prune(c.Context, s, c.Int("retention"), sel)
 						for _, name := range removed {
-							fmt.Fprintln(c.App.Writer, "deleted", r.location(name))
+							fmt.Fprintln(c.App.Writer, "deleted", s.location(name))
 						}
 						if err != nil {
 							return err
 						}
 					}
-					removed, err := d.prune(c.Int("retention"), sel)
-					for _, name := range removed {
-						fmt.Fprintln(c.App.Writer, "deleted", fileURL(filepath.Join(d.path(), name)))
+					temps, err := d.removeStaleTemps()
+					for _, name := range temps {
+						fmt.Fprintln(c.App.Writer, "deleted", d.location(name))
 					}
 					return err
 				},
@@ -226,49 +217,4 @@ func restoreToken(c *cli.Context) (string, error) {
 		return "", errors.New("--token and --token-file exclude each other")
 	}
 	return token.ReadFile("--token-file", file)
-}
-
-// deleteEverywhere deletes the named snapshots in the directory and, if r
-// is not nil, on S3. S3 is listed first, so that a name found nowhere, or
-// an S3 that fails, stops the command before anything is deleted.
-func deleteEverywhere(ctx context.Context, d Dir, r *remote, names []string) error {
-	local, err := d.List()
-	if err != nil {
-		return err
-	}
-	var onS3 []Snapshot
-	if r != nil {
-		if onS3, err = r.list(ctx); err != nil {
-			return err
-		}
-	}
-	has := func(list []Snapshot, name string) bool {
-		return slices.ContainsFunc(list, func(s Snapshot) bool { return s.Name == name })
-	}
-	var here, there []string
-	for _, name := range names {
-		if err := checkName(name); err != nil {
-			return err
-		}
-		inDir, onRemote := has(local, name), has(onS3, name)
-		if !inDir && !onRemote {
-			where := d.path()
-			if r != nil {
-				where += " or " + r.cfg.Location()
-			}
-			return fmt.Errorf("no snapshot named %s in %s: kelp snapshot ls shows them", name, where)
-		}
-		if inDir {
-			here = append(here, name)
-		}
-		if onRemote {
-			there = append(there, name)
-		}
-	}
-	if r != nil {
-		if err := r.delete(ctx, there...); err != nil {
-			return err
-		}
-	}
-	return d.Delete(here...)
 }

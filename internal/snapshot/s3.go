@@ -217,10 +217,10 @@ func (r *remote) sidecar(ctx context.Context, name string) ([]byte, error) {
 	return nil, r.explain("read the metadata of snapshot "+name+" from", err)
 }
 
-// delete removes the named snapshots from S3, each sidecar first so that
+// remove deletes the named snapshots from S3, each sidecar first so that
 // an interrupted delete leaves an incomplete snapshot, never a sidecar
 // without its snapshot. A name that is not there is no error.
-func (r *remote) delete(ctx context.Context, names ...string) error {
+func (r *remote) remove(ctx context.Context, names ...string) error {
 	ctx, cancel := r.withTimeout(ctx)
 	defer cancel()
 	for _, name := range names {
@@ -234,19 +234,6 @@ func (r *remote) delete(ctx context.Context, names ...string) error {
 		}
 	}
 	return nil
-}
-
-// prune is Dir.prune for the S3 folder.
-func (r *remote) prune(ctx context.Context, retention int, sel selection) ([]string, error) {
-	if retention < 1 {
-		return nil, errRetention
-	}
-	list, err := r.list(ctx)
-	if err != nil {
-		return nil, err
-	}
-	remove := toPrune(list, retention, sel, time.Now())
-	return remove, r.delete(ctx, remove...)
 }
 
 // fetch downloads the named snapshot and its metadata from S3 into the

@@ -116,7 +116,7 @@ func (c ScheduleConfig) run(ctx context.Context) error {
 		warnUploadFailed(ctx, c.Events, c.Node, *c.Snapshots.S3, meta, d.path(), err)
 		return fmt.Errorf("copy snapshot %s to S3: %w; it is kept in %s, and no snapshot is pruned until a copy succeeds", meta.Name, err, d.path())
 	}
-	pruned, err := r.prune(ctx, c.Snapshots.Retention, sel)
+	pruned, err := prune(ctx, r, c.Snapshots.Retention, sel)
 	if err != nil {
 		return fmt.Errorf("prune snapshots in %s: %w; no local snapshot is pruned until S3 works again", r.cfg.Location(), err)
 	}

@@ -416,19 +416,12 @@ type selection struct {
 // be. Files with other names than Save gives are left alone. It returns
 // the names it removed.
 func (d Dir) prune(retention int, sel selection) ([]string, error) {
-	if retention < 1 {
-		return nil, errRetention
-	}
-	list, err := d.List()
+	gone, err := prune(context.Background(), d, retention, sel)
 	if err != nil {
 		return nil, err
 	}
-	remove := toPrune(list, retention, sel, time.Now())
-	if err := d.Delete(remove...); err != nil {
-		return nil, err
-	}
 	temps, err := d.removeStaleTemps()
-	return append(remove, temps...), err
+	return append(gone, temps...), err
 }
 
 var errRetention = errors.New("--retention must be at least 1: use kelp snapshot delete to remove every snapshot")
