@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,7 +20,9 @@ import (
 // --secrets-encryption=false before `kelp secrets-encrypt enable` and
 // `reencrypt`, encrypted after, with the new key after `rotate-keys`, and
 // still readable through the API after a restart. A cluster made with
-// kelp's defaults encrypts from the start.
+// kelp's defaults encrypts from the start. --secrets-encryption given to a
+// single server made without encrypts its Secrets; a server sharing its
+// datastore refuses it, naming the commands that encrypt every server.
 func TestSecretsEncryption(t *testing.T) {
 	t.Parallel()
 	t.Run("default", func(t *testing.T) {
@@ -36,6 +39,58 @@ func TestSecretsEncryption(t *testing.T) {
 		out, err := n.RunKelp(time.Minute, "etcdctl", "--data-dir", n.DataDir, "get", "/registry/secrets/default/precious", "--print-value-only")
 		if err != nil || !strings.HasPrefix(out, "k8s:enc:secretbox:v1:") || strings.Contains(out, "plain-sight") {
 			t.Errorf("a Secret of a new cluster is stored as %.60q (%v), want encrypted with secretbox", out, err)
+		}
+	})
+	t.Run("given to a cluster made without", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct{ name, init string }{{"sqlite", ""}, {"etcd", "--cluster-init"}} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				n := testcluster.NewNode(t)
+				args := slices.DeleteFunc([]string{"--disable-agent", tc.init}, func(a string) bool { return a == "" })
+				n.Start(append(args, "--secrets-encryption=false")...)
+				n.WaitReady(startTimeout)
+				if _, err := n.Client().CoreV1().Secrets("default").Create(context.Background(), &corev1.Secret{
+					ObjectMeta: metav1.ObjectMeta{Name: "precious"},
+					Data:       map[string][]byte{"password": []byte("plain-sight")},
+				}, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				n.Stop()
+				raw := func() string {
+					out, _ := n.RunKelp(time.Minute, "etcdctl", "--data-dir", n.DataDir, "get", "/registry/secrets/default/precious", "--print-value-only")
+					return out
+				}
+				if tc.init != "" {
+					// The other servers of the datastore must encrypt too.
+					out, err := n.RunKelp(2*time.Minute, n.ServerArgs(append(args, "--secrets-encryption")...)...)
+					if err == nil || !strings.Contains(out, "run `kelp secrets-encrypt enable` on every server") {
+						t.Errorf("an etcd server given --secrets-encryption on a cluster in the clear: %v, want a refusal naming the commands\n%s", err, tail(out))
+					}
+					n.Start(args...)
+					n.WaitReady(startTimeout)
+					if v := raw(); !strings.Contains(v, "plain-sight") {
+						t.Errorf("after the refusal the Secret is stored as %.60q", v)
+					}
+					return
+				}
+				n.Start(append(args, "--secrets-encryption")...)
+				n.WaitReady(startTimeout)
+				eventually(t, "the Secret stored encrypted", func() (bool, error) {
+					v := raw()
+					return strings.HasPrefix(v, "k8s:enc:secretbox:v1:") && !strings.Contains(v, "plain-sight"), nil
+				})
+				n.WaitLog("Every Secret is stored encrypted", time.Minute)
+				// Without the flag the server keeps reading and writing
+				// encrypted.
+				n.Stop()
+				n.Start(args...)
+				n.WaitReady(startTimeout)
+				s, err := n.Client().CoreV1().Secrets("default").Get(context.Background(), "precious", metav1.GetOptions{})
+				if err != nil || string(s.Data["password"]) != "plain-sight" {
+					t.Errorf("after a restart without the flag: %v %q", err, s.Data["password"])
+				}
+			})
 		}
 	})
 	n := testcluster.NewNode(t)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -99,7 +100,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
-	encryption, err := secretsEncryption(cfg, cluster.encryptionConfig)
+	encryption, reencrypt, err := secretsEncryption(cfg, cluster.encryptionConfig)
 	if err != nil {
 		return err
 	}
@@ -172,6 +173,15 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	}
 	if err := systemobjects.Apply(ctx, admin, systemobjects.Config{DNS: !cfg.Disable.CoreDNS, ClusterDNS: cfg.ClusterDNS}); err != nil {
 		return err
+	}
+	if reencrypt {
+		if err := g.Go("secrets re-encryption", func(ctx context.Context) error {
+			reencryptSecrets(ctx, encryption, admin, store.Backend())
+			<-ctx.Done()
+			return nil
+		}); err != nil {
+			return err
+		}
 	}
 	if !cfg.DisableAgent {
 		if err := joinapi.ClaimServerNode(ctx, admin, cfg.Node.NodeName); err != nil {
@@ -347,17 +357,35 @@ func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
 // reads: made at the first start, encrypting unless
 // --secrets-encryption=false; taken from the cluster by a joining server;
 // kept once there, so that `kelp secrets-encrypt` changes it while the
-// apiserver runs and reloads it.
-func secretsEncryption(cfg config.Server, fromCluster []byte) (string, error) {
-	path := layout.Server(cfg.DataDir).EncryptionConfig
+// apiserver runs and reloads it. Given by the user on a cluster whose
+// Secrets are in the clear, --secrets-encryption encrypts them on a single
+// server (reencrypt: the Secrets are then rewritten once the apiserver
+// runs), and refuses to start a server that shares its datastore, whose
+// other servers must encrypt too.
+func secretsEncryption(cfg config.Server, fromCluster []byte) (path string, reencrypt bool, err error) {
+	path = layout.Server(cfg.DataDir).EncryptionConfig
+	pending := path + reencryptPendingSuffix
 	current, ok, err := secretsencrypt.Load(path)
 	switch {
 	case err != nil:
-		return "", err
-	case ok:
-		if cfg.SecretsEncryption && !current.Enabled {
-			log.Warn("Secrets are stored in the clear in this cluster (made without --secrets-encryption, or before kelp encrypted them by default): encrypt them with `kelp secrets-encrypt enable` and then `kelp secrets-encrypt reencrypt`; --secrets-encryption=false silences this")
+		return "", false, err
+	case ok && cfg.SecretsEncryption && !current.Enabled && !cfg.SecretsEncryptionGiven:
+		log.Warn("Secrets are stored in the clear in this cluster (made without --secrets-encryption, or before kelp encrypted them by default): " +
+			"encrypt them with --secrets-encryption, or `kelp secrets-encrypt enable` and then `kelp secrets-encrypt reencrypt`; --secrets-encryption=false silences this")
+	case ok && cfg.SecretsEncryption && !current.Enabled && !singleServer(cfg):
+		return "", false, errors.New("--secrets-encryption: this cluster stores its Secrets in the clear, and its servers share the datastore, so all of them must encrypt: " +
+			"start this server without --secrets-encryption, run `kelp secrets-encrypt enable` on every server, then `kelp secrets-encrypt reencrypt` on one")
+	case ok && cfg.SecretsEncryption && !current.Enabled:
+		// The mark comes first: once the key writes, a crash before every
+		// Secret is rewritten must not leave some in the clear for good.
+		if err := atomicfile.Write(pending, nil, 0o600); err != nil {
+			return "", false, err
 		}
+		if err := secretsencrypt.Enable(path, time.Now()); err != nil {
+			return "", false, err
+		}
+		log.Info("Encrypting the Secrets of this cluster (--secrets-encryption): new writes are encrypted, and the Secrets stored in the clear are rewritten once the apiserver runs")
+	case ok:
 	case len(fromCluster) > 0:
 		if err = os.MkdirAll(filepath.Dir(path), 0o700); err == nil {
 			err = atomicfile.Write(path, fromCluster, 0o600)
@@ -367,7 +395,35 @@ func secretsEncryption(cfg config.Server, fromCluster []byte) (string, error) {
 	default:
 		err = secretsencrypt.Save(path, secretsencrypt.Config{})
 	}
-	return path, err
+	_, statErr := os.Stat(pending)
+	return path, statErr == nil, err
+}
+
+// reencryptPendingSuffix marks, beside the encryption configuration, a
+// server whose Secrets are to be rewritten with the key that now writes.
+const reencryptPendingSuffix = ".reencrypt-pending"
+
+// reencryptSecrets rewrites the Secrets stored otherwise than with the key
+// that writes, then removes the mark secretsEncryption left. A failure is
+// logged and the mark kept, so that the next start tries again.
+func reencryptSecrets(ctx context.Context, path string, admin kubernetes.Interface, be datastore.Backend) {
+	counts, err := secretsencrypt.Reencrypt(ctx, path, admin, be)
+	if err == nil {
+		err = os.Remove(path + reencryptPendingSuffix)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			log.WithError(err).Warn("Secrets are not all encrypted yet; the next start tries again, or run `kelp secrets-encrypt reencrypt`")
+		}
+		return
+	}
+	log.WithField("stored", counts).Info("Every Secret is stored encrypted")
+}
+
+// singleServer says the cluster has this one server: it keeps its state
+// in SQLite.
+func singleServer(cfg config.Server) bool {
+	return cfg.Datastore.Endpoint == "" && !cfg.EmbeddedEtcd() && datastore.LocalKind(cfg.DataDir) != datastore.KindEtcd
 }
 
 // writeKubeconfigs writes the in-process clients' kubeconfigs and the

@@ -64,8 +64,10 @@ type Server struct {
 	// Audit is the apiserver's audit log; off without a LogPath.
 	Audit Audit
 	// SecretsEncryption is --secrets-encryption: Secrets are encrypted at
-	// rest from the first start on.
-	SecretsEncryption bool
+	// rest from the first start on. SecretsEncryptionGiven says the user
+	// set it (flag, environment or config file), not the default: then it
+	// also encrypts a cluster made without.
+	SecretsEncryption, SecretsEncryptionGiven bool
 	// PodSecurityDefault is the Pod Security level of namespaces without
 	// their own: privileged (upstream's), baseline or restricted.
 	PodSecurityDefault string
@@ -132,6 +134,7 @@ type ServerInput struct {
 	tokenFile, agentTokenFile                                                        string
 	httpsPort                                                                        int
 	clusterInit, clusterReset, disableAgent, disableNetworkPolicy, secretsEncryption bool
+	secretsEncryptionGiven                                                           bool
 	disableRAMStore                                                                  bool
 	helmAllowLocalRepos                                                              bool
 	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable                           cli.StringSlice
@@ -174,7 +177,9 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.IntFlag{Name: "audit-log-maxsize", EnvVars: env("audit-log-maxsize"), Value: 100, Destination: &in.audit.MaxSizeMB, Usage: "MiB at which the audit log is rotated"},
 		&cli.IntFlag{Name: "audit-log-maxbackup", EnvVars: env("audit-log-maxbackup"), Value: 10, Destination: &in.audit.MaxBackups, Usage: "rotated audit logs kept"},
 		&cli.IntFlag{Name: "audit-log-maxage", EnvVars: env("audit-log-maxage"), Value: 30, Destination: &in.audit.MaxAgeDays, Usage: "days a rotated audit log is kept"},
-		&cli.BoolFlag{Name: "secrets-encryption", EnvVars: env("secrets-encryption"), Value: true, Destination: &in.secretsEncryption, Usage: "encrypt Secrets at rest in a new cluster (secretbox; see kelp secrets-encrypt); --secrets-encryption=false stores them in the clear"},
+		&cli.BoolFlag{Name: "secrets-encryption", EnvVars: env("secrets-encryption"), Value: true, Destination: &in.secretsEncryption,
+			Action: func(*cli.Context, bool) error { in.secretsEncryptionGiven = true; return nil },
+			Usage:  "encrypt Secrets at rest in a new cluster (secretbox; see kelp secrets-encrypt); given on a single server whose Secrets are in the clear, it encrypts them; --secrets-encryption=false stores them in the clear"},
 		&cli.StringFlag{Name: "pod-security-default", EnvVars: env("pod-security-default"), Value: "privileged", Destination: &in.podSecurityDefault, Usage: "Pod Security level of namespaces without their own: privileged, baseline or restricted"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
@@ -214,6 +219,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		Audit:                   in.audit,
 		PodSecurityDefault:      in.podSecurityDefault,
 		SecretsEncryption:       in.secretsEncryption,
+		SecretsEncryptionGiven:  in.secretsEncryptionGiven,
 		Overlay:                 in.overlay,
 		Snapshots:               in.snapshotInput.parse(check),
 		Datastore: Datastore{
