@@ -59,7 +59,11 @@ func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
 		return joined{}, fmt.Errorf("--token: %w", err)
 	}
 	if tok.User != token.ServerUser {
-		return joined{}, errors.New("--token is an agent token, which joins agents only: a server joins with the server token, from <data-dir>/server/token on a server of the cluster")
+		what := "an agent token"
+		if token.IsBootstrap(tok.Secret) {
+			what = "a token of `kelp token create`"
+		}
+		return joined{}, fmt.Errorf("--token is %s, which joins agents only: a server joins with the server token, from <data-dir>/server/token on a server of the cluster", what)
 	}
 	hostname, err := os.Hostname()
 	if err != nil {

@@ -18,8 +18,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
+
+// haAgentToken is server-1's --agent-token: a token that joins agents only.
+const haAgentToken = "0123456789abcdef0123456789abcdef"
 
 // haDaemonSet runs a pod on every node, servers too.
 const haDaemonSet = `
@@ -98,12 +102,12 @@ func TestHA(t *testing.T) {
 		s.Agent = true
 		s.AddImage(image)
 	}
-	s1.Start()
+	s1.Start("--agent-token", haAgentToken)
 	s1.WaitReady(startTimeout)
 	applyMigratedWorkload(t, s1)
 	before, pod, ready := migratedDump(t, s1), migratedPod(t, s1.Client()), readySince(t, s1.Client(), "server-1")
 	s1.Stop()
-	s1.Start("--cluster-init")
+	s1.Start("--cluster-init", "--agent-token", haAgentToken)
 	s1.WaitReady(startTimeout)
 	if !s1.Logged("Moved the cluster from SQLite to embedded etcd") {
 		t.Error("server-1 did not say it moved its cluster to etcd")
@@ -120,10 +124,35 @@ func TestHA(t *testing.T) {
 	}
 	joinArgs := []string{"--server", s1.URL(), "--token", strings.TrimSpace(string(tok))}
 
-	// An agent token does not join a server.
+	// No token that joins agents only joins a server: the server's secret
+	// as a node's, the agent token, one of `kelp token create`.
 	refused := lab.NewNode("server-x", "10.99.0.9")
 	if out, err := refused.RunKelp(time.Minute, refused.ServerArgs("--server", s1.URL(), "--token", "node:"+secretOf(string(tok)))...); err == nil || !strings.Contains(out, "only the server token") {
 		t.Errorf("a server joining with the server secret as a node token: %v\n%s", err, tail(out))
+	}
+	agentToken, err := os.ReadFile(layout.Server(s1.DataDir).AgentToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	created, err := s1.RunKelp(time.Minute, "token", "create", "--data-dir", s1.DataDir, "--ttl", "1h")
+	if err != nil {
+		t.Fatalf("kelp token create: %v\n%s", err, created)
+	}
+	for _, offered := range []struct{ what, token string }{
+		{"an agent token", string(agentToken)},
+		{"a token of `kelp token create`", created},
+	} {
+		tok := strings.TrimSpace(offered.token)
+		out, err := refused.RunKelp(time.Minute, refused.ServerArgs("--server", s1.URL(), "--token", tok)...)
+		if testcluster.ExitCode(err) != 1 || !strings.Contains(out, "--token is "+offered.what+", which joins agents only: a server joins with the server token, from <data-dir>/server/token") {
+			t.Errorf("a server joining with %s: exit %d\n%s", offered.what, testcluster.ExitCode(err), tail(out))
+		}
+		// Its short form is sent as the server's and refused there.
+		_, secret, _ := strings.Cut(tok, "::node:")
+		out, err = refused.RunKelp(time.Minute, refused.ServerArgs("--server", s1.URL(), "--token", secret)...)
+		if testcluster.ExitCode(err) != 1 || !strings.Contains(out, "only the server token (<data-dir>/server/token on a server) joins servers") {
+			t.Errorf("a server joining with the secret of %s: exit %d\n%s", offered.what, testcluster.ExitCode(err), tail(out))
+		}
 	}
 
 	// Nor does a server with a running server's hostname: the two would

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 // fakeMembers records the learners added and refuses names it has.
@@ -103,6 +104,38 @@ func TestServerJoin(t *testing.T) {
 				t.Errorf("initial cluster %q", resp.InitialCluster)
 			}
 		})
+	}
+}
+
+// TestServerJoinAgentTokens offers a server join the tokens that join
+// agents, each first shown to join an agent: the agent token and a live
+// token of `kelp token create`, as a node and, as a short form is sent,
+// as the server.
+func TestServerJoinAgentTokens(t *testing.T) {
+	s, client := testJoinAPI(t)
+	s.cfg.Agent = AgentConfig{ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
+	s.cfg.Datastore = datastore.KindEtcd
+	members := &fakeMembers{}
+	s.cfg.Members = members
+	bootstrap, err := token.CreateBootstrap(t.Context(), client, time.Hour, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := ServerJoinRequest{Name: "server-2", PeerURL: "https://10.0.0.2:2380", ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
+	for i, secret := range []string{"agent-secret", bootstrap} {
+		agent := JoinRequest{NodeName: fmt.Sprintf("agent-%d", i), Password: "0123456789abcdef0123"}
+		if w := joinAs(s, "node:"+secret, agent); w.Code != http.StatusOK {
+			t.Fatalf("%s does not join an agent: %d %s", secret, w.Code, w.Body)
+		}
+		for _, header := range []string{"node:" + secret, "server:" + secret} {
+			w := serverJoinAs(s, header, req)
+			if w.Code != http.StatusUnauthorized || !strings.Contains(w.Body.String(), "only the server token (<data-dir>/server/token on a server) joins servers") {
+				t.Errorf("a server joining with %q: %d %.200q, want 401 saying a server needs the server token", header, w.Code, w.Body)
+			}
+		}
+	}
+	if len(members.added) > 0 {
+		t.Errorf("a refused join added the learner %v", members.added)
 	}
 }
 
