@@ -143,6 +143,10 @@ spec:
 // port-forward, volumes, a Job, pod-to-pod and masqueraded egress traffic,
 // a missing image, crictl and ctr, a static pod, a restart that keeps the containers,
 // containerd killed and restarted, and killall leaving nothing behind.
+// testRegistry is the registry TestNode's node pulls from, through a
+// mirror the test serves.
+const testRegistry = "registry.kelp.test"
+
 func TestNode(t *testing.T) {
 	t.Parallel()
 	n := testcluster.NewNode(t)
@@ -154,7 +158,13 @@ func TestNode(t *testing.T) {
 	}
 	outside := n.NewOutside()
 	podManifests := filepath.Join(n.Dir, "pods")
-	n.Start("--node-label", "kelp.test/role=edge", "--node-taint", "kelp.test/flaky=yes:PreferNoSchedule", "--pod-manifests", podManifests)
+	// crictl pull fetches from a registry the test serves in the node's
+	// network namespace, a plain-HTTP mirror of registry.kelp.test.
+	registriesFile := filepath.Join(n.Dir, "registries.yaml")
+	if err := os.WriteFile(registriesFile, []byte("mirrors:\n  "+testRegistry+":\n    endpoint: [\"http://"+testcluster.NodeIP+":5000\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.Start("--node-label", "kelp.test/role=edge", "--node-taint", "kelp.test/flaky=yes:PreferNoSchedule", "--pod-manifests", podManifests, "--private-registry", registriesFile)
 	n.WaitReady(startTimeout)
 	n.WaitLog("kelp node is running", startTimeout)
 	c := n.Client()
@@ -489,6 +499,134 @@ func TestNode(t *testing.T) {
 		if out, err := n.RunKelp(time.Minute, "crictl", "exec", "-s", id, "/testapp", "cat", "/no/such/file"); err == nil || strings.Contains(out, "is kelp running") {
 			t.Errorf("crictl exec of a failing command: want its status alone, got %v\n%s", err, out)
 		}
+
+		t.Run("logs -f", func(t *testing.T) {
+			logPath := filepath.Join(t.TempDir(), "follow.log")
+			log, err := os.Create(logPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer log.Close()
+			follow := n.Command(testcluster.Binary(t), "crictl", "logs", "-f", "--tail", "0", id)
+			follow.Stdout, follow.Stderr = log, log
+			if err := testcluster.Spawn(follow); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				_ = follow.Process.Kill()
+				_ = follow.Wait()
+			}()
+			// What the container's main process writes to its stdout
+			// goes to its log. Lines written before crictl read to the
+			// end are not printed (--tail 0): write until one is, then
+			// one more.
+			lines := 0
+			write := func() string {
+				lines++
+				line := fmt.Sprintf("followed line %d", lines)
+				crictl("exec", "-s", id, "/testapp", "write", "/proc/1/fd/1", line+"\n")
+				return line
+			}
+			printed := func(line string) func() (bool, error) {
+				return func() (bool, error) {
+					data, err := os.ReadFile(logPath)
+					return strings.Contains(string(data), line), err
+				}
+			}
+			eventually(t, "crictl logs -f prints a line written after it started", func() (bool, error) {
+				write()
+				return printed("followed line")()
+			})
+			eventually(t, "crictl logs -f prints the next line", printed(write()))
+			if data, _ := os.ReadFile(logPath); strings.Contains(string(data), "serving on") {
+				t.Errorf("crictl logs -f --tail 0 printed the log from its start:\n%s", data)
+			}
+		})
+		t.Run("exec -t", func(t *testing.T) {
+			// The seventh field of /proc/self/stat is the controlling
+			// terminal of the command: 0 for none.
+			ttyOf := func(stat string) string {
+				if fields := strings.Fields(stat[strings.LastIndex(stat, ")")+1:]); len(fields) > 4 {
+					return fields[4]
+				}
+				return ""
+			}
+			out, err := n.RunKelpInTerminal(time.Minute, "crictl", "exec", "-it", id, "/testapp", "cat", "/proc/self/stat")
+			if tty := ttyOf(out); err != nil || tty == "" || tty == "0" {
+				t.Errorf("crictl exec -it: the command has no terminal (tty %q): %v\n%s", tty, err, out)
+			}
+			if tty := ttyOf(crictl("exec", "-s", id, "/testapp", "cat", "/proc/self/stat")); tty != "0" {
+				t.Errorf("crictl exec -s: the command has the terminal %q, want none", tty)
+			}
+		})
+		t.Run("stop, rm, stopp and rmp", func(t *testing.T) {
+			target := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "crictl-target"},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name: "target", Image: testcluster.TestImage, ImagePullPolicy: corev1.PullIfNotPresent, Args: []string{"serve"},
+				}}},
+			}
+			if _, err := c.CoreV1().Pods("default").Create(context.Background(), target, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				zero := int64(0)
+				_ = c.CoreV1().Pods("default").Delete(context.Background(), target.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+			}()
+			kubectl(t, n, "wait", "--for=condition=Ready", "pod/"+target.Name, "--timeout=60s")
+			pod := strings.Fields(crictl("pods", "--name", target.Name, "--namespace", "default", "-q"))[0]
+			ctr := strings.Fields(crictl("ps", "--pod", pod, "-q"))[0]
+			// The kubelet starts the pod again, with a new container and
+			// sandbox: what was named is gone.
+			for _, step := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"stop", ctr}, `"state": "CONTAINER_EXITED"`},
+				{[]string{"rm", ctr}, ""},
+				{[]string{"stopp", pod}, `"state": "SANDBOX_NOTREADY"`},
+				{[]string{"rmp", pod}, ""},
+			} {
+				if out := crictl(step.args...); !strings.Contains(out, step.args[1]) {
+					t.Errorf("crictl %s does not name what it did:\n%s", strings.Join(step.args, " "), out)
+				}
+				inspect := map[string]string{"stop": "inspect", "rm": "inspect", "stopp": "inspectp", "rmp": "inspectp"}[step.args[0]]
+				out, err := n.RunKelp(time.Minute, "crictl", inspect, step.args[1])
+				if step.want != "" && (err != nil || !strings.Contains(out, step.want)) {
+					t.Errorf("after crictl %s: want %s in crictl %s: %v\n%s", strings.Join(step.args, " "), step.want, inspect, err, out)
+				}
+				if step.want == "" && (err == nil || !strings.Contains(out, "not found")) {
+					t.Errorf("after crictl %s: crictl %s still finds it: %v\n%s", strings.Join(step.args, " "), inspect, err, out)
+				}
+			}
+			if out := crictl("ps", "-a", "-q"); strings.Contains(out, ctr) {
+				t.Errorf("crictl ps -a still lists the removed container %s:\n%s", ctr, out)
+			}
+			if out := crictl("pods", "-q"); strings.Contains(out, pod) {
+				t.Errorf("crictl pods still lists the removed pod %s:\n%s", pod, out)
+			}
+		})
+		t.Run("pull and rmi", func(t *testing.T) {
+			l, err := n.Listen("tcp", testcluster.NodeIP+":5000")
+			if err != nil {
+				t.Fatal(err)
+			}
+			registry := testcluster.ServeRegistry(t, l)
+			if err := registry.Push(testcluster.BuildTestImage(t, testcluster.TestImage), "kelp-test/pulled:1.0"); err != nil {
+				t.Fatal(err)
+			}
+			pulled := testRegistry + "/kelp-test/pulled:1.0"
+			if out := crictl("pull", pulled); !strings.Contains(out, "Image is up to date for sha256:") {
+				t.Errorf("crictl pull %s:\n%s", pulled, out)
+			}
+			if out := crictl("images"); !strings.Contains(out, testRegistry+"/kelp-test/pulled   1.0") {
+				t.Errorf("crictl images lacks the pulled image:\n%s", out)
+			}
+			crictl("rmi", pulled)
+			if out := crictl("images"); strings.Contains(out, "kelp-test/pulled") || !strings.Contains(out, "docker.io/kelp-test/testapp   1.0") {
+				t.Errorf("crictl images after crictl rmi %s: want it gone and the airgap image kept:\n%s", pulled, out)
+			}
+		})
 	})
 	t.Run("static pod", func(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(podManifests, "static-web.yaml"), []byte(staticPod), 0o600); err != nil {

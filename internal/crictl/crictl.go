@@ -28,6 +28,8 @@ func app() *cli.App {
 		Name:            "crictl",
 		Usage:           "inspect the pods, containers and images of kelp's container runtime",
 		HideHelpCommand: true,
+		// -it, as crictl users type it.
+		UseShortOptionHandling: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"}, Value: "unix://" + layout.ContainerdAddress, Usage: "CRI endpoint"},
 			&cli.DurationFlag{Name: "timeout", Aliases: []string{"t"}, Value: 10 * time.Second, Usage: "timeout of each call"},

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -603,4 +604,65 @@ func (n *Node) Processes() []string {
 		out = append(out, fmt.Sprintf("%d %s", pid, s[open+1:end]))
 	}
 	return out
+}
+
+// RunKelpInTerminal runs kelp with args inside the node with a new
+// terminal as its stdin, stdout and stderr, and returns what it wrote
+// there and its exit error; it fails the test if kelp runs longer than
+// timeout.
+func (n *Node) RunKelpInTerminal(timeout time.Duration, args ...string) (string, error) {
+	n.t.Helper()
+	terminal, tty, err := openPTY()
+	if err != nil {
+		n.t.Fatalf("open a terminal: %v", err)
+	}
+	defer terminal.Close()
+	cmd := n.Command(n.binary(), args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	err = Spawn(cmd)
+	tty.Close()
+	if err != nil {
+		n.t.Fatalf("start %v: %v", cmd.Args, err)
+	}
+	var out bytes.Buffer
+	read := make(chan struct{})
+	// The read ends (EIO) once kelp and all it started closed the terminal.
+	go func() { _, _ = io.Copy(&out, terminal); close(read) }()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		<-read
+		return out.String(), err
+	case <-time.After(timeout):
+		_ = cmd.Process.Kill()
+		<-done
+		n.t.Fatalf("%v still running after %s", cmd.Args, timeout)
+		return "", nil
+	}
+}
+
+// openPTY opens a pseudo-terminal of 24 lines of 80 columns: the
+// terminal's end, which reads what is written to tty, and tty.
+func openPTY() (terminal, tty *os.File, err error) {
+	terminal, err = os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fd := int(terminal.Fd())
+	n, err := unix.IoctlGetUint32(fd, unix.TIOCGPTN)
+	if err == nil {
+		err = unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0)
+	}
+	if err == nil {
+		err = unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Row: 24, Col: 80})
+	}
+	if err == nil {
+		tty, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	}
+	if err != nil {
+		terminal.Close()
+		return nil, nil, err
+	}
+	return terminal, tty, nil
 }
