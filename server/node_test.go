@@ -555,6 +555,9 @@ func TestNode(t *testing.T) {
 			if tty := ttyOf(out); err != nil || tty == "" || tty == "0" {
 				t.Errorf("crictl exec -it: the command has no terminal (tty %q): %v\n%s", tty, err, out)
 			}
+			if out, err := n.RunKelpInTerminal(time.Minute, "crictl", "exec", "-t", id, "/testapp", "cat", "/proc/self/stat"); err == nil || !strings.Contains(out, "so it needs -i too") {
+				t.Errorf("crictl exec -t without -i: %v\n%s", err, out)
+			}
 			if tty := ttyOf(crictl("exec", "-s", id, "/testapp", "cat", "/proc/self/stat")); tty != "0" {
 				t.Errorf("crictl exec -s: the command has the terminal %q, want none", tty)
 			}
@@ -604,6 +607,13 @@ func TestNode(t *testing.T) {
 			}
 			if out := crictl("pods", "-q"); strings.Contains(out, pod) {
 				t.Errorf("crictl pods still lists the removed pod %s:\n%s", pod, out)
+			}
+			// containerd removes what it does not know without an error:
+			// a mistyped or stale ID must not pass as done.
+			for _, args := range [][]string{{"rm", ctr}, {"stop", ctr}, {"rmp", pod}, {"stopp", pod}, {"rmi", testRegistry + "/kelp-test/never-pulled:1.0"}} {
+				if out, err := n.RunKelp(time.Minute, append([]string{"crictl"}, args...)...); err == nil || !strings.Contains(out, args[1]+" not found on this node (kelp crictl ") {
+					t.Errorf("crictl %s of something gone: %v\n%s", strings.Join(args, " "), err, out)
+				}
 			}
 		})
 		t.Run("pull and rmi", func(t *testing.T) {

@@ -12,7 +12,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -100,10 +102,10 @@ func withClient(fn func(context.Context, *cli.Context, clients) error) cli.Actio
 			// A command run by exec ended with this status: crictl's own.
 			return err
 		}
-		if err != nil {
+		if status.Code(err) == codes.Unavailable {
 			return fmt.Errorf("%w (is kelp running? the runtime endpoint is %s)", err, endpoint)
 		}
-		return nil
+		return err
 	}
 }
 

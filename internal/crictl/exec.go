@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 	restclient "k8s.io/client-go/rest"
@@ -25,6 +26,9 @@ func execCommand(ctx context.Context, c *cli.Context, cl clients) error {
 	if c.Bool("sync") {
 		return execSync(ctx, c, cl, id, cmd)
 	}
+	if c.Bool("tty") && !c.Bool("interactive") {
+		return fmt.Errorf("-t gives the command a terminal to type into, so it needs -i too: kelp crictl exec -it %s %s", id, strings.Join(cmd, " "))
+	}
 	tty := term.TTY{In: os.Stdin, Out: c.App.Writer, Raw: c.Bool("tty")}
 	if !c.Bool("interactive") {
 		tty.In = nil
@@ -39,7 +43,7 @@ func execCommand(ctx context.Context, c *cli.Context, cl clients) error {
 		Stdin: tty.In != nil, Stdout: true, Stderr: !tty.Raw,
 	})
 	if err != nil {
-		return fmt.Errorf("container %s: %w", id, err)
+		return lookupError(err, "container", id, "ps")
 	}
 	streamURL, err := url.Parse(resp.Url)
 	if err != nil {
@@ -63,7 +67,7 @@ func execSync(ctx context.Context, c *cli.Context, cl clients, id string, cmd []
 	defer cancel()
 	resp, err := cl.runtime.ExecSync(call, &runtimeapi.ExecSyncRequest{ContainerId: id, Cmd: cmd, Timeout: int64(cl.timeout.Seconds())})
 	if err != nil {
-		return fmt.Errorf("container %s: %w", id, err)
+		return lookupError(err, "container", id, "ps")
 	}
 	writeAll(c.App.Writer, resp.Stdout)
 	writeAll(c.App.ErrWriter, resp.Stderr)

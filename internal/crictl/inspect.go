@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -22,7 +23,7 @@ func inspect(ctx context.Context, c *cli.Context, cl clients) error {
 		defer cancel()
 		resp, err := cl.runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 		if err != nil {
-			return fmt.Errorf("container %s: %w", id, err)
+			return lookupError(err, "container", id, "ps -a")
 		}
 		return printStatus(c.App.Writer, resp.Status, resp.Info)
 	})
@@ -34,7 +35,7 @@ func inspectPods(ctx context.Context, c *cli.Context, cl clients) error {
 		defer cancel()
 		resp, err := cl.runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
 		if err != nil {
-			return fmt.Errorf("pod %s: %w", id, err)
+			return lookupError(err, "pod", id, "pods")
 		}
 		return printStatus(c.App.Writer, resp.Status, resp.Info)
 	})
@@ -49,7 +50,7 @@ func inspectImages(ctx context.Context, c *cli.Context, cl clients) error {
 			return fmt.Errorf("image %s: %w", ref, err)
 		}
 		if resp.Image == nil {
-			return fmt.Errorf("no image %s on this node (kelp crictl images lists them)", ref)
+			return fmt.Errorf("image %s not found on this node (kelp crictl images lists them)", ref)
 		}
 		return printStatus(c.App.Writer, resp.Image, resp.Info)
 	})
@@ -132,7 +133,11 @@ func stats(ctx context.Context, c *cli.Context, cl clients) error {
 // is none.
 func eachArg(c *cli.Context, what string, fn func(string) error) error {
 	if c.NArg() == 0 {
-		return fmt.Errorf("give a %s (see kelp crictl %s --help)", what, c.Command.Name)
+		article := "a"
+		if strings.ContainsAny(what[:1], "AEIOU") {
+			article = "an"
+		}
+		return fmt.Errorf("give %s %s (see kelp crictl %s --help)", article, what, c.Command.Name)
 	}
 	var errs []error
 	for _, arg := range c.Args().Slice() {

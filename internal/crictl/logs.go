@@ -90,7 +90,7 @@ func containerStatus(ctx context.Context, cl clients, id string) (*runtimeapi.Co
 	defer cancel()
 	resp, err := cl.runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
 	if err != nil {
-		return nil, fmt.Errorf("container %s: %w", id, err)
+		return nil, lookupError(err, "container", id, "ps -a")
 	}
 	return resp.Status, nil
 }
