@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/kelp-dev/kelp/internal/token"
@@ -33,10 +34,17 @@ var secretFlags = map[string]string{
 	"datastore-endpoint":     "KELP_DATASTORE_ENDPOINT or the config file",
 }
 
+// tools are the programs kelp carries, whose flags are their own: -t of
+// kelp crictl exec is a terminal, not a token.
+var tools = []string{"kubectl", "crictl", "ctr", "etcdctl"}
+
 // SecretsOnCommandLine returns a warning for each secret in args, a
 // command line, that says where the secret belongs instead. A datastore
 // endpoint is a secret when it holds a password.
 func SecretsOnCommandLine(args []string) []string {
+	if len(args) > 1 && slices.Contains(tools, args[1]) {
+		return nil
+	}
 	var warnings []string
 	for i := 1; i < len(args); i++ {
 		arg := args[i]

@@ -70,6 +70,9 @@ func TestSecretsOnCommandLine(t *testing.T) {
 		{[]string{"kelp", "server", "--datastore-endpoint", "postgres://db/kelp?sslmode=verify-full"}, nil},
 		{[]string{"kelp", "token", "rotate", "--new-token", "x"}, []string{"--new-token"}},
 		{[]string{"kelp", "kubectl", "--", "--token", "x"}, nil},
+		{[]string{"kelp", "crictl", "exec", "-t", "-i", "c0ffee", "sh"}, nil},
+		{[]string{"kelp", "crictl", "logs", "-t", "c0ffee"}, nil},
+		{[]string{"kelp", "ctr", "run", "-t", "docker.io/library/app:1.0", "app"}, nil},
 	} {
 		got := SecretsOnCommandLine(tc.args)
 		if len(got) != len(tc.want) {
