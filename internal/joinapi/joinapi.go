@@ -340,7 +340,10 @@ var errNameTaken = errors.New("node name taken")
 
 // claimName records the node's password under its name, or checks it: a
 // name belongs to the machine that joined under it first, until its Node
-// is deleted (`kubectl delete node`).
+// is deleted (`kubectl delete node`), or until the operator marks its
+// password Secret for a reset (passwordResetAnnotation) because that
+// machine lost its password. A name whose Node exists without a password
+// Secret is nobody's to take.
 func (s *joinAPI) claimName(ctx context.Context, req JoinRequest) error {
 	c, err := s.kube()
 	if err != nil {
@@ -352,6 +355,15 @@ func (s *joinAPI) claimName(ctx context.Context, req JoinRequest) error {
 	existing, err := secrets.Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
+		exists, err := nodeExists(ctx, c, req.NodeName)
+		if err != nil {
+			return err
+		}
+		if exists {
+			return fmt.Errorf("%w: node %q exists and has no node password (was its Secret %s deleted?): "+
+				"if this is another machine, give it another --node-name; if the node's machine is gone or is this one, free the name with `kubectl delete node %s` (its pods are made anew)",
+				errNameTaken, req.NodeName, name, req.NodeName)
+		}
 		_, err = secrets.Create(ctx, passwordSecret(req.NodeName, hash, false), metav1.CreateOptions{})
 		return err
 	case err != nil:
@@ -360,21 +372,37 @@ func (s *joinAPI) claimName(ctx context.Context, req JoinRequest) error {
 		return nil
 	case existing.Labels[serverNodeLabel] == "true":
 		return fmt.Errorf("%w: %q is the node of a server: give this machine another --node-name", errNameTaken, req.NodeName)
-	}
-	if _, err := c.CoreV1().Nodes().Get(ctx, req.NodeName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	case existing.Annotations[passwordResetAnnotation] != "true":
+		exists, err := nodeExists(ctx, c, req.NodeName)
 		if err != nil {
 			return err
 		}
-		// The same machine gets here too when it lost its password file
-		// (a reinstall, a power cut): only the operator can tell.
-		return fmt.Errorf("%w: node %q joined before with another node password. "+
-			"If this is another machine, give it another --node-name, or free the name with `kubectl delete node %s`. "+
-			"If this is that machine and it lost <data-dir>/agent/node-password, let it in with `kubectl -n kube-system delete secret %s`",
-			errNameTaken, req.NodeName, req.NodeName, name)
+		if exists {
+			// The same machine gets here too when it lost its password
+			// file (a reinstall, a power cut): only the operator can tell.
+			return fmt.Errorf("%w: node %q joined before with another node password. "+
+				"If this is another machine, give it another --node-name, or free the name with `kubectl delete node %s`. "+
+				"If this is that machine and it lost <data-dir>/agent/node-password, let it in, keeping its pods, with `kubectl -n kube-system annotate secret %s %s=true`",
+				errNameTaken, req.NodeName, req.NodeName, name, passwordResetAnnotation)
+		}
 	}
 	existing.Data = map[string][]byte{"hash": []byte(hash)}
+	delete(existing.Annotations, passwordResetAnnotation)
 	_, err = secrets.Update(ctx, existing, metav1.UpdateOptions{})
 	return err
+}
+
+// passwordResetAnnotation on a node's password Secret lets the next join
+// under its name set a new password: the operator's word that the machine
+// of that node lost its own.
+const passwordResetAnnotation = "kelp.io/node-password-reset"
+
+func nodeExists(ctx context.Context, c kubernetes.Interface, node string) (bool, error) {
+	_, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // serverNodeLabel marks the password Secret of a server's own node.

@@ -180,12 +180,39 @@ func TestJoinNodeName(t *testing.T) {
 		t.Errorf("another machine took the name: %d %s", w.Code, w.Body)
 	}
 	// The same machine with a lost password looks the same to the server:
-	// the refusal names the Secret to delete for that case.
-	if want := "kubectl -n kube-system delete secret agent-1.node-password.kelp"; !strings.Contains(w.Body.String(), want) {
+	// the refusal names how to let it in for that case.
+	if want := "kubectl -n kube-system annotate secret agent-1.node-password.kelp kelp.io/node-password-reset=true"; !strings.Contains(w.Body.String(), want) {
 		t.Errorf("the refusal does not say %q: %s", want, w.Body)
 	}
 	if w := joinAs(s, "node:agent-secret", first); w.Code != http.StatusOK {
 		t.Errorf("the first machine again: %d %s", w.Code, w.Body)
+	}
+
+	// The operator marks the password for a reset: the next join sets it,
+	// once, and the Node stays.
+	secrets := client.CoreV1().Secrets("kube-system")
+	secret, err := secrets.Get(t.Context(), "agent-1.node-password.kelp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret.Annotations = map[string]string{"kelp.io/node-password-reset": "true"}
+	if _, err := secrets.Update(t.Context(), secret, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lost := JoinRequest{NodeName: "agent-1", Password: "new-password-after-a-loss"}
+	if w := joinAs(s, "node:agent-secret", lost); w.Code != http.StatusOK {
+		t.Errorf("the machine with a new password after the reset mark: %d %s", w.Code, w.Body)
+	}
+	if w := joinAs(s, "node:agent-secret", first); w.Code != http.StatusConflict {
+		t.Errorf("the old password after the reset: %d %s, want refused", w.Code, w.Body)
+	}
+
+	// A Node without a password Secret is nobody's to take.
+	if err := secrets.Delete(t.Context(), "agent-1.node-password.kelp", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if w := joinAs(s, "node:agent-secret", second); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "has no node password") {
+		t.Errorf("a first claim of an existing Node's name: %d %s, want refused", w.Code, w.Body)
 	}
 	if err := client.CoreV1().Nodes().Delete(t.Context(), "agent-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
