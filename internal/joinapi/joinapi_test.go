@@ -188,27 +188,8 @@ func TestJoinNodeName(t *testing.T) {
 		t.Errorf("the first machine again: %d %s", w.Code, w.Body)
 	}
 
-	// The operator marks the password for a reset: the next join sets it,
-	// once, and the Node stays.
-	secrets := client.CoreV1().Secrets("kube-system")
-	secret, err := secrets.Get(t.Context(), "agent-1.node-password.kelp", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret.Annotations = map[string]string{"kelp.io/node-password-reset": "true"}
-	if _, err := secrets.Update(t.Context(), secret, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	lost := JoinRequest{NodeName: "agent-1", Password: "new-password-after-a-loss"}
-	if w := joinAs(s, "node:agent-secret", lost); w.Code != http.StatusOK {
-		t.Errorf("the machine with a new password after the reset mark: %d %s", w.Code, w.Body)
-	}
-	if w := joinAs(s, "node:agent-secret", first); w.Code != http.StatusConflict {
-		t.Errorf("the old password after the reset: %d %s, want refused", w.Code, w.Body)
-	}
-
 	// A Node without a password Secret is nobody's to take.
-	if err := secrets.Delete(t.Context(), "agent-1.node-password.kelp", metav1.DeleteOptions{}); err != nil {
+	if err := client.CoreV1().Secrets("kube-system").Delete(t.Context(), "agent-1.node-password.kelp", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if w := joinAs(s, "node:agent-secret", second); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "has no node password") {
@@ -243,7 +224,7 @@ func TestPublicRoutes(t *testing.T) {
 }
 
 // A machine that lost its node password gets back in, Node and all, once
-// its password Secret is deleted as the refusal says.
+// its password Secret is marked for a reset as the refusal says.
 func TestJoinLostPassword(t *testing.T) {
 	s, client := testJoinAPI(t)
 	before := JoinRequest{NodeName: "agent-1", Password: "password-before-the-power-cut"}
@@ -257,11 +238,20 @@ func TestJoinLostPassword(t *testing.T) {
 	if w := joinAs(s, "node:agent-secret", after); w.Code != http.StatusConflict {
 		t.Fatalf("a new password for a known node: %d %s", w.Code, w.Body)
 	}
-	if err := client.CoreV1().Secrets("kube-system").Delete(t.Context(), "agent-1.node-password.kelp", metav1.DeleteOptions{}); err != nil {
+	secret, err := client.CoreV1().Secrets("kube-system").Get(t.Context(), "agent-1.node-password.kelp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret.Annotations = map[string]string{passwordResetAnnotation: "true"}
+	if _, err := client.CoreV1().Secrets("kube-system").Update(t.Context(), secret, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if w := joinAs(s, "node:agent-secret", after); w.Code != http.StatusOK {
-		t.Errorf("after deleting the password Secret: %d %s", w.Code, w.Body)
+		t.Errorf("after marking the password Secret for a reset: %d %s", w.Code, w.Body)
+	}
+	// The mark lets one join in.
+	if w := joinAs(s, "node:agent-secret", before); w.Code != http.StatusConflict {
+		t.Errorf("the old password after the reset: %d %s, want refused", w.Code, w.Body)
 	}
 	if _, err := client.CoreV1().Nodes().Get(t.Context(), "agent-1", metav1.GetOptions{}); err != nil {
 		t.Errorf("the Node is gone: %v", err)
