@@ -414,6 +414,21 @@ func TestNode(t *testing.T) {
 				return strings.Contains(exec(q.args...), q.want), nil
 			})
 		}
+		// The nodes' DNS identity reads that ConfigMap and no other.
+		for _, q := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"get", "configmap/coredns-custom"}, "yes"},
+			{[]string{"watch", "configmap/coredns-custom"}, "yes"},
+			{[]string{"get", "configmap/extension-apiserver-authentication"}, "no"},
+			{[]string{"list", "configmaps"}, "no"},
+		} {
+			out, _ := n.Kubectl(append([]string{"auth", "can-i", "-n", "kube-system", "--as", "system:kelp-dns"}, q.args...)...)
+			if strings.TrimSpace(out) != q.want {
+				t.Errorf("may system:kelp-dns %v in kube-system? %q, want %s", q.args, out, q.want)
+			}
+		}
 	})
 	t.Run("missing image", func(t *testing.T) {
 		eventually(t, "an ErrImagePull event for the missing image", func() (bool, error) {
