@@ -54,14 +54,17 @@ var kelpName = regexp.MustCompile(`-[0-9]{8}T[0-9]{6}Z$`)
 
 // Metadata is a snapshot's sidecar.
 type Metadata struct {
-	Name        string    `json:"name"`
-	KelpVersion string    `json:"kelpVersion"`
-	Datastore   string    `json:"datastore"` // datastore.KindSQLite or KindEtcd
-	CAHash      string    `json:"caHash"`    // pki.CAHash of the server CA
-	SHA256      string    `json:"sha256"`
-	Size        int64     `json:"size"`
-	Created     time.Time `json:"created"`
-	Node        string    `json:"node,omitempty"`
+	Name        string `json:"name"`
+	KelpVersion string `json:"kelpVersion"`
+	// Kubernetes is the version of the apiserver that wrote the data;
+	// empty in the sidecars of older kelp.
+	Kubernetes string    `json:"kubernetes,omitempty"`
+	Datastore  string    `json:"datastore"` // datastore.KindSQLite or KindEtcd
+	CAHash     string    `json:"caHash"`    // pki.CAHash of the server CA
+	SHA256     string    `json:"sha256"`
+	Size       int64     `json:"size"`
+	Created    time.Time `json:"created"`
+	Node       string    `json:"node,omitempty"`
 	// MACKeyID names the key of MAC, an HMAC-SHA256 of the other fields
 	// keyed from the server token (mac.go); both are empty in the
 	// sidecars of older kelp.
@@ -164,6 +167,7 @@ func (d Dir) Save(ctx context.Context, name string) (Metadata, error) {
 	meta := Metadata{
 		Name:        name,
 		KelpVersion: version.Version,
+		Kubernetes:  kubernetesVersion(),
 		Datastore:   kind,
 		CAHash:      caHash,
 		SHA256:      sum,

@@ -350,6 +350,30 @@ func TestRestoreRefusesAnotherCluster(t *testing.T) {
 	}
 }
 
+// A snapshot of a newer Kubernetes minor is refused, even with --force:
+// this apiserver may not read what a newer one stored.
+func TestRestoreRefusesNewerKubernetes(t *testing.T) {
+	running := kubernetesVersion
+	kubernetesVersion = func() string { return "v1.36.3" }
+	t.Cleanup(func() { kubernetesVersion = running })
+	d, m := savedSQLite(t)
+	if m.Kubernetes != "v1.36.3" {
+		t.Errorf("the sidecar records Kubernetes %q, want the running v1.36.3", m.Kubernetes)
+	}
+	editSidecar(t, d, m.Name, func(m *Metadata) { m.Kubernetes = "v1.37.2" })
+	before := dbFiles(t, d)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), true)
+	if err == nil || !strings.Contains(err.Error(), "Kubernetes v1.37.2") || !strings.Contains(err.Error(), "nothing was changed") {
+		t.Fatalf("Restore of a newer Kubernetes minor's snapshot: %v", err)
+	}
+	unchanged(t, d, before)
+	// An older minor, or none recorded (an older kelp's sidecar), restores.
+	editSidecar(t, d, m.Name, func(m *Metadata) { m.Kubernetes = "v1.35.9" })
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), false); err != nil {
+		t.Errorf("Restore of an older minor's snapshot: %v", err)
+	}
+}
+
 func TestRestoreRefusesEtcdSnapshot(t *testing.T) {
 	d, m := savedSQLite(t)
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.Datastore = datastore.KindEtcd })

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/version"
 )
 
 // Found is the local file of the snapshot a restore names.
@@ -87,6 +88,9 @@ func (d Dir) Verified(path, kind string, force bool) error {
 
 var errOtherCluster = errors.New("comes from another cluster")
 
+// kubernetesVersion is the Kubernetes this kelp runs; tests replace it.
+var kubernetesVersion = version.Kubernetes
+
 // check is what every restore checks before it reads the snapshot file at
 // path: that it has valid metadata that the cluster's token authenticates
 // (authenticate), is of the datastore kind, and, unless
@@ -116,6 +120,10 @@ func (d Dir) check(path, kind string, force bool) (*Metadata, error) {
 		return nil, fmt.Errorf("snapshot %s is of embedded etcd: restore it with kelp server --cluster-reset --cluster-reset-restore-path %s, with the server stopped; nothing was changed", path, path)
 	default:
 		return nil, fmt.Errorf("snapshot %s is of a %s datastore, not %s; nothing was changed", path, meta.Datastore, kind)
+	}
+	if running := kubernetesVersion(); version.NewerMinor(meta.Kubernetes, running) {
+		return nil, fmt.Errorf("snapshot %s holds data of Kubernetes %s (kelp %s), which this kelp's Kubernetes %s may not read: restore it with kelp %s or newer; nothing was changed",
+			path, meta.Kubernetes, meta.KelpVersion, running, meta.KelpVersion)
 	}
 	if force {
 		return meta, nil

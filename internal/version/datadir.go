@@ -37,7 +37,7 @@ func CheckDataDir(path string, now Ran) error {
 	case json.Unmarshal(data, &last) != nil:
 		last = Ran{}
 	}
-	if minor(last.Kubernetes) > minor(now.Kubernetes) && minor(now.Kubernetes) > 0 {
+	if NewerMinor(last.Kubernetes, now.Kubernetes) {
 		return fmt.Errorf("this data dir was last run by kelp %s with Kubernetes %s; this kelp (%s) runs Kubernetes %s, which cannot read what a newer apiserver may have stored: "+
 			"run kelp %s or newer (an install keeps the previous binary as kelp.previous), or restore a snapshot taken before the upgrade",
 			last.Kelp, last.Kubernetes, now.Kelp, now.Kubernetes, last.Kelp)
@@ -50,6 +50,12 @@ func CheckDataDir(path string, now Ran) error {
 		return err
 	}
 	return atomicfile.Write(path, append(record, '\n'), 0o600)
+}
+
+// NewerMinor says that Kubernetes version a (like v1.37.2) is of a newer
+// minor than b; false when either is unknown.
+func NewerMinor(a, b string) bool {
+	return minor(a) > minor(b) && minor(b) > 0
 }
 
 // minor is the minor of a version like v1.36.3; 0 when unknown.
