@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
@@ -30,12 +31,7 @@ func TestSecretsEncryption(t *testing.T) {
 		n := testcluster.NewNode(t)
 		n.Start("--disable-agent")
 		n.WaitReady(startTimeout)
-		if _, err := n.Client().CoreV1().Secrets("default").Create(context.Background(), &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: "precious"},
-			Data:       map[string][]byte{"password": []byte("plain-sight")},
-		}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		createPrecious(t, n.Client())
 		out, err := n.RunKelp(time.Minute, "etcdctl", "--data-dir", n.DataDir, "get", "/registry/secrets/default/precious", "--print-value-only")
 		if err != nil || !strings.HasPrefix(out, "k8s:enc:secretbox:v1:") || strings.Contains(out, "plain-sight") {
 			t.Errorf("a Secret of a new cluster is stored as %.60q (%v), want encrypted with secretbox", out, err)
@@ -50,12 +46,7 @@ func TestSecretsEncryption(t *testing.T) {
 				args := slices.DeleteFunc([]string{"--disable-agent", tc.init}, func(a string) bool { return a == "" })
 				n.Start(append(args, "--secrets-encryption=false")...)
 				n.WaitReady(startTimeout)
-				if _, err := n.Client().CoreV1().Secrets("default").Create(context.Background(), &corev1.Secret{
-					ObjectMeta: metav1.ObjectMeta{Name: "precious"},
-					Data:       map[string][]byte{"password": []byte("plain-sight")},
-				}, metav1.CreateOptions{}); err != nil {
-					t.Fatal(err)
-				}
+				createPrecious(t, n.Client())
 				n.Stop()
 				raw := func() string {
 					out, _ := n.RunKelp(time.Minute, "etcdctl", "--data-dir", n.DataDir, "get", "/registry/secrets/default/precious", "--print-value-only")
@@ -98,12 +89,7 @@ func TestSecretsEncryption(t *testing.T) {
 	n.WaitReady(startTimeout)
 	c := n.Client()
 	ctx := context.Background()
-	if _, err := c.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "precious"},
-		Data:       map[string][]byte{"password": []byte("plain-sight")},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createPrecious(t, c)
 	raw := func() string {
 		t.Helper()
 		out, err := n.RunKelp(time.Minute, "etcdctl", "--data-dir", n.DataDir, "get", "/registry/secrets/default/precious", "--print-value-only")
@@ -203,4 +189,16 @@ func TestSecretsEncryption(t *testing.T) {
 		t.Errorf("reencrypt after a killed rotation: want one key left and every Secret stored with it:\n%s", out)
 	}
 	readAll("after reencrypt")
+}
+
+// createPrecious creates the Secret default/precious, whose password
+// "plain-sight" shows whether the datastore holds it in the clear.
+func createPrecious(t *testing.T, c kubernetes.Interface) {
+	t.Helper()
+	if _, err := c.CoreV1().Secrets("default").Create(context.Background(), &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "precious"},
+		Data:       map[string][]byte{"password": []byte("plain-sight")},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
