@@ -144,8 +144,8 @@ func crashRepeatedly(t *testing.T, n *testcluster.Node, args []string, intact fu
 		t.Fatalf("after the last clean stop: %v", err)
 	}
 	slices.Sort(restarts)
-	t.Logf("%d kills, %d writes acknowledged, 0 of them lost, %d acknowledged objects checked after restarts, %d cut-off writes found committed, datastore intact after every kill; restart to ready min %s median %s max %s; total %s",
-		kills, acked, checked, cutOffCommitted, restarts[0].Round(time.Millisecond), restarts[len(restarts)/2].Round(time.Millisecond),
+	t.Logf("%s: %d kills, %d writes acknowledged, 0 of them lost, %d acknowledged objects checked after restarts, %d cut-off writes found committed, datastore intact after every kill; restart to ready min %s median %s max %s; total %s",
+		t.Name(), kills, acked, checked, cutOffCommitted, restarts[0].Round(time.Millisecond), restarts[len(restarts)/2].Round(time.Millisecond),
 		restarts[len(restarts)-1].Round(time.Millisecond), time.Since(began).Round(time.Second))
 }
 
