@@ -52,6 +52,7 @@ func TestCARotation(t *testing.T) {
 	server := pki.FilesIn(layout.Server(srv.DataDir).TLS)
 	node := pki.NodeFilesIn(layout.Agent(agent.DataDir).TLS)
 	oldServerCA, oldClientCA := firstCert(t, server.ServerCA.Cert), firstCert(t, server.ClientCA.Cert)
+	oldKubeletCA := firstCert(t, server.KubeletCA.Cert)
 
 	restartWith := func(args ...string) {
 		t.Helper()
@@ -65,7 +66,8 @@ func TestCARotation(t *testing.T) {
 
 	restartWith("rotate-ca", "--data-dir", srv.DataDir)
 	newServerCA, newClientCA := firstCert(t, server.ServerCA.Cert), firstCert(t, server.ClientCA.Cert)
-	if newServerCA.Equal(oldServerCA) || newClientCA.Equal(oldClientCA) {
+	newKubeletCA := firstCert(t, server.KubeletCA.Cert)
+	if newServerCA.Equal(oldServerCA) || newClientCA.Equal(oldClientCA) || newKubeletCA.Equal(oldKubeletCA) {
 		t.Fatal("rotate-ca left the CAs as they were")
 	}
 	// The agent notices the new server CA bundle and renews: its client
@@ -115,6 +117,7 @@ func TestCARotation(t *testing.T) {
 		}{
 			{"the apiserver's serving certificate", served, oldServerCA, newServerCA},
 			{"the agent's client certificate", agentClient, oldClientCA, newClientCA},
+			{"the agent's kubelet serving certificate", kubeletChain(t, srv, agent), oldKubeletCA, newKubeletCA},
 		} {
 			if !bytes.Equal(tc.chain[0].RawIssuer, tc.new.RawSubject) {
 				t.Errorf("%s is issued by %s, want %s", tc.what, tc.chain[0].Issuer, tc.new.Subject)

@@ -170,6 +170,10 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 		if out, err := exec("agent-2", "/testapp", "cat", "/etc/hostname"); err != nil || out != pods["agent-2"].Name {
 			t.Errorf("exec: %q %v", out, err)
 		}
+		// The apiserver verified the kubelet by the kubelet CA: the
+		// server CA, which the apiserver's clients trust, does not
+		// vouch for a node's serving certificate.
+		checkKubeletServing(t, srv, agents[1])
 	})
 	impostor := lab.NewNode("impostor", "10.99.0.5")
 	join := func(tokenFile, name string) (string, error) {
@@ -180,6 +184,23 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 		out, err := join(srv.TokenFile(), "agent-1")
 		if testcluster.ExitCode(err) != 1 || !strings.Contains(out, "kubectl delete node agent-1") {
 			t.Errorf("exit %d:\n%s", testcluster.ExitCode(err), out)
+		}
+	})
+	t.Run("a node gets no serving certificate for the apiserver", func(t *testing.T) {
+		many := make([]string, 200)
+		for i := range many {
+			many[i] = fmt.Sprintf("10.98.%d.%d", i/250, 1+i%250)
+		}
+		for ips, want := range map[string]string{
+			"10.43.0.1":             "10.43.0.1 (an address of the apiserver)",
+			"10.99.0.2":             "10.99.0.2 (an address of the apiserver)",
+			strings.Join(many, ","): "asks for 201 names and addresses, at most 16 are allowed",
+		} {
+			out, err := impostor.RunKelp(time.Minute, "agent", "--server", srv.URL(), "--token-file", srv.TokenFile(),
+				"--data-dir", impostor.DataDir, "--node-name", "impostor", "--node-ip", ips)
+			if testcluster.ExitCode(err) != 1 || !strings.Contains(out, want) {
+				t.Errorf("a join asking for %.40s: exit %d, want 1 and %q:\n%s", ips, testcluster.ExitCode(err), want, out)
+			}
 		}
 	})
 	t.Run("tokens listed, rotated and deleted", func(t *testing.T) {

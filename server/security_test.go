@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
@@ -86,4 +90,43 @@ func TestAuditAndPodSecurity(t *testing.T) {
 			t.Errorf("anonymous GET %s: %s, want %d", path, resp.Status, want)
 		}
 	}
+}
+
+// checkKubeletServing checks the serving certificate node's kubelet
+// presents: it names the node and its address, not localhost, and only
+// the kubelet CA verifies it, not the server CA the apiserver's clients
+// trust.
+func checkKubeletServing(t *testing.T, srv, node *testcluster.Node) {
+	t.Helper()
+	chain := kubeletChain(t, srv, node)
+	leaf := chain[0]
+	if len(leaf.DNSNames) != 1 || leaf.DNSNames[0] != node.Name || len(leaf.IPAddresses) != 1 || leaf.IPAddresses[0].String() != node.IP {
+		t.Errorf("%s's kubelet serves for %v %v, want %s and %s alone", node.Name, leaf.DNSNames, leaf.IPAddresses, node.Name, node.IP)
+	}
+	certs := pki.FilesIn(layout.Server(srv.DataDir).TLS)
+	if err := verifyChain(chain, firstCert(t, certs.KubeletCA.Cert)); err != nil {
+		t.Errorf("%s's kubelet serving certificate against the kubelet CA: %v", node.Name, err)
+	}
+	if err := verifyChain(chain, firstCert(t, certs.ServerCA.Cert)); err == nil {
+		t.Errorf("%s's kubelet serving certificate verifies against the server CA", node.Name)
+	}
+}
+
+// kubeletChain is what node's kubelet presents to srv.
+func kubeletChain(t *testing.T, srv, node *testcluster.Node) []*x509.Certificate {
+	t.Helper()
+	var chain []*x509.Certificate
+	err := srv.InNetns(func() error {
+		conn, err := tls.Dial("tcp", net.JoinHostPort(node.IP, "10250"), &tls.Config{InsecureSkipVerify: true})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		chain = conn.ConnectionState().PeerCertificates
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("dial %s's kubelet: %v", node.Name, err)
+	}
+	return chain
 }

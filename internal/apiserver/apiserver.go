@@ -80,7 +80,7 @@ func Args(cfg Config) []string {
 		"tls-cert-file":                      cfg.Certs.APIServer.Cert,
 		"tls-private-key-file":               cfg.Certs.APIServer.Key,
 		"tls-min-version":                    "VersionTLS12",
-		"kubelet-certificate-authority":      cfg.Certs.ServerCA.Cert,
+		"kubelet-certificate-authority":      cfg.Certs.KubeletTrust,
 		"kubelet-client-certificate":         cfg.Certs.APIServerKubeletClient.Cert,
 		"kubelet-client-key":                 cfg.Certs.APIServerKubeletClient.Key,
 		"kubelet-preferred-address-types":    "InternalIP,ExternalIP,Hostname",

@@ -53,14 +53,16 @@ func Args(cfg Config) []string {
 		"use-service-account-credentials":  "true",
 		"profiling":                        "false",
 		// Kubelet client and apiserver client certificates are signed by
-		// the client CA the apiserver trusts; serving certificates by the
-		// server CA clients trust.
+		// the client CA the apiserver trusts; kubelet serving certificates
+		// by the kubelet CA the apiserver verifies kubelets with, never by
+		// the server CA its clients trust (package pki); others by the
+		// server CA.
 		"cluster-signing-kube-apiserver-client-cert-file": cfg.Certs.ClientCASigner,
 		"cluster-signing-kube-apiserver-client-key-file":  cfg.Certs.ClientCA.Key,
 		"cluster-signing-kubelet-client-cert-file":        cfg.Certs.ClientCASigner,
 		"cluster-signing-kubelet-client-key-file":         cfg.Certs.ClientCA.Key,
-		"cluster-signing-kubelet-serving-cert-file":       cfg.Certs.ServerCASigner,
-		"cluster-signing-kubelet-serving-key-file":        cfg.Certs.ServerCA.Key,
+		"cluster-signing-kubelet-serving-cert-file":       cfg.Certs.KubeletCASigner,
+		"cluster-signing-kubelet-serving-key-file":        cfg.Certs.KubeletCA.Key,
 		"cluster-signing-legacy-unknown-cert-file":        cfg.Certs.ServerCASigner,
 		"cluster-signing-legacy-unknown-key-file":         cfg.Certs.ServerCA.Key,
 		// Without it the controller-manager exits the whole process when

@@ -30,8 +30,8 @@ func TestArgs(t *testing.T) {
 		"--use-service-account-credentials=true",
 		"--cluster-signing-kubelet-client-cert-file=/tls/client-ca-signer.crt",
 		"--cluster-signing-kubelet-client-key-file=/tls/client-ca.key",
-		"--cluster-signing-kubelet-serving-cert-file=/tls/server-ca-signer.crt",
-		"--cluster-signing-kubelet-serving-key-file=/tls/server-ca.key",
+		"--cluster-signing-kubelet-serving-cert-file=/tls/kubelet-ca-signer.crt",
+		"--cluster-signing-kubelet-serving-key-file=/tls/kubelet-ca.key",
 		"--bind-address=127.0.0.1",
 		"--feature-gates=ControllerManagerReleaseLeaderElectionLockOnExit=true",
 	} {

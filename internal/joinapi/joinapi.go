@@ -175,6 +175,17 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	// Before the name is claimed: a refused join leaves nothing behind.
+	if err := pki.CheckKubeletSANs(s.cfg.Certs, req.NodeName, ips); err != nil {
+		if !errors.Is(err, pki.ErrKubeletSANs) {
+			http.Error(w, "could not issue the node's certificates", http.StatusInternalServerError)
+			log.WithError(err).WithField("node", req.NodeName).Error("join failed")
+			return
+		}
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		log.WithError(err).WithField("from", r.RemoteAddr).Warn("join refused")
+		return
+	}
 	if renewal {
 		if err := s.mayRenew(r.Context(), node, req.NodeName); err != nil {
 			status := http.StatusInternalServerError

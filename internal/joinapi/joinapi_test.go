@@ -6,10 +6,13 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -429,5 +432,66 @@ func TestJoinServerNodeName(t *testing.T) {
 	}
 	if !bytes.Equal(before.Data["hash"], after.Data["hash"]) {
 		t.Errorf("a server's restart made a new claim")
+	}
+}
+
+// A node asking for a serving certificate in the apiserver's names, for
+// loopback or for 200 addresses is refused with the reason, before its
+// name is claimed; one that asks for its own gets a certificate of the
+// kubelet CA, which the server CA its clients trust does not verify.
+func TestJoinServingCertificateNames(t *testing.T) {
+	s, client := testJoinAPI(t)
+	many := make([]string, 200)
+	for i := range many {
+		many[i] = fmt.Sprintf("10.99.%d.%d", i/250, 1+i%250)
+	}
+	for _, tc := range []struct {
+		name string
+		req  JoinRequest
+		want string
+	}{
+		{"the apiserver's service IP", JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.43.0.1"}}, "10.43.0.1 (an address of the apiserver)"},
+		{"localhost", JoinRequest{NodeName: "localhost"}, "localhost (a loopback name)"},
+		{"127.0.0.1", JoinRequest{NodeName: "agent-1", NodeIPs: []string{"127.0.0.1"}}, "127.0.0.1 (a loopback address)"},
+		{"a name of the apiserver", JoinRequest{NodeName: "kubernetes.default.svc.cluster.local"}, "(a name of the apiserver)"},
+		{"200 addresses", JoinRequest{NodeName: "agent-1", NodeIPs: many}, "asks for 201 names and addresses, at most 16 are allowed: give it fewer --node-ip"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.req.Password = "0123456789abcdef0123"
+			w := joinAs(s, "node:agent-secret", tc.req)
+			if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), tc.want) {
+				t.Errorf("%d %s, want 400 naming %q", w.Code, w.Body, tc.want)
+			}
+			secrets, _ := client.CoreV1().Secrets("kube-system").List(t.Context(), metav1.ListOptions{})
+			if len(secrets.Items) != 0 {
+				t.Errorf("a refused join claimed %s", secrets.Items[0].Name)
+			}
+		})
+	}
+
+	w := joinAs(s, "node:agent-secret", JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.99.0.3"}, Password: "0123456789abcdef0123"})
+	var resp JoinResponse
+	if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	leaf, err := tls.X509KeyPair(resp.Certs.KubeletServing.Cert, resp.Certs.KubeletServing.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(leaf.Certificate[0])
+	if !slices.Equal(cert.DNSNames, []string{"agent-1"}) || len(cert.IPAddresses) != 1 || !cert.IPAddresses[0].Equal(net.ParseIP("10.99.0.3")) {
+		t.Errorf("the serving certificate names %v %v, want agent-1 and 10.99.0.3 alone", cert.DNSNames, cert.IPAddresses)
+	}
+	for name, ca := range map[string]string{"the kubelet CA": s.cfg.Certs.KubeletCA.Cert, "the server CA": s.cfg.Certs.ServerCA.Cert} {
+		data, err := os.ReadFile(ca)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(data)
+		_, err = cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		if verified := err == nil; verified != (name == "the kubelet CA") {
+			t.Errorf("the serving certificate against %s: %v", name, err)
+		}
 	}
 }

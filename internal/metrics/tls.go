@@ -84,10 +84,10 @@ func (s *servingCert) issue() (*tls.Certificate, error) {
 
 // kubeletTLSConfig reads kubelets as the apiserver does: with its kubelet
 // client certificate, read at every connection because it is renewed on
-// disk while the server runs, and trusting the server CA, which signs the
-// kubelets' serving certificates.
+// disk while the server runs, and trusting what the apiserver verifies
+// kubelets with (the kubelet CA).
 func kubeletTLSConfig(certs pki.Files) (*tls.Config, error) {
-	ca, err := certPool(certs.ServerCA.Cert)
+	ca, err := certPool(certs.KubeletTrust)
 	if err != nil {
 		return nil, err
 	}

@@ -12,8 +12,8 @@ import (
 // their keys and the service-account signing key. A server that joins gets
 // them from one that runs, then issues its own leaf certificates.
 type Authorities struct {
-	ServerCA, ClientCA, RequestHeaderCA, EtcdServerCA, EtcdPeerCA PEMPair
-	ServiceAccountKey, ServiceAccountPub                          []byte
+	ServerCA, ClientCA, KubeletCA, RequestHeaderCA, EtcdServerCA, EtcdPeerCA PEMPair
+	ServiceAccountKey, ServiceAccountPub                                     []byte
 }
 
 // ReadAuthorities reads the shared authorities of f.
@@ -42,7 +42,7 @@ func WriteAuthorities(dir string, a Authorities) error {
 	files := a.files(f)
 	for _, file := range files {
 		if len(*file.data) == 0 {
-			return fmt.Errorf("pki: the cluster's authorities lack %s", filepath.Base(file.path))
+			return fmt.Errorf("pki: the cluster's authorities lack %s: join through a server that runs this version of kelp or a newer one", filepath.Base(file.path))
 		}
 		have, err := readOptional(file.path)
 		if err != nil {
@@ -71,6 +71,7 @@ func (a *Authorities) files(f Files) []authorityFile {
 	return []authorityFile{
 		{f.ServerCA.Cert, &a.ServerCA.Cert}, {f.ServerCA.Key, &a.ServerCA.Key},
 		{f.ClientCA.Cert, &a.ClientCA.Cert}, {f.ClientCA.Key, &a.ClientCA.Key},
+		{f.KubeletCA.Cert, &a.KubeletCA.Cert}, {f.KubeletCA.Key, &a.KubeletCA.Key},
 		{f.RequestHeaderCA.Cert, &a.RequestHeaderCA.Cert}, {f.RequestHeaderCA.Key, &a.RequestHeaderCA.Key},
 		{f.EtcdServerCA.Cert, &a.EtcdServerCA.Cert}, {f.EtcdServerCA.Key, &a.EtcdServerCA.Key},
 		{f.EtcdPeerCA.Cert, &a.EtcdPeerCA.Cert}, {f.EtcdPeerCA.Key, &a.EtcdPeerCA.Key},

@@ -23,7 +23,7 @@ func TestAuthoritiesJoin(t *testing.T) {
 		t.Fatal(err)
 	}
 	joined, _ := run(t, second)
-	for _, p := range [][2]string{{files.ServerCA.Cert, joined.ServerCA.Cert}, {files.EtcdPeerCA.Key, joined.EtcdPeerCA.Key}, {files.ServiceAccountKey, joined.ServiceAccountKey}} {
+	for _, p := range [][2]string{{files.ServerCA.Cert, joined.ServerCA.Cert}, {files.EtcdPeerCA.Key, joined.EtcdPeerCA.Key}, {files.KubeletCA.Key, joined.KubeletCA.Key}, {files.ServiceAccountKey, joined.ServiceAccountKey}} {
 		a, _ := os.ReadFile(p[0])
 		b, _ := os.ReadFile(p[1])
 		if !bytes.Equal(a, b) {
@@ -49,5 +49,13 @@ func TestAuthoritiesJoin(t *testing.T) {
 	}
 	if after, _ := os.ReadFile(joined.ServerCA.Cert); !bytes.Equal(before, after) {
 		t.Error("a refused write changed the server CA")
+	}
+
+	// A server of a kelp from before the kubelet CA sends none: the joining
+	// server would make one of its own, which the others do not trust.
+	old := a
+	old.KubeletCA = PEMPair{}
+	if err := WriteAuthorities(filepath.Join(t.TempDir(), "tls"), old); err == nil || !strings.Contains(err.Error(), "kubelet-ca.crt: join through a server that runs this version of kelp") {
+		t.Errorf("write authorities without the kubelet CA: %v, want a refusal naming it", err)
 	}
 }

@@ -11,6 +11,10 @@
 // Renew does the same for leaves while the server runs (package certrenew
 // calls it); NextExpiry says when the first of some leaves is due.
 //
+// The kubelets' serving certificates come from a CA of their own, which
+// only the kubelets' clients trust, and name only their node
+// (CheckKubeletSANs): see kubelet.go.
+//
 // IssueNode signs the credentials of a node that joins, which travel as
 // PEMPairs (contents) and land, by NodeFiles.Write (NodeFiles.WriteRenewed
 // on a running node), at Pairs (paths).

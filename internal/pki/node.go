@@ -21,7 +21,7 @@ type PEMPair struct {
 // with these field names.
 type NodeCerts struct {
 	KubeletClient  PEMPair // system:node:<name> in system:nodes
-	KubeletServing PEMPair // the kubelet's serving certificate
+	KubeletServing PEMPair // the kubelet's serving certificate, of the kubelet CA
 	Proxy          PEMPair // system:kube-proxy
 	DNS            PEMPair // system:kelp-dns
 	Controller     PEMPair // system:kelp-controller:<name> in system:kelp-controllers
@@ -111,10 +111,14 @@ func (f NodeFiles) Write(serverCA, clientCA []byte, certs NodeCerts) error {
 }
 
 // IssueNode signs new credentials for the node name with the addresses
-// ips, with the CAs in f, as long-lived as the server's own leaves.
+// ips, with the CAs in f, as long-lived as the server's own leaves. It
+// refuses addresses CheckKubeletSANs refuses (ErrKubeletSANs).
 func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
+	if err := CheckKubeletSANs(f, name, ips); err != nil {
+		return NodeCerts{}, err
+	}
 	is := issuer{now: time.Now().UTC(), lifetime: f.leafLifetime(), log: logrus.WithField("component", "pki")}
-	serverCA, err := loadAuthority(f.ServerCA)
+	kubeletCA, err := loadAuthority(f.KubeletCA)
 	if err != nil {
 		return NodeCerts{}, err
 	}
@@ -123,17 +127,13 @@ func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
 		return NodeCerts{}, err
 	}
 	name = strings.ToLower(name)
-	sans := []string{name, "localhost", "127.0.0.1", "::1"}
-	for _, ip := range ips {
-		sans = append(sans, ip.String())
-	}
 	var out NodeCerts
 	for _, l := range []struct {
 		spec leafSpec
 		dst  *PEMPair
 	}{
 		{leafSpec{ca: clientCA, cn: "system:node:" + name, orgs: []string{"system:nodes"}, usages: clientAuth}, &out.KubeletClient},
-		{leafSpec{ca: serverCA, cn: name, usages: serverAuth, sans: normalizeSANs(sans)}, &out.KubeletServing},
+		{leafSpec{ca: kubeletCA, cn: name, usages: serverAuth, sans: kubeletSANs(name, ips)}, &out.KubeletServing},
 		{leafSpec{ca: clientCA, cn: "system:kube-proxy", usages: clientAuth}, &out.Proxy},
 		{leafSpec{ca: clientCA, cn: "system:kelp-dns", usages: clientAuth}, &out.DNS},
 		{leafSpec{ca: clientCA, cn: ControllerUser(name), orgs: []string{ControllerGroup}, usages: clientAuth}, &out.Controller},

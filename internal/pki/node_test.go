@@ -36,7 +36,7 @@ func TestIssueNode(t *testing.T) {
 		groups []string
 	}{
 		{"kubelet client", certs.KubeletClient, f.ClientCA.Cert, x509.ExtKeyUsageClientAuth, "system:node:agent-1", []string{"system:nodes"}},
-		{"kubelet serving", certs.KubeletServing, f.ServerCA.Cert, x509.ExtKeyUsageServerAuth, "agent-1", nil},
+		{"kubelet serving", certs.KubeletServing, f.KubeletCA.Cert, x509.ExtKeyUsageServerAuth, "agent-1", nil},
 		{"proxy", certs.Proxy, f.ClientCA.Cert, x509.ExtKeyUsageClientAuth, "system:kube-proxy", nil},
 		{"dns", certs.DNS, f.ClientCA.Cert, x509.ExtKeyUsageClientAuth, "system:kelp-dns", nil},
 		{"controller", certs.Controller, f.ClientCA.Cert, x509.ExtKeyUsageClientAuth, "system:kelp-controller:agent-1", []string{"system:kelp-controllers"}},

@@ -84,16 +84,21 @@ type Pair struct {
 // config.
 type Files struct {
 	// Certificate authorities.
-	ServerCA        Pair // signs the apiserver's and the kubelets' serving certificates
+	ServerCA        Pair // signs the apiserver's (and the metrics API's) serving certificates
 	ClientCA        Pair // signs client certificates the apiserver accepts
+	KubeletCA       Pair // signs the kubelets' serving certificates (see kubelet.go)
 	RequestHeaderCA Pair // signs the aggregator's front-proxy client
 	EtcdServerCA    Pair // signs etcd's serving and client certificates
 	EtcdPeerCA      Pair // signs etcd's peer certificates
-	// ServerCASigner and ClientCASigner hold the certificate of ServerCA
-	// and ClientCA alone, for the controller-manager's CSR signers, which
-	// read exactly one certificate: during a CA rotation the CA files are
-	// trust bundles of three.
-	ServerCASigner, ClientCASigner string
+	// ServerCASigner, ClientCASigner and KubeletCASigner hold the
+	// certificate of their CA alone, for the controller-manager's CSR
+	// signers, which read exactly one certificate: during a CA rotation
+	// the CA files are trust bundles of three.
+	ServerCASigner, ClientCASigner, KubeletCASigner string
+	// KubeletTrust is what the apiserver and kelp's metrics verify
+	// kubelets with: KubeletCA's file, and for a while after an upgrade
+	// the server CA (kubeletTrust).
+	KubeletTrust string
 
 	// Service-account token signing key pair.
 	ServiceAccountKey, ServiceAccountPub string
@@ -104,7 +109,7 @@ type Files struct {
 	Scheduler              Pair
 	APIServerKubeletClient Pair // the apiserver's client to kubelets
 	KubeletClient          Pair // system:node:<hostname>, the server's own node
-	KubeletServing         Pair // signed by ServerCA, so the apiserver verifies it
+	KubeletServing         Pair // signed by KubeletCA, which the apiserver verifies it with
 	KubeProxy              Pair // system:kube-proxy, the node's Service proxy
 	DNS                    Pair // system:kelp-dns, the node's DNS server
 	Controller             Pair // system:kelp-controller:<hostname>, the node's overlay, NetworkPolicy and local storage
@@ -125,11 +130,14 @@ func FilesIn(dir string) Files {
 	return Files{
 		ServerCA:               pair("server-ca"),
 		ClientCA:               pair("client-ca"),
+		KubeletCA:              pair("kubelet-ca"),
 		RequestHeaderCA:        pair("request-header-ca"),
 		EtcdServerCA:           pair("etcd/server-ca"),
 		EtcdPeerCA:             pair("etcd/peer-ca"),
 		ServerCASigner:         filepath.Join(dir, "server-ca-signer.crt"),
 		ClientCASigner:         filepath.Join(dir, "client-ca-signer.crt"),
+		KubeletCASigner:        filepath.Join(dir, "kubelet-ca-signer.crt"),
+		KubeletTrust:           filepath.Join(dir, "kubelet-trust.crt"),
 		ServiceAccountKey:      filepath.Join(dir, "service.key"),
 		ServiceAccountPub:      filepath.Join(dir, "service.pub"),
 		APIServer:              pair("serving-kube-apiserver"),
@@ -151,7 +159,7 @@ func FilesIn(dir string) Files {
 
 func (f Files) all() []string {
 	out := []string{f.ServiceAccountKey, f.ServiceAccountPub}
-	for _, p := range append([]Pair{f.ServerCA, f.ClientCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA}, f.Leaves()...) {
+	for _, p := range append([]Pair{f.ServerCA, f.ClientCA, f.KubeletCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA}, f.Leaves()...) {
 		out = append(out, p.Cert, p.Key)
 	}
 	return out
@@ -198,6 +206,10 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		return Files{}, err
 	}
 
+	newKubeletCA, err := kubeletCAMissing(f)
+	if err != nil {
+		return Files{}, err
+	}
 	var cas loadedCAs
 	for _, ca := range cas.slots(f) {
 		a, err := is.ensureCA(ca.name, ca.files)
@@ -206,11 +218,17 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		}
 		*ca.dst = a
 	}
+	if newKubeletCA {
+		log.WithField("cert", f.KubeletCA.Cert).Warn("made a CA for the kubelets' serving certificates, which the server CA signed before: on a cluster with several servers, copy kubelet-ca.crt and kubelet-ca.key from the first server upgraded into every other server's TLS directory before starting the new kelp there, so that all servers share one")
+	}
 
-	for path, ca := range map[string]*authority{f.ServerCASigner: cas.server, f.ClientCASigner: cas.client} {
+	for path, ca := range map[string]*authority{f.ServerCASigner: cas.server, f.ClientCASigner: cas.client, f.KubeletCASigner: cas.kubelet} {
 		if err := writeIfChanged(path, encodeCert(ca.cert.Raw)); err != nil {
 			return Files{}, err
 		}
+	}
+	if err := is.writeKubeletTrust(f, cas); err != nil {
+		return Files{}, err
 	}
 
 	if err := is.ensureServiceAccountKey(f.ServiceAccountKey, f.ServiceAccountPub); err != nil {
@@ -252,7 +270,7 @@ func (is issuer) removeRetired(dir string) error {
 
 // loadedCAs are the CAs leaves are signed with.
 type loadedCAs struct {
-	server, client, requestHeader, etcdServer, etcdPeer *authority
+	server, client, kubelet, requestHeader, etcdServer, etcdPeer *authority
 }
 
 // caSlot is one CA: its name, its files, and where it goes once loaded.
@@ -266,6 +284,7 @@ func (a *loadedCAs) slots(f Files) []caSlot {
 	return []caSlot{
 		{"kelp-server-ca", f.ServerCA, &a.server},
 		{"kelp-client-ca", f.ClientCA, &a.client},
+		{"kelp-kubelet-ca", f.KubeletCA, &a.kubelet},
 		{"kelp-request-header-ca", f.RequestHeaderCA, &a.requestHeader},
 		{"kelp-etcd-server-ca", f.EtcdServerCA, &a.etcdServer},
 		{"kelp-etcd-peer-ca", f.EtcdPeerCA, &a.etcdPeer},
@@ -283,7 +302,7 @@ func (c Config) leaves(f Files, cas loadedCAs) []leafSpec {
 		{ca: cas.client, files: f.Scheduler, cn: "system:kube-scheduler", usages: clientAuth},
 		{ca: cas.client, files: f.APIServerKubeletClient, cn: "system:kube-apiserver", orgs: []string{"system:masters"}, usages: clientAuth},
 		{ca: cas.client, files: f.KubeletClient, cn: "system:node:" + strings.ToLower(c.Hostname), orgs: []string{"system:nodes"}, usages: clientAuth},
-		{ca: cas.server, files: f.KubeletServing, cn: strings.ToLower(c.Hostname), usages: serverAuth, sans: nodeSANs},
+		{ca: cas.kubelet, files: f.KubeletServing, cn: strings.ToLower(c.Hostname), usages: serverAuth, sans: kubeletSANs(c.Hostname, c.IPs)},
 		{ca: cas.client, files: f.KubeProxy, cn: "system:kube-proxy", usages: clientAuth},
 		{ca: cas.client, files: f.DNS, cn: "system:kelp-dns", usages: clientAuth},
 		{ca: cas.client, files: f.Controller, cn: ControllerUser(c.Hostname), orgs: []string{ControllerGroup}, usages: clientAuth},
@@ -337,7 +356,8 @@ func (c Config) apiserverSANs() []string {
 	return normalizeSANs(append(sans, c.ExtraSANs...))
 }
 
-// nodeSANs name this machine: etcd and the kubelet serve under them.
+// nodeSANs name this machine: etcd serves under them, to its local
+// clients too.
 func (c Config) nodeSANs() []string {
 	sans := []string{c.Hostname, "localhost", "127.0.0.1", "::1"}
 	for _, ip := range c.IPs {

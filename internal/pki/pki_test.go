@@ -155,7 +155,7 @@ func leafCases(f Files) []leafCase {
 		{"scheduler", f.Scheduler, f.ClientCA.Cert, clientAuth, "system:kube-scheduler", nil},
 		{"apiserver-kubelet-client", f.APIServerKubeletClient, f.ClientCA.Cert, clientAuth, "system:kube-apiserver", masters},
 		{"kubelet-client", f.KubeletClient, f.ClientCA.Cert, clientAuth, "system:node:node-1", []string{"system:nodes"}},
-		{"kubelet-serving", f.KubeletServing, f.ServerCA.Cert, serverAuth, "node-1", nil},
+		{"kubelet-serving", f.KubeletServing, f.KubeletCA.Cert, serverAuth, "node-1", nil},
 		{"kube-proxy", f.KubeProxy, f.ClientCA.Cert, clientAuth, "system:kube-proxy", nil},
 		{"dns", f.DNS, f.ClientCA.Cert, clientAuth, "system:kelp-dns", nil},
 		{"controller", f.Controller, f.ClientCA.Cert, clientAuth, "system:kelp-controller:node-1", []string{"system:kelp-controllers"}},
@@ -177,6 +177,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 		"client-kube-apiserver.crt", "client-kube-apiserver.key", "client-kube-proxy.crt", "client-kube-proxy.key",
 		"client-kubelet.crt", "client-kubelet.key",
 		"client-scheduler.crt", "client-scheduler.key", "etcd",
+		"kubelet-ca-signer.crt", "kubelet-ca.crt", "kubelet-ca.key", "kubelet-trust.crt",
 		"request-header-ca.crt", "request-header-ca.key", "server-ca-signer.crt", "server-ca.crt", "server-ca.key",
 		"service.key", "service.pub", "serving-kube-apiserver.crt", "serving-kube-apiserver.key",
 		"serving-kubelet.crt", "serving-kubelet.key",
@@ -220,7 +221,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 		}
 	}
 
-	for _, ca := range []Pair{f.ServerCA, f.ClientCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA} {
+	for _, ca := range []Pair{f.ServerCA, f.ClientCA, f.KubeletCA, f.RequestHeaderCA, f.EtcdServerCA, f.EtcdPeerCA} {
 		cert := loadCert(t, ca.Cert)
 		key := loadKey(t, ca.Key)
 		if !cert.IsCA || cert.CheckSignatureFrom(cert) != nil {
@@ -262,7 +263,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 	}
 
 	// One Info line per created CA, leaf and key file; nothing louder.
-	if got, want := len(infoEntries(hook)), 5+2+14; got != want {
+	if got, want := len(infoEntries(hook)), 6+2+14; got != want {
 		t.Errorf("logged %d entries at Info or above, want %d", got, want)
 	}
 	for _, e := range hook.AllEntries() {
@@ -700,10 +701,10 @@ func TestEnsureReissuesLeavesOfReplacedCA(t *testing.T) {
 	before := snapshot(t, f)
 
 	_, hook := run(t, cfg)
-	if got, want := changed(before, snapshot(t, f)), sorted(f.APIServer.Cert, f.APIServer.Key, f.KubeletServing.Cert, f.KubeletServing.Key); !slices.Equal(got, want) {
+	if got, want := changed(before, snapshot(t, f)), sorted(f.APIServer.Cert, f.APIServer.Key); !slices.Equal(got, want) {
 		t.Errorf("changed %v, want %v", got, want)
 	}
-	if e := infoEntries(hook); len(e) != 2 || e[0].Data["reason"] != "not signed by the current CA" {
+	if e := infoEntries(hook); len(e) != 1 || e[0].Data["reason"] != "not signed by the current CA" {
 		t.Errorf("logged %v", e)
 	}
 	roots := x509.NewCertPool()

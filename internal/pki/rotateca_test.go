@@ -60,6 +60,7 @@ func TestRotateCA(t *testing.T) {
 	oldServerPEM := readFile(t, f.ServerCA.Cert)
 	oldServer := loadCert(t, f.ServerCA.Cert)
 	oldClient := loadCert(t, f.ClientCA.Cert)
+	oldKubelet := loadCert(t, f.KubeletCA.Cert)
 	oldHash := CAHash(oldServerPEM)
 	joinedBefore, err := IssueNode(f, "agent-1", nil)
 	if err != nil {
@@ -71,8 +72,8 @@ func TestRotateCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(changed) != 5 {
-		t.Errorf("rotated %v, want the five CAs", changed)
+	if len(changed) != 6 {
+		t.Errorf("rotated %v, want the six CAs", changed)
 	}
 	bundle, err := parseCerts(readFile(t, f.ServerCA.Cert))
 	if err != nil {
@@ -126,8 +127,8 @@ func TestRotateCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := verify(t, joined.KubeletServing.Cert, oldServer); err != nil {
-		t.Errorf("a node's serving certificate against the old CA only: %v", err)
+	if err := verify(t, joined.KubeletServing.Cert, oldKubelet); err != nil {
+		t.Errorf("a node's serving certificate against the old kubelet CA only: %v", err)
 	}
 	if err := verify(t, joined.KubeletClient.Cert, oldClient); err != nil {
 		t.Errorf("a node's client certificate against the old CA only: %v", err)
