@@ -223,6 +223,16 @@ func TestNodeControllerIdentity(t *testing.T) {
 // the client CA ca, as kelp issued it then.
 func writeSharedControllerCert(t *testing.T, ca, dst pki.Pair) {
 	t.Helper()
+	writeLeaf(t, ca, dst, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "system:kelp-controller"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+}
+
+// writeLeaf writes to dst a new key and a certificate of it from
+// template, valid for an hour, signed by the CA ca.
+func writeLeaf(t *testing.T, ca, dst pki.Pair, template *x509.Certificate) {
+	t.Helper()
 	pair, err := tls.LoadX509KeyPair(ca.Cert, ca.Key)
 	if err != nil {
 		t.Fatal(err)
@@ -235,14 +245,9 @@ func writeSharedControllerCert(t *testing.T, ca, dst pki.Pair) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	template := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: "system:kelp-controller"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	template.SerialNumber = big.NewInt(time.Now().UnixNano())
+	template.NotBefore, template.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	template.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, template, caCert, &key.PublicKey, pair.PrivateKey)
 	if err != nil {
 		t.Fatal(err)
@@ -251,11 +256,16 @@ func writeSharedControllerCert(t *testing.T, ca, dst pki.Pair) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for path, data := range map[string][]byte{
-		dst.Cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		dst.Key:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+	// The key first: a reader of the pair in between sees a mismatch, and
+	// tries again when the certificate follows.
+	for _, f := range []struct {
+		path string
+		data []byte
+	}{
+		{dst.Key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})},
+		{dst.Cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})},
 	} {
-		if err := os.WriteFile(path, data, 0o600); err != nil {
+		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 	"github.com/kelp-dev/kelp/internal/token"
 )
@@ -244,12 +246,32 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 			}
 			time.Sleep(5 * time.Second)
 		}
+		// The server comes back as a kelp from before the kubelet CA
+		// upgraded: the agents' kubelets serve certificates of the server
+		// CA, and it has no kubelet CA yet.
+		serverTLS := pki.FilesIn(layout.Server(srv.DataDir).TLS)
+		for _, a := range agents {
+			writeOldKubeletServing(t, serverTLS.ServerCA, a)
+		}
+		for _, f := range []string{serverTLS.KubeletCA.Cert, serverTLS.KubeletCA.Key} {
+			if err := os.Remove(f); err != nil {
+				t.Fatal(err)
+			}
+		}
 		srv.Start("--overlay", backend)
 		srv.WaitReady(startTimeout)
 		waitNodesReady(t, c, 3)
 		if after := podsByNode(t, c, "app=web"); after["agent-2"].Name != target.Name {
 			t.Errorf("the pod on agent-2 was replaced while the server was away: %s", after["agent-2"].Name)
 		}
+		// Until they restart, the apiserver verifies them by the server CA.
+		if err := verifyChain(kubeletChain(t, srv, agents[0]), firstCert(t, serverTLS.ServerCA.Cert)); err != nil {
+			t.Fatalf("agent-1's kubelet does not serve its certificate of the server CA: %v", err)
+		}
+		eventually(t, "logs of the pod on agent-1, whose kubelet serves a certificate of the server CA", func() (bool, error) {
+			out, err := srv.Kubectl("logs", pods["agent-1"].Name)
+			return err == nil && strings.Contains(out, "serving on :8080"), nil
+		})
 	})
 	t.Run("agent restart keeps its pods", func(t *testing.T) {
 		before := pods["agent-1"].Status.ContainerStatuses[0].ContainerID
@@ -261,6 +283,12 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 		if after.Name != pods["agent-1"].Name || len(after.Status.ContainerStatuses) == 0 || after.Status.ContainerStatuses[0].ContainerID != before {
 			t.Errorf("the pod on agent-1 changed across the restart: %s %v", after.Name, after.Status.ContainerStatuses)
 		}
+		// Its join at start gave it a serving certificate of the kubelet CA.
+		checkKubeletServing(t, srv, agents[0])
+		eventually(t, "exec on agent-1 after its restart", func() (bool, error) {
+			out, err := exec("agent-1", "/testapp", "cat", "/etc/hostname")
+			return err == nil && out == pods["agent-1"].Name, nil
+		})
 	})
 	t.Run("a deleted node's routes go", func(t *testing.T) {
 		gone := agents[1]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"net"
 	"net/http"
 	"os"
@@ -129,4 +130,17 @@ func kubeletChain(t *testing.T, srv, node *testcluster.Node) []*x509.Certificate
 		t.Fatalf("dial %s's kubelet: %v", node.Name, err)
 	}
 	return chain
+}
+
+// writeOldKubeletServing gives node's kubelet a serving certificate as
+// kelp issued them before the kubelet CA: signed by the server CA ca, for
+// localhost too.
+func writeOldKubeletServing(t *testing.T, ca pki.Pair, node *testcluster.Node) {
+	t.Helper()
+	writeLeaf(t, ca, pki.NodeFilesIn(layout.Agent(node.DataDir).TLS).KubeletServing, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: node.Name},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{node.Name, "localhost"},
+		IPAddresses: []net.IP{net.ParseIP(node.IP), net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+	})
 }

@@ -131,15 +131,15 @@ func (is issuer) writeKubeletTrust(f Files, cas loadedCAs) error {
 // serverCATrustedForKubeletsUntil is until when the kubelets' clients
 // trust the server CA too, which signed the kubelets' serving
 // certificates before there was a kubelet CA. A cluster made with a
-// kubelet CA has both made at once, and never trusts the server CA for
-// kubelets. One that got its kubelet CA at an upgrade has nodes that have
-// not restarted since, with certificates of the server CA that renew only
-// when due: they live a leaf lifetime at most. The dates are those of the
-// CA certificates, the same on every server of the cluster; after a CA
-// rotation (kelp certificate rotate-ca), which renews every node's
-// certificates, the two are of the same age again.
+// kubelet CA made both at once, and never trusts the server CA for
+// kubelets. One that got its kubelet CA later, at an upgrade, has nodes
+// that have not restarted since, with certificates of the server CA that
+// are renewed only when due: they live a leaf lifetime at most. The dates
+// are those of the CA certificates, the same on every server of the
+// cluster; a CA rotation (kelp certificate rotate-ca), which renews every
+// node's certificates, makes both at once again.
 func serverCATrustedForKubeletsUntil(kubeletCA, serverCA *x509.Certificate) time.Time {
-	if !kubeletCA.NotBefore.After(serverCA.NotBefore.Add(time.Hour)) {
+	if !kubeletCA.NotBefore.After(serverCA.NotBefore) {
 		return time.Time{}
 	}
 	return kubeletCA.NotBefore.Add(backdate + leafValidity)

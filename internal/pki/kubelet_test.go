@@ -143,8 +143,20 @@ func TestKubeletTrust(t *testing.T) {
 	}
 
 	// Once every certificate of before has expired, the server CA goes.
-	run(t, at(cfg, upgrade.Add(leafValidity+time.Minute)))
+	later := upgrade.Add(leafValidity + time.Minute)
+	run(t, at(cfg, later))
 	if got := readFile(t, f.KubeletTrust); !bytes.Equal(got, kubeletPEM) {
 		t.Errorf("a year after the upgrade kubelet-trust.crt holds %d certificates, want the kubelet CA alone", strings.Count(string(got), "BEGIN"))
+	}
+	// So it does at a CA rotation, which renews every node's certificates:
+	// back to an hour after the upgrade, the server CA is trusted, and
+	// after rotate-ca no more.
+	run(t, at(cfg, upgrade.Add(time.Hour)))
+	if _, err := RotateCA(cfg.Dir, "", upgrade.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	run(t, at(cfg, upgrade.Add(time.Hour)))
+	if got, want := readFile(t, f.KubeletTrust), readFile(t, f.KubeletCA.Cert); !bytes.Equal(got, want) {
+		t.Errorf("after rotate-ca kubelet-trust.crt holds %d certificates, want the kubelet CA file alone (%d)", strings.Count(string(got), "BEGIN"), strings.Count(string(want), "BEGIN"))
 	}
 }
