@@ -33,14 +33,16 @@ type CertStatus struct {
 }
 
 // Check reads every certificate under dir (a server's tls directory or a
-// node's) and says how long each has left.
+// node's) and says how long each has left. kubelet-trust.crt only repeats
+// CA files, which are listed themselves.
 func Check(dir string, now time.Time) ([]CertStatus, error) {
 	var out []CertStatus
+	repeats := filepath.Base(FilesIn(dir).KubeletTrust)
 	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() || !strings.HasSuffix(path, ".crt") {
+		if d.IsDir() || !strings.HasSuffix(path, ".crt") || d.Name() == repeats {
 			return nil
 		}
 		data, err := os.ReadFile(path)

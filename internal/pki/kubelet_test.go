@@ -142,6 +142,18 @@ func TestKubeletTrust(t *testing.T) {
 		}
 	}
 
+	// kelp certificate check lists the CAs from their own files, not as
+	// a CA that trusts another until rotate-ca --finish.
+	statuses, err := Check(cfg.Dir, upgrade)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range statuses {
+		if st.Path == f.KubeletTrust {
+			t.Errorf("kelp certificate check lists %s: %+v", st.Path, st)
+		}
+	}
+
 	// Once every certificate of before has expired, the server CA goes.
 	later := upgrade.Add(leafValidity + time.Minute)
 	run(t, at(cfg, later))
