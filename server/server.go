@@ -294,12 +294,13 @@ func pkiConfig(cfg config.Server) pki.Config {
 		ips = append(ips, net.IP(ip.AsSlice()))
 	}
 	return pki.Config{
-		Dir:           layout.Server(cfg.DataDir).TLS,
-		Hostname:      cfg.NodeName,
-		IPs:           ips,
-		ExtraSANs:     cfg.TLSSANs,
-		ServiceIP:     net.IP(cfg.FirstServiceIP().AsSlice()),
-		ClusterDomain: cfg.ClusterDomain,
+		SharedDatastore: !singleServer(cfg),
+		Dir:             layout.Server(cfg.DataDir).TLS,
+		Hostname:        cfg.NodeName,
+		IPs:             ips,
+		ExtraSANs:       cfg.TLSSANs,
+		ServiceIP:       net.IP(cfg.FirstServiceIP().AsSlice()),
+		ClusterDomain:   cfg.ClusterDomain,
 	}
 }
 

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // The kubelets' serving certificates have a CA of their own, KubeletCA,
@@ -107,6 +110,20 @@ func kubeletCAMissing(f Files) (bool, error) {
 	}
 	data, err := readOptional(f.ServerCA.Cert)
 	return data != nil, err
+}
+
+// copyCA writes the certificate and key of CA from into the files of to.
+func copyCA(from, to Pair) error {
+	for _, f := range [][2]string{{from.Cert, to.Cert}, {from.Key, to.Key}} {
+		data, err := os.ReadFile(f[0])
+		if err != nil {
+			return fmt.Errorf("pki: %w", err)
+		}
+		if err := atomicfile.Write(f[1], data, 0o600); err != nil {
+			return fmt.Errorf("pki: %w", err)
+		}
+	}
+	return nil
 }
 
 // writeKubeletTrust writes what the kubelets' clients verify them with:

@@ -123,12 +123,12 @@ func TestKubeletTrust(t *testing.T) {
 	if want := append(slices.Clone(kubeletPEM), serverPEM...); !bytes.Equal(trust, want) {
 		t.Errorf("after an upgrade kubelet-trust.crt holds %q, want the kubelet CA and the server CA", trust)
 	}
-	var warned bool
+	var said bool
 	for _, e := range hook.AllEntries() {
-		warned = warned || strings.Contains(e.Message, "copy kubelet-ca.crt and kubelet-ca.key")
+		said = said || strings.Contains(e.Message, "made a CA for the kubelets' serving certificates")
 	}
-	if !warned {
-		t.Error("making the kubelet CA of an existing cluster did not say what a cluster of several servers needs")
+	if !said {
+		t.Error("making the kubelet CA of an existing cluster was not logged")
 	}
 	if err := verify(t, readFile(t, f.KubeletServing.Cert), loadCert(t, f.KubeletCA.Cert)); err != nil {
 		t.Errorf("the server's node's serving certificate after the upgrade: %v", err)
@@ -170,5 +170,34 @@ func TestKubeletTrust(t *testing.T) {
 	run(t, at(cfg, upgrade.Add(time.Hour)))
 	if got, want := readFile(t, f.KubeletTrust), readFile(t, f.KubeletCA.Cert); !bytes.Equal(got, want) {
 		t.Errorf("after rotate-ca kubelet-trust.crt holds %d certificates, want the kubelet CA file alone (%d)", strings.Count(string(got), "BEGIN"), strings.Count(string(want), "BEGIN"))
+	}
+}
+
+// A cluster whose servers share its datastore keeps the server CA as its
+// kubelet CA at the upgrade, the same on every server, and a node still
+// gets none of the apiserver's names.
+func TestKubeletCAOfSharedDatastoreUpgrade(t *testing.T) {
+	cfg := testConfig(t)
+	f, _ := run(t, cfg)
+	remove(t, f.KubeletCA.Cert)
+	remove(t, f.KubeletCA.Key)
+	cfg.SharedDatastore = true
+	run(t, cfg)
+	for _, p := range [][2]string{{f.KubeletCA.Cert, f.ServerCA.Cert}, {f.KubeletCA.Key, f.ServerCA.Key}, {f.KubeletTrust, f.ServerCA.Cert}} {
+		if !bytes.Equal(readFile(t, p[0]), readFile(t, p[1])) {
+			t.Errorf("%s differs from %s", p[0], p[1])
+		}
+	}
+	if err := verify(t, readFile(t, f.KubeletServing.Cert), loadCert(t, f.ServerCA.Cert)); err != nil {
+		t.Errorf("the server's node's serving certificate: %v", err)
+	}
+	if _, err := IssueNode(f, "agent-1", []net.IP{cfg.ServiceIP}); err == nil {
+		t.Error("a node got a serving certificate for the service IP")
+	}
+	// A cluster that has its kubelet CA keeps it.
+	kubeletPEM := readFile(t, f.KubeletCA.Cert)
+	run(t, cfg)
+	if !bytes.Equal(readFile(t, f.KubeletCA.Cert), kubeletPEM) {
+		t.Error("a second start changed the kubelet CA")
 	}
 }

@@ -41,6 +41,11 @@ type Config struct {
 	// LeafLifetime is how long new leaf certificates live; zero: a year.
 	// Only tests shorten it (see package certrenew).
 	LeafLifetime time.Duration
+	// SharedDatastore says the cluster's servers share its datastore
+	// (embedded etcd or an external one), so that there may be others: an
+	// upgrade then cannot make a kubelet CA on one server alone (see
+	// Ensure).
+	SharedDatastore bool
 }
 
 // Validate reports the first setting Ensure cannot work with.
@@ -210,6 +215,17 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 	if err != nil {
 		return Files{}, err
 	}
+	if newKubeletCA && cfg.SharedDatastore {
+		// Each server would make a CA of its own, and verify only the
+		// kubelets whose certificates it issued. The kubelet CA is the
+		// server CA, as before there was one, on every server alike; the
+		// names a node may ask for are limited all the same.
+		if err := copyCA(f.ServerCA, f.KubeletCA); err != nil {
+			return Files{}, err
+		}
+		newKubeletCA = false
+		log.Info("the kubelets' serving certificates stay signed by the server CA on this cluster, whose servers share its datastore: each would make a kubelet CA of its own; a node still gets no name or address of the apiserver's")
+	}
 	var cas loadedCAs
 	for _, ca := range cas.slots(f) {
 		a, err := is.ensureCA(ca.name, ca.files)
@@ -219,7 +235,7 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		*ca.dst = a
 	}
 	if newKubeletCA {
-		log.WithField("cert", f.KubeletCA.Cert).Warn("made a CA for the kubelets' serving certificates, which the server CA signed before: on a cluster with several servers, copy kubelet-ca.crt and kubelet-ca.key from the first server upgraded into every other server's TLS directory before starting the new kelp there, so that all servers share one")
+		log.WithField("cert", f.KubeletCA.Cert).Info("made a CA for the kubelets' serving certificates, which the server CA signed before")
 	}
 
 	for path, ca := range map[string]*authority{f.ServerCASigner: cas.server, f.ClientCASigner: cas.client, f.KubeletCASigner: cas.kubelet} {
