@@ -1,0 +1,190 @@
+package volumeadmission
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	stdlog "log"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	"k8s.io/client-go/tools/cache"
+	storagehelpers "k8s.io/component-helpers/storage/volume"
+
+	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/pki"
+)
+
+const (
+	// Port is where every server serves the webhook, on loopback only:
+	// the apiserver beside it is its one client.
+	Port = 6446
+	// Path is the webhook's path.
+	Path = "/validate-persistentvolume"
+)
+
+// URL is where an apiserver reaches the webhook of its own server.
+func URL() string {
+	return "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(Port)) + Path
+}
+
+var log = logrus.WithField("component", "volume-admission")
+
+// Config is what the webhook is served with.
+type Config struct {
+	// Client reads claims and storage classes; the server's admin.
+	Client kubernetes.Interface
+	// Serving is the apiserver's serving certificate: signed by the server
+	// CA, which the webhook configuration trusts, and valid for
+	// 127.0.0.1. It is read again when renewed.
+	Serving pki.Pair
+}
+
+// Start listens and serves the webhook until stopped. A port that is
+// taken, or a certificate that does not load, fails here.
+func Start(ctx context.Context, cfg Config) (*component.Running, error) {
+	// The apiserver serves with the same files and reloads them the same
+	// way: on a change seen by fsnotify, and every minute.
+	content, err := dynamiccertificates.NewDynamicServingContentFromFiles("volume-admission", cfg.Serving.Cert, cfg.Serving.Key)
+	if err != nil {
+		return nil, fmt.Errorf("volume admission: load the serving certificate %s: %w", cfg.Serving.Cert, err)
+	}
+	serving := dynamiccertificates.NewDynamicServingCertificateController(&tls.Config{MinVersion: tls.VersionTLS12}, nil, content, nil, nil)
+	content.AddListener(serving)
+	if err := serving.RunOnce(); err != nil {
+		return nil, fmt.Errorf("volume admission: serving certificate %s: %w", cfg.Serving.Cert, err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("volume admission: listen on %s: %w (`ss -ltnp 'sport = %d'` shows who holds it)", addr, err, Port)
+	}
+	log.WithField("address", addr).Debug("serving the volume admission webhook")
+	w := &webhook{client: cfg.Client, listen: ln, content: content, serving: serving}
+	return component.Go("volume admission", w.run), nil
+}
+
+type webhook struct {
+	client  kubernetes.Interface
+	listen  net.Listener
+	content *dynamiccertificates.DynamicCertKeyPairContent
+	serving *dynamiccertificates.DynamicServingCertificateController
+}
+
+func (w *webhook) run(ctx context.Context) error {
+	defer w.listen.Close()
+	go w.content.Run(ctx, 1)
+	go w.serving.Run(1, ctx.Done())
+
+	// Requests are answered from the start, by asking the apiserver,
+	// and from the informers' cache once it has synced: the webhook must
+	// serve before the apiserver is told to call it, and a fresh cluster
+	// has no claim to wait for.
+	factory := informers.NewSharedInformerFactoryWithOptions(w.client, 0, informers.WithTransform(trimClaim))
+	claims := factory.Core().V1().PersistentVolumeClaims()
+	classes := factory.Storage().V1().StorageClasses()
+	claims.Informer()
+	classes.Informer()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	var synced atomic.Bool
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), claims.Informer().HasSynced, classes.Informer().HasSynced) {
+			synced.Store(true)
+		}
+	}()
+	cached := listerSource{claims: claims.Lister(), classes: classes.Lister()}
+	r := &reviewer{
+		cached: func() source {
+			if synced.Load() {
+				return cached
+			}
+			return nil
+		},
+		live: liveSource{w.client},
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle(Path, r)
+	errorLog := log.WriterLevel(logrus.DebugLevel)
+	defer errorLog.Close()
+	srv := &http.Server{
+		Handler:           mux,
+		TLSConfig:         &tls.Config{GetConfigForClient: w.serving.GetConfigForClient, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          stdlog.New(errorLog, "", 0),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTLS(w.listen, "", "") }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve the volume admission webhook: %w", err)
+	case <-ctx.Done():
+		shutdown, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := srv.Shutdown(shutdown); err != nil {
+			srv.Close()
+		}
+		return nil
+	}
+}
+
+// trimClaim keeps of a claim what check reads: the server caches every
+// claim of the cluster.
+func trimClaim(obj any) (any, error) {
+	claim, ok := obj.(*corev1.PersistentVolumeClaim)
+	if !ok {
+		return obj, nil
+	}
+	meta := metav1.ObjectMeta{Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID, ResourceVersion: claim.ResourceVersion}
+	for _, k := range []string{storagehelpers.AnnSelectedNode, corev1.BetaStorageClassAnnotation} {
+		if v, ok := claim.Annotations[k]; ok {
+			if meta.Annotations == nil {
+				meta.Annotations = map[string]string{}
+			}
+			meta.Annotations[k] = v
+		}
+	}
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: meta,
+		Spec:       corev1.PersistentVolumeClaimSpec{StorageClassName: claim.Spec.StorageClassName, VolumeName: claim.Spec.VolumeName},
+	}, nil
+}
+
+// listerSource reads the informers' cache.
+type listerSource struct {
+	claims  corelisters.PersistentVolumeClaimLister
+	classes storagelisters.StorageClassLister
+}
+
+func (s listerSource) claim(_ context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
+	return s.claims.PersistentVolumeClaims(namespace).Get(name)
+}
+
+func (s listerSource) class(_ context.Context, name string) (*storagev1.StorageClass, error) {
+	return s.classes.Get(name)
+}
+
+// liveSource asks the apiserver.
+type liveSource struct{ client kubernetes.Interface }
+
+func (s liveSource) claim(ctx context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
+	return s.client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+func (s liveSource) class(ctx context.Context, name string) (*storagev1.StorageClass, error) {
+	return s.client.StorageV1().StorageClasses().Get(ctx, name, metav1.GetOptions{})
+}
