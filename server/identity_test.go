@@ -13,6 +13,7 @@ import (
 	"math/big"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -157,16 +159,63 @@ func TestNodeControllerIdentity(t *testing.T) {
 	if err := c.CoreV1().PersistentVolumes().Delete(ctx, "identity-server", metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("agent-1's controllers deleting the server's volume: %v, want forbidden", err)
 	}
-	// The grant to create volumes comes with the local-path manifest.
-	eventually(t, "agent-1's controllers creating a volume of their own node", func() (bool, error) {
-		_, err := c.CoreV1().PersistentVolumes().Create(ctx, volume("identity-agent", "agent-1", "agent-1"), metav1.CreateOptions{})
-		if err != nil {
-			t.Logf("create a volume of agent-1 as its controllers: %v", err)
-		}
-		return err == nil, nil
-	})
+	if _, err := admin.CoreV1().PersistentVolumes().Create(ctx, volume("identity-agent", "agent-1", "agent-1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.CoreV1().PersistentVolumes().Delete(ctx, "identity-agent", metav1.DeleteOptions{}); err != nil {
 		t.Errorf("agent-1's controllers deleting a volume of their own node: %v", err)
+	}
+
+	// A node's volume pre-bound to a claim binds it, and the claim's pod
+	// follows the volume to that node: a node may make volumes only for
+	// the claims the scheduler placed on it (the volumes webhook). Here
+	// agent-1 tries to pull another namespace's pending claims to itself.
+	claim := func(namespace, name, placedOn string) *corev1.PersistentVolumeClaim {
+		cl := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName: ptr.To("local-path"),
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Mi")}},
+			},
+		}
+		if placedOn != "" {
+			cl.Annotations = map[string]string{"volume.kubernetes.io/selected-node": placedOn}
+		}
+		created, err := admin.CoreV1().PersistentVolumeClaims(namespace).Create(ctx, cl, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return created
+	}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "identity-victim"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, placedOn, refusal string }{
+		{"waiting", "", "the scheduler has not placed claim identity-victim/waiting on a node"},
+		{"elsewhere", "elsewhere", "the scheduler placed claim identity-victim/elsewhere on node elsewhere"},
+	} {
+		victim := claim("identity-victim", tc.name, tc.placedOn)
+		steal := volume("identity-steal-"+tc.name, "agent-1", "agent-1")
+		steal.Spec.StorageClassName = "local-path"
+		steal.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: victim.Namespace, Name: victim.Name, UID: victim.UID}
+		_, err := c.CoreV1().PersistentVolumes().Create(ctx, steal, metav1.CreateOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `admission webhook "volumes.node-controllers.kelp.io" denied the request`) || !strings.Contains(err.Error(), tc.refusal) {
+			t.Errorf("agent-1's controllers pre-binding a volume to claim identity-victim/%s (placed on %q): %v, want forbidden by the volumes webhook: %s", tc.name, tc.placedOn, err, tc.refusal)
+		}
+		if _, err := admin.CoreV1().PersistentVolumes().Get(ctx, steal.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("volume %s after the refusal: %v, want none", steal.Name, err)
+		}
+	}
+	// What the scheduler placed on agent-1, agent-1 provisions: through
+	// the same webhook, as its controllers.
+	own := claim("default", "identity-own", "agent-1")
+	eventually(t, "agent-1 provisioning a claim placed on it", func() (bool, error) {
+		got, err := admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, own.Name, metav1.GetOptions{})
+		return err == nil && got.Status.Phase == corev1.ClaimBound && got.Spec.VolumeName == "pvc-"+string(own.UID), err
+	})
+	if err := admin.CoreV1().PersistentVolumeClaims("default").Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
 	}
 
 	// The identity all nodes shared before holds no grant any more.

@@ -9,6 +9,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/metrics"
 	"github.com/kelp-dev/kelp/internal/registries"
+	"github.com/kelp-dev/kelp/internal/volumeadmission"
 )
 
 // preflight catches the mistakes a user can make before anything is
@@ -25,6 +26,7 @@ func preflight(cfg config.Server) error {
 		{Addr: cfg.BindAddress, Port: cfg.HTTPSPort, What: "the apiserver (--https-listen-port)"},
 		{Addr: loopback, Port: 10257, What: "kube-controller-manager"},
 		{Addr: loopback, Port: 10259, What: "kube-scheduler"},
+		{Addr: loopback, Port: volumeadmission.Port, What: "the volume admission webhook"},
 	}
 	if !cfg.Disable.MetricsServer {
 		ports = append(ports, agent.Port{Addr: cfg.BindAddress, Port: metrics.Port, What: "the metrics API (--disable metrics-server if you run metrics-server yourself)"})

@@ -39,6 +39,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/snapshot"
 	"github.com/kelp-dev/kelp/internal/systemobjects"
 	"github.com/kelp-dev/kelp/internal/version"
+	"github.com/kelp-dev/kelp/internal/volumeadmission"
 )
 
 // storeStopReserve is kept of the stop deadline for the datastore, stopped
@@ -171,7 +172,16 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
-	if err := systemobjects.Apply(ctx, admin, systemobjects.Config{DNS: !cfg.Disable.CoreDNS, ClusterDNS: cfg.ClusterDNS}); err != nil {
+	// The volumes webhook serves before its configuration, applied with
+	// the system objects, tells the apiserver to call it.
+	if err := g.Start(volumeadmission.Start(ctx, volumeadmission.Config{Client: admin, Serving: certs.APIServer})); err != nil {
+		return err
+	}
+	serverCA, err := os.ReadFile(certs.ServerCA.Cert)
+	if err != nil {
+		return fmt.Errorf("read the server CA: %w", err)
+	}
+	if err := systemobjects.Apply(ctx, admin, systemobjects.Config{DNS: !cfg.Disable.CoreDNS, ClusterDNS: cfg.ClusterDNS, ServerCA: serverCA}); err != nil {
 		return err
 	}
 	if reencrypt {

@@ -13,6 +13,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/localstorage"
 	"github.com/kelp-dev/kelp/internal/overlay"
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/volumeadmission"
 )
 
 // Names of the ValidatingAdmissionPolicies (and of their bindings) that
@@ -143,8 +144,9 @@ func same(field string) string {
 func quote(s string) string { return "'" + s + "'" }
 
 // applyNodeAdmission applies the policies and their bindings, which deny
-// what they reject everywhere.
-func applyNodeAdmission(ctx context.Context, c kubernetes.Interface) error {
+// what they reject everywhere, and the volumes webhook, whose caBundle is
+// the server CA.
+func applyNodeAdmission(ctx context.Context, c kubernetes.Interface, caBundle []byte) error {
 	for _, p := range []*admissionv1ac.ValidatingAdmissionPolicyApplyConfiguration{nodesPolicy(), volumesPolicy()} {
 		if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Apply(ctx, p, applyOptions()); err != nil {
 			return fmt.Errorf("apply ValidatingAdmissionPolicy %s: %w", *p.Name, err)
@@ -155,5 +157,41 @@ func applyNodeAdmission(ctx context.Context, c kubernetes.Interface) error {
 			return fmt.Errorf("apply ValidatingAdmissionPolicyBinding %s: %w", *p.Name, err)
 		}
 	}
+	if len(caBundle) == 0 {
+		return fmt.Errorf("apply ValidatingWebhookConfiguration %s: no server CA to verify the webhook with", VolumesWebhook)
+	}
+	if _, err := c.AdmissionregistrationV1().ValidatingWebhookConfigurations().Apply(ctx, volumesWebhook(caBundle), applyOptions()); err != nil {
+		return fmt.Errorf("apply ValidatingWebhookConfiguration %s: %w", VolumesWebhook, err)
+	}
 	return nil
+}
+
+// VolumesWebhook names the ValidatingWebhookConfiguration that sends the
+// volumes nodes' controllers create to the kelp beside each apiserver
+// (internal/volumeadmission), which checks the claim a volume is pre-bound
+// to: a policy cannot look it up.
+const VolumesWebhook = "kelp-node-controllers-volumes"
+
+// volumesWebhookName is the webhook's own name, which the apiserver's
+// refusals quote.
+const volumesWebhookName = "volumes.node-controllers.kelp.io"
+
+// volumesWebhook calls https://127.0.0.1: every apiserver calls the kelp
+// that runs it, so servers need no Service and no address of each other,
+// and the server CA, in caBundle, verifies the apiserver's own serving
+// certificate, which that kelp serves it with. It matches only the
+// creates of nodes' controllers, so no other request waits for it.
+func volumesWebhook(caBundle []byte) *admissionv1ac.ValidatingWebhookConfigurationApplyConfiguration {
+	return admissionv1ac.ValidatingWebhookConfiguration(VolumesWebhook).WithWebhooks(admissionv1ac.ValidatingWebhook().
+		WithName(volumesWebhookName).
+		WithClientConfig(admissionv1ac.WebhookClientConfig().WithURL(volumeadmission.URL()).WithCABundle(caBundle...)).
+		WithRules(admissionv1ac.RuleWithOperations().
+			WithAPIGroups("").WithAPIVersions("v1").WithResources("persistentvolumes").WithScope(admissionregistrationv1.ClusterScope).
+			WithOperations(admissionregistrationv1.Create)).
+		WithMatchPolicy(admissionregistrationv1.Equivalent).
+		WithMatchConditions(admissionv1ac.MatchCondition().WithName("node-controllers").WithExpression(nodeControllerCondition)).
+		WithFailurePolicy(admissionregistrationv1.Fail).
+		WithSideEffects(admissionregistrationv1.SideEffectClassNone).
+		WithTimeoutSeconds(5).
+		WithAdmissionReviewVersions("v1"))
 }

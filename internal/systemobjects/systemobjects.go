@@ -40,6 +40,9 @@ type Config struct {
 	DNS bool
 	// ClusterDNS is the cluster DNS address; required with DNS.
 	ClusterDNS netip.Addr
+	// ServerCA is the server CA bundle (PEM), which the apiservers verify
+	// the volumes webhook with; required.
+	ServerCA []byte
 }
 
 // Apply makes kelp's objects what this version defines: missing ones are
@@ -52,9 +55,10 @@ func Apply(ctx context.Context, c kubernetes.Interface, cfg Config) error {
 			return err
 		}
 	}
-	// The policies go first: the grant to each node's identity must not
-	// be in force before the rule that keeps it to its own node.
-	if err := applyNodeAdmission(ctx, c); err != nil {
+	// The policies and the webhook go first: the grant to each node's
+	// identity must not be in force before the rules that keep it to its
+	// own node.
+	if err := applyNodeAdmission(ctx, c, cfg.ServerCA); err != nil {
 		return err
 	}
 	for _, r := range []boundClusterRole{joinAPIAccess(), controllerAccess()} {

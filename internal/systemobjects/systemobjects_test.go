@@ -17,7 +17,11 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-var withDNS = Config{DNS: true, ClusterDNS: netip.MustParseAddr("10.43.0.10")}
+// serverCA stands for the server CA bundle, which Apply copies into the
+// volumes webhook's caBundle.
+var serverCA = []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+
+var withDNS = Config{DNS: true, ClusterDNS: netip.MustParseAddr("10.43.0.10"), ServerCA: serverCA}
 
 // objects are every object of the kinds kelp applies, by "Kind namespace/name".
 func objects(t *testing.T, c kubernetes.Interface) map[string]metav1.Object {
@@ -66,6 +70,13 @@ func objects(t *testing.T, c kubernetes.Interface) map[string]metav1.Object {
 	}
 	for i := range bindings.Items {
 		add("ValidatingAdmissionPolicyBinding", &bindings.Items[i])
+	}
+	webhooks, err := c.AdmissionregistrationV1().ValidatingWebhookConfigurations().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range webhooks.Items {
+		add("ValidatingWebhookConfiguration", &webhooks.Items[i])
 	}
 	services, err := c.CoreV1().Services("").List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -160,6 +171,7 @@ func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
 		"ValidatingAdmissionPolicy /" + VolumesPolicy,
 		"ValidatingAdmissionPolicyBinding /" + NodesPolicy,
 		"ValidatingAdmissionPolicyBinding /" + VolumesPolicy,
+		"ValidatingWebhookConfiguration /" + VolumesWebhook,
 	}
 	if !reflect.DeepEqual(keys(got), want) {
 		t.Fatalf("objects after Apply:\n%s\nwant:\n%s", strings.Join(keys(got), "\n"), strings.Join(want, "\n"))
@@ -192,7 +204,7 @@ func TestApplyWithoutDNSLeavesKubeDNSAlone(t *testing.T) {
 		Spec:       corev1.ServiceSpec{ClusterIP: "10.43.0.53", Selector: map[string]string{"app": "my-dns"}},
 	}
 	c := fake.NewClientset(own)
-	if err := Apply(ctx, c, Config{}); err != nil {
+	if err := Apply(ctx, c, Config{ServerCA: serverCA}); err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
 	if svc := objects(t, c)["Service kube-system/kube-dns"]; !reflect.DeepEqual(svc, own) {
@@ -211,8 +223,8 @@ func TestApplyAcceptsKubeDNSAtTheClusterDNSAddress(t *testing.T) {
 		if err := Apply(context.Background(), c, withDNS); err != nil {
 			t.Errorf("Apply with kube-dns %v: %v", existing, err)
 		}
-		if got := len(objects(t, c)); got != 8+len(existing) {
-			t.Errorf("Apply with kube-dns %v left %d objects, want kelp's 8 and the Service", existing, got)
+		if got := len(objects(t, c)); got != 9+len(existing) {
+			t.Errorf("Apply with kube-dns %v left %d objects, want kelp's 9 and the Service", existing, got)
 		}
 	}
 }
@@ -229,7 +241,7 @@ func TestApplyRefusesToMoveKubeDNS(t *testing.T) {
 }
 
 func TestApplyNeedsTheClusterDNSAddress(t *testing.T) {
-	if err := Apply(context.Background(), fake.NewClientset(), Config{DNS: true}); err == nil {
+	if err := Apply(context.Background(), fake.NewClientset(), Config{DNS: true, ServerCA: serverCA}); err == nil {
 		t.Error("Apply with DNS and no address succeeded")
 	}
 }
