@@ -55,6 +55,22 @@ type Config struct {
 // Start listens and serves the webhook until stopped. A port that is
 // taken, or a certificate that does not load, fails here.
 func Start(ctx context.Context, cfg Config) (*component.Running, error) {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("volume admission: listen on %s: %w (`ss -ltnp 'sport = %d'` shows who holds it)", addr, err, Port)
+	}
+	run, err := serve(cfg, ln)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	log.WithField("address", addr).Debug("serving the volume admission webhook")
+	return component.Go("volume admission", run), nil
+}
+
+// serve is what Start runs on ln.
+func serve(cfg Config, ln net.Listener) (func(context.Context) error, error) {
 	// The apiserver serves with the same files and reloads them the same
 	// way: on a change seen by fsnotify, and every minute.
 	content, err := dynamiccertificates.NewDynamicServingContentFromFiles("volume-admission", cfg.Serving.Cert, cfg.Serving.Key)
@@ -66,14 +82,8 @@ func Start(ctx context.Context, cfg Config) (*component.Running, error) {
 	if err := serving.RunOnce(); err != nil {
 		return nil, fmt.Errorf("volume admission: serving certificate %s: %w", cfg.Serving.Cert, err)
 	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(Port))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("volume admission: listen on %s: %w (`ss -ltnp 'sport = %d'` shows who holds it)", addr, err, Port)
-	}
-	log.WithField("address", addr).Debug("serving the volume admission webhook")
 	w := &webhook{client: cfg.Client, listen: ln, content: content, serving: serving}
-	return component.Go("volume admission", w.run), nil
+	return w.run, nil
 }
 
 type webhook struct {
