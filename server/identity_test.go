@@ -56,7 +56,8 @@ func controllerClient(t *testing.T, n *testcluster.Node) kubernetes.Interface {
 // write only their own Node's kelp annotations and their own node's
 // local-path volumes: with one node's controller credentials another
 // node's addresses, overlay annotations, labels or schedulability cannot
-// be changed, nor its volumes made or deleted.
+// be changed, nor its volumes made or deleted, nor a volume pre-bound to
+// a claim the scheduler did not place on that node.
 func TestNodeControllerIdentity(t *testing.T) {
 	t.Parallel()
 	srv, agent := serverAndAgent(t, nil)
