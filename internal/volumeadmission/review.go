@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
+	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +26,10 @@ import (
 // maxReview caps the AdmissionReview read: a PersistentVolume is small,
 // and the apiserver refuses objects of more than 3 MiB anyway.
 const maxReview = 3 << 20
+
+// refusals samples the refusals logged: a node that keeps trying must not
+// fill the server's log. The node sees each refusal in its own.
+var refusals = rate.Sometimes{First: 5, Interval: time.Minute}
 
 // sharedControllerUser is the identity every node's controllers shared
 // before each node had its own: the prefix with no node. It names no
@@ -71,7 +77,9 @@ func (r *reviewer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if err := r.review(req.Context(), review.Request); err != nil {
 		resp.Allowed = false
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: err.Error()}
-		log.WithField("user", review.Request.UserInfo.Username).WithError(err).Warn("refused a volume")
+		refusals.Do(func() {
+			log.WithField("user", review.Request.UserInfo.Username).WithError(err).Warn("refused a volume (further refusals are logged once a minute)")
+		})
 	}
 	review.Request = nil
 	review.Response = resp
