@@ -447,7 +447,7 @@ func switchOver(db, staging, stamp, fromKind, toKind, snap string, member EtcdMe
 	switch fromKind {
 	case KindSQLite:
 		base := filepath.Join(db, stateDBName)
-		kept = base + beforeMigrateInfix + stamp
+		kept = FreePath(base+beforeMigrateInfix+stamp, "", "-wal", "-shm")
 		// The WAL goes with it: a new database must not replay it.
 		for _, suffix := range []string{"", "-wal", "-shm"} {
 			if err := os.Rename(base+suffix, kept+suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -456,7 +456,7 @@ func switchOver(db, staging, stamp, fromKind, toKind, snap string, member EtcdMe
 		}
 	case KindEtcd:
 		live := filepath.Join(db, etcdDirName)
-		kept = live + beforeMigrateInfix + stamp
+		kept = FreePath(live + beforeMigrateInfix + stamp)
 		if err := os.Rename(live, kept); err != nil {
 			return "", fmt.Errorf("keep the embedded etcd as %s: %w; move it away by hand before starting the server", kept, err)
 		}

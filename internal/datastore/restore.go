@@ -54,7 +54,7 @@ func RestoreEtcd(dataDir, path string, member EtcdMember) (backup string, err er
 	}
 	live := filepath.Join(db, etcdDirName)
 	if _, err := os.Stat(live); err == nil {
-		backup = live + ".before-restore-" + stamp
+		backup = FreePath(live + ".before-restore-" + stamp)
 		if err := os.Rename(live, backup); err != nil {
 			os.RemoveAll(staging)
 			return "", fmt.Errorf("move %s aside: %w; nothing was changed", live, err)

@@ -60,7 +60,9 @@ func quickCheck(ctx context.Context, path string) ([]string, error) {
 	// creates empty -wal and -shm files beside it, though; when there is no
 	// WAL or rollback journal to read, immutable=1 avoids that, and is exact,
 	// because then the database file alone holds all the data.
-	params := "mode=ro"
+	// A lock another connection holds a moment (a checkpoint, a copy by
+	// kelp snapshot save) is waited for, as kine waits for its own.
+	params := "mode=ro&_pragma=busy_timeout(10000)"
 	if !exists(path+"-wal") && !exists(path+"-journal") {
 		params += "&immutable=1"
 	}

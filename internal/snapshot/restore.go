@@ -55,7 +55,7 @@ func (d Dir) Restore(path string, force bool) (Restored, error) {
 	defer os.Remove(tmp) // gone once renamed
 
 	r := Restored{DB: db}
-	backup := db + ".before-restore-" + time.Now().UTC().Format(timeFormat)
+	backup := datastore.FreePath(db+".before-restore-"+time.Now().UTC().Format(timeFormat), "", "-wal", "-shm", "-journal")
 	// The WAL and shared-memory files belong to the database beside them;
 	// moved together, the backup stays a database SQLite can open.
 	for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {

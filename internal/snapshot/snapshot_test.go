@@ -646,3 +646,25 @@ func TestToPrune(t *testing.T) {
 		})
 	}
 }
+
+// Two restores within one second keep both databases they replaced: the
+// second backup does not overwrite the first.
+func TestRestoreTwiceKeepsBothBackups(t *testing.T) {
+	d, m := savedSQLite(t)
+	first, err := d.Restore(filepath.Join(d.path(), m.Name), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := d.Restore(filepath.Join(d.path(), m.Name), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Backup == "" || first.Backup == second.Backup {
+		t.Fatalf("backups %q and %q: want two", first.Backup, second.Backup)
+	}
+	for _, b := range []string{first.Backup, second.Backup} {
+		if _, err := os.Stat(b); err != nil {
+			t.Errorf("backup %s: %v", b, err)
+		}
+	}
+}
