@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 // Agent is the validated configuration of a node: its own settings and
@@ -78,7 +80,7 @@ func (in *AgentInput) Parse(host Host) (Join, error) {
 	case err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/"):
 		check(fmt.Errorf("--server %q: want https://<server>:6443", in.server))
 	}
-	j.Token, err = secret("token", in.token, "token-file", in.tokenFile)
+	j.Token, err = token.FromFlagOrFile("token", in.token, "token-file", in.tokenFile)
 	check(err)
 	if j.Token == "" && len(errs) == 0 {
 		check(errors.New("a join token is required: --token, --token-file or KELP_TOKEN, from the server's <data-dir>/server/token"))

@@ -5,22 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-
-	"github.com/kelp-dev/kelp/internal/token"
 )
-
-// secret is a secret given either as the value of --flag or in the file
-// that --fileFlag names.
-func secret(flag, value, fileFlag, file string) (string, error) {
-	value = strings.TrimSpace(value)
-	switch {
-	case file == "":
-		return value, nil
-	case value != "":
-		return "", fmt.Errorf("--%s and --%s exclude each other", flag, fileFlag)
-	}
-	return token.ReadFile("--"+fileFlag, file)
-}
 
 // secretFlags are the flags whose values are secrets, each with where the
 // secret goes instead: every user of the machine reads a command line in

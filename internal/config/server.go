@@ -235,9 +235,9 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		},
 	}
 	var err error
-	s.Token, err = secret("token", in.token, "token-file", in.tokenFile)
+	s.Token, err = token.FromFlagOrFile("token", in.token, "token-file", in.tokenFile)
 	check(err)
-	s.AgentToken, err = secret("agent-token", in.agentToken, "agent-token-file", in.agentTokenFile)
+	s.AgentToken, err = token.FromFlagOrFile("agent-token", in.agentToken, "agent-token-file", in.agentTokenFile)
 	check(err)
 	for _, d := range List(in.disable.Value()) {
 		switch d {

@@ -209,12 +209,5 @@ func Command() *cli.Command {
 
 // restoreToken is the server token given to a restore, if any.
 func restoreToken(c *cli.Context) (string, error) {
-	file := c.String("token-file")
-	if file == "" {
-		return c.String("token"), nil
-	}
-	if c.IsSet("token") {
-		return "", errors.New("--token and --token-file exclude each other")
-	}
-	return token.ReadFile("--token-file", file)
+	return token.FromFlagOrFile("token", c.String("token"), "token-file", c.String("token-file"))
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"strings"
 
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -74,11 +73,11 @@ func serverKey(dataDir string) (macKey, error) {
 }
 
 func tokenSecret(path string) (string, error) {
-	data, err := os.ReadFile(path)
+	data, err := token.ReadFile("the server token", path)
 	if err != nil {
 		return "", err
 	}
-	t, err := token.Parse(string(data), token.ServerUser)
+	t, err := token.Parse(data, token.ServerUser)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)
 	}

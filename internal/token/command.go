@@ -1,7 +1,6 @@
 package token
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -97,15 +96,9 @@ func Command() *cli.Command {
 					&cli.StringFlag{Name: "new-token", Usage: "the new secret (default: a random one); --new-token-file keeps it out of ps"},
 					&cli.StringFlag{Name: "new-token-file", Usage: "file holding the new secret"}),
 				Action: func(c *cli.Context) error {
-					secret := c.String("new-token")
-					if file := c.String("new-token-file"); file != "" {
-						if secret != "" {
-							return errors.New("--new-token and --new-token-file exclude each other")
-						}
-						var err error
-						if secret, err = ReadFile("--new-token-file", file); err != nil {
-							return err
-						}
+					secret, err := FromFlagOrFile("new-token", c.String("new-token"), "new-token-file", c.String("new-token-file"))
+					if err != nil {
+						return err
 					}
 					if err := CheckChosen("--new-token", secret); err != nil {
 						return err

@@ -26,3 +26,16 @@ func ReadFile(flag, path string) (string, error) {
 	}
 	return s, nil
 }
+
+// FromFlagOrFile is a secret given either as the value of --flag or in the
+// file that --fileFlag names (ReadFile), never both.
+func FromFlagOrFile(flag, value, fileFlag, file string) (string, error) {
+	value = strings.TrimSpace(value)
+	switch {
+	case file == "":
+		return value, nil
+	case value != "":
+		return "", fmt.Errorf("--%s and --%s exclude each other", flag, fileFlag)
+	}
+	return ReadFile("--"+fileFlag, file)
+}
