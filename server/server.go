@@ -186,7 +186,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	}
 	if reencrypt {
 		if err := g.Go("secrets re-encryption", func(ctx context.Context) error {
-			reencryptSecrets(ctx, encryption, admin, store.Backend())
+			reencryptSecrets(ctx, cfg.DataDir, admin, store.Backend())
 			<-ctx.Done()
 			return nil
 		}); err != nil {
@@ -374,8 +374,8 @@ func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
 // runs), and refuses to start a server that shares its datastore, whose
 // other servers must encrypt too.
 func secretsEncryption(cfg config.Server, fromCluster []byte) (path string, reencrypt bool, err error) {
-	path = layout.Server(cfg.DataDir).EncryptionConfig
-	pending := path + reencryptPendingSuffix
+	paths := layout.Server(cfg.DataDir)
+	path, pending := paths.EncryptionConfig, paths.ReencryptPending
 	current, ok, err := secretsencrypt.Load(path)
 	switch {
 	case err != nil:
@@ -410,17 +410,14 @@ func secretsEncryption(cfg config.Server, fromCluster []byte) (path string, reen
 	return path, statErr == nil, err
 }
 
-// reencryptPendingSuffix marks, beside the encryption configuration, a
-// server whose Secrets are to be rewritten with the key that now writes.
-const reencryptPendingSuffix = ".reencrypt-pending"
-
 // reencryptSecrets rewrites the Secrets stored otherwise than with the key
 // that writes, then removes the mark secretsEncryption left. A failure is
 // logged and the mark kept, so that the next start tries again.
-func reencryptSecrets(ctx context.Context, path string, admin kubernetes.Interface, be datastore.Backend) {
-	counts, err := secretsencrypt.Reencrypt(ctx, path, admin, be)
+func reencryptSecrets(ctx context.Context, dataDir string, admin kubernetes.Interface, be datastore.Backend) {
+	paths := layout.Server(dataDir)
+	counts, err := secretsencrypt.Reencrypt(ctx, paths.EncryptionConfig, admin, be)
 	if err == nil {
-		err = os.Remove(path + reencryptPendingSuffix)
+		err = os.Remove(paths.ReencryptPending)
 	}
 	if err != nil {
 		if ctx.Err() == nil {

@@ -121,18 +121,12 @@ func freePort(t *testing.T) int {
 	return freePorts(t, 1)[0]
 }
 
-// freePorts returns n distinct ports free on 127.0.0.1: each is held until
-// all are found, so that two calls in a row cannot return the same one.
+// freePorts returns n distinct ports free on 127.0.0.1 (freeLocalPorts).
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	ports, err := freeLocalPorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ports
 }

@@ -86,8 +86,10 @@ type ServerPaths struct {
 	// Files kelp writes for the apiserver: its default audit policy, its
 	// admission plugins' and its authenticators' configuration.
 	AuditPolicy, AdmissionConfig, AuthenticationConfig string
-	// EncryptionConfig holds the keys Secrets are encrypted with.
-	EncryptionConfig string
+	// EncryptionConfig holds the keys Secrets are encrypted with;
+	// ReencryptPending marks a server whose Secrets are still to be
+	// rewritten with the key that writes.
+	EncryptionConfig, ReencryptPending string
 	// Manifests are applied to the cluster while their files exist;
 	// StaticCharts are Helm charts served at /static/charts/.
 	Manifests, StaticCharts string
@@ -112,6 +114,7 @@ func Server(dataDir string) ServerPaths {
 		AdmissionConfig:             filepath.Join(dir, "etc", "admission.yaml"),
 		AuthenticationConfig:        filepath.Join(dir, "etc", "authentication.yaml"),
 		EncryptionConfig:            filepath.Join(cred, "encryption-config.json"),
+		ReencryptPending:            filepath.Join(cred, "encryption-config.json.reencrypt-pending"),
 		Manifests:                   filepath.Join(dir, "manifests"),
 		StaticCharts:                filepath.Join(dir, "static", "charts"),
 		AdminKubeconfig:             filepath.Join(cred, "admin.kubeconfig"),
