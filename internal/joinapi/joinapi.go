@@ -17,6 +17,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -176,7 +177,11 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Before the name is claimed: a refused join leaves nothing behind.
-	if err := pki.CheckKubeletSANs(s.cfg.Certs, req.NodeName, ips); err != nil {
+	servers, err := s.apiserverIPs(r.Context())
+	if err == nil {
+		err = pki.CheckKubeletSANs(s.cfg.Certs, req.NodeName, ips, servers)
+	}
+	if err != nil {
 		if !errors.Is(err, pki.ErrKubeletSANs) {
 			http.Error(w, "could not issue the node's certificates", http.StatusInternalServerError)
 			log.WithError(err).WithField("node", req.NodeName).Error("join failed")
@@ -468,6 +473,32 @@ func ClaimServerNode(ctx context.Context, c kubernetes.Interface, node string) e
 		return fmt.Errorf("claim the node name %s for this server: %w", node, err)
 	}
 	return nil
+}
+
+// apiserverIPs are the addresses of every apiserver of the cluster, as
+// the kubernetes Service's EndpointSlices list them: no node's serving
+// certificate may name one, also where the servers share a CA for
+// kubelets and apiservers (pki.Config.SharedDatastore).
+func (s *joinAPI) apiserverIPs(ctx context.Context) ([]net.IP, error) {
+	c, err := s.kube()
+	if err != nil {
+		return nil, err
+	}
+	slices, err := c.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=kubernetes"})
+	if err != nil {
+		return nil, fmt.Errorf("list the apiservers' addresses: %w", err)
+	}
+	var ips []net.IP
+	for _, slice := range slices.Items {
+		for _, e := range slice.Endpoints {
+			for _, a := range e.Addresses {
+				if ip := net.ParseIP(a); ip != nil {
+					ips = append(ips, ip)
+				}
+			}
+		}
+	}
+	return ips, nil
 }
 
 func (s *joinAPI) kube() (kubernetes.Interface, error) {

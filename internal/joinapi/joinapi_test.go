@@ -20,6 +20,7 @@ import (
 	"github.com/sirupsen/logrus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/authentication/user"
 	genericrequest "k8s.io/apiserver/pkg/endpoints/request"
@@ -441,6 +442,15 @@ func TestJoinServerNodeName(t *testing.T) {
 // kubelet CA, which the server CA its clients trust does not verify.
 func TestJoinServingCertificateNames(t *testing.T) {
 	s, client := testJoinAPI(t)
+	// Another server of the cluster, which this one's certificate does
+	// not name.
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(t.Context(), &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "kubernetes", Labels: map[string]string{discoveryv1.LabelServiceName: "kubernetes"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.99.0.7"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	many := make([]string, 200)
 	for i := range many {
 		many[i] = fmt.Sprintf("10.99.%d.%d", i/250, 1+i%250)
@@ -451,6 +461,7 @@ func TestJoinServingCertificateNames(t *testing.T) {
 		want string
 	}{
 		{"the apiserver's service IP", JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.43.0.1"}}, "10.43.0.1 (an address of the apiserver)"},
+		{"another server's address", JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.99.0.7"}}, "10.99.0.7 (an address of the apiserver)"},
 		{"localhost", JoinRequest{NodeName: "localhost"}, "localhost (a loopback name)"},
 		{"127.0.0.1", JoinRequest{NodeName: "agent-1", NodeIPs: []string{"127.0.0.1"}}, "127.0.0.1 (a loopback address)"},
 		{"a name of the apiserver", JoinRequest{NodeName: "kubernetes.default.svc.cluster.local"}, "(a name of the apiserver)"},

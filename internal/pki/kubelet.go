@@ -1,15 +1,13 @@
 package pki
 
 import (
+	"bytes"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"time"
-
-	"github.com/kelp-dev/kelp/internal/atomicfile"
 )
 
 // The kubelets' serving certificates have a CA of their own, KubeletCA,
@@ -42,8 +40,9 @@ func kubeletSANs(name string, ips []net.IP) []string {
 // CheckKubeletSANs refuses a serving certificate for the node name with
 // the addresses ips that would name more than the node: a name or address
 // of the apiserver (those its serving certificate in f holds, the
-// kubernetes Service's names), loopback, or more than MaxKubeletSANs.
-func CheckKubeletSANs(f Files, name string, ips []net.IP) error {
+// kubernetes Service's names, and servers, the addresses of the cluster's
+// other apiservers), loopback, or more than MaxKubeletSANs.
+func CheckKubeletSANs(f Files, name string, ips, servers []net.IP) error {
 	sans := kubeletSANs(name, ips)
 	if len(sans) > MaxKubeletSANs {
 		return fmt.Errorf("%w: node %q asks for %d names and addresses, at most %d are allowed: give it fewer --node-ip", ErrKubeletSANs, name, len(sans), MaxKubeletSANs)
@@ -62,6 +61,9 @@ func CheckKubeletSANs(f Files, name string, ips []net.IP) error {
 	apiserverSANs := map[string]bool{}
 	for _, s := range certSANs(apiserver) {
 		apiserverSANs[s] = true
+	}
+	for _, ip := range servers {
+		apiserverSANs[ip.String()] = true
 	}
 	var refused []string
 	for _, s := range sans {
@@ -112,18 +114,32 @@ func kubeletCAMissing(f Files) (bool, error) {
 	return data != nil, err
 }
 
-// copyCA writes the certificate and key of CA from into the files of to.
-func copyCA(from, to Pair) error {
-	for _, f := range [][2]string{{from.Cert, to.Cert}, {from.Key, to.Key}} {
-		data, err := os.ReadFile(f[0])
-		if err != nil {
-			return fmt.Errorf("pki: %w", err)
-		}
-		if err := atomicfile.Write(f[1], data, 0o600); err != nil {
-			return fmt.Errorf("pki: %w", err)
-		}
+// copyServerCA makes the kubelet CA a copy of the server CA, when the
+// kubelet CA's certificate is missing and its key is missing too or is
+// the server CA's: an earlier copy cut short. The key goes first, as
+// ensureCA writes a CA, so that a crash leaves what the next start copies
+// again. It says whether it copied.
+func copyServerCA(f Files) (bool, error) {
+	cert, err := readOptional(f.KubeletCA.Cert)
+	if err != nil || cert != nil {
+		return false, err
 	}
-	return nil
+	key, err := readOptional(f.KubeletCA.Key)
+	if err != nil {
+		return false, err
+	}
+	serverKey, err := readOptional(f.ServerCA.Key)
+	if err != nil || serverKey == nil || (key != nil && !bytes.Equal(key, serverKey)) {
+		return false, err
+	}
+	serverCert, err := readOptional(f.ServerCA.Cert)
+	if err != nil || serverCert == nil {
+		return false, err
+	}
+	if err := writeFile(f.KubeletCA.Key, serverKey); err != nil {
+		return false, err
+	}
+	return true, writeFile(f.KubeletCA.Cert, serverCert)
 }
 
 // writeKubeletTrust writes what the kubelets' clients verify them with:

@@ -194,6 +194,12 @@ func TestKubeletCAOfSharedDatastoreUpgrade(t *testing.T) {
 	if _, err := IssueNode(f, "agent-1", []net.IP{cfg.ServiceIP}); err == nil {
 		t.Error("a node got a serving certificate for the service IP")
 	}
+	// A copy cut short after the key is copied again.
+	remove(t, f.KubeletCA.Cert)
+	run(t, cfg)
+	if !bytes.Equal(readFile(t, f.KubeletCA.Cert), readFile(t, f.ServerCA.Cert)) {
+		t.Error("a copy cut short left a kubelet CA that is not the server CA")
+	}
 	// A cluster that has its kubelet CA keeps it.
 	kubeletPEM := readFile(t, f.KubeletCA.Cert)
 	run(t, cfg)

@@ -114,7 +114,7 @@ func (f NodeFiles) Write(serverCA, clientCA []byte, certs NodeCerts) error {
 // ips, with the CAs in f, as long-lived as the server's own leaves. It
 // refuses addresses CheckKubeletSANs refuses (ErrKubeletSANs).
 func IssueNode(f Files, name string, ips []net.IP) (NodeCerts, error) {
-	if err := CheckKubeletSANs(f, name, ips); err != nil {
+	if err := CheckKubeletSANs(f, name, ips, nil); err != nil {
 		return NodeCerts{}, err
 	}
 	is := issuer{now: time.Now().UTC(), lifetime: f.leafLifetime(), log: logrus.WithField("component", "pki")}

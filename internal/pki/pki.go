@@ -211,20 +211,22 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 		return Files{}, err
 	}
 
-	newKubeletCA, err := kubeletCAMissing(f)
-	if err != nil {
-		return Files{}, err
-	}
-	if newKubeletCA && cfg.SharedDatastore {
+	if cfg.SharedDatastore {
 		// Each server would make a CA of its own, and verify only the
 		// kubelets whose certificates it issued. The kubelet CA is the
 		// server CA, as before there was one, on every server alike; the
 		// names a node may ask for are limited all the same.
-		if err := copyCA(f.ServerCA, f.KubeletCA); err != nil {
+		copied, err := copyServerCA(f)
+		if err != nil {
 			return Files{}, err
 		}
-		newKubeletCA = false
-		log.Info("the kubelets' serving certificates stay signed by the server CA on this cluster, whose servers share its datastore: each would make a kubelet CA of its own; a node still gets no name or address of the apiserver's")
+		if copied {
+			log.Info("the kubelets' serving certificates stay signed by the server CA on this cluster, whose servers share its datastore: each would make a kubelet CA of its own; a node still gets no name or address of the apiserver's")
+		}
+	}
+	newKubeletCA, err := kubeletCAMissing(f)
+	if err != nil {
+		return Files{}, err
 	}
 	var cas loadedCAs
 	for _, ca := range cas.slots(f) {
