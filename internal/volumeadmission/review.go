@@ -14,9 +14,9 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	storagehelpers "k8s.io/component-helpers/storage/volume"
 
 	"github.com/kelp-dev/kelp/internal/localstorage"
@@ -27,30 +27,23 @@ import (
 // and the apiserver refuses objects of more than 3 MiB anyway.
 const maxReview = 3 << 20
 
-// refusals samples the refusals logged: a node that keeps trying must not
-// fill the server's log. The node sees each refusal in its own.
-var refusals = rate.Sometimes{First: 5, Interval: time.Minute}
-
 // sharedControllerUser is the identity every node's controllers shared
 // before each node had its own: the prefix with no node. It names no
 // node, so it may create no volume.
 var sharedControllerUser = strings.TrimSuffix(pki.ControllerUserPrefix, ":")
 
-// source is where the reviewer reads claims and classes; a missing one is
-// a NotFound error.
-type source interface {
-	claim(ctx context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error)
-	class(ctx context.Context, name string) (*storagev1.StorageClass, error)
+// reviewer decides on the volumes nodes' controllers create. It asks the
+// apiserver: such creates are rare, and come as soon as the scheduler
+// placed the claim, before a cache would have seen it.
+type reviewer struct {
+	client kubernetes.Interface
+	// refusals samples the refusals logged: a node that keeps trying must
+	// not fill the server's log. The node sees each refusal in its own.
+	refusals *rate.Sometimes
 }
 
-// reviewer decides on the volumes nodes' controllers create.
-type reviewer struct {
-	// cached answers from informers once they synced, or is nil until
-	// then; live asks the apiserver. A refusal on cached data is checked
-	// again live: the scheduler places a claim and its node provisions it
-	// at once, and the cache may not have seen the placement yet.
-	cached func() source
-	live   source
+func newReviewer(client kubernetes.Interface) *reviewer {
+	return &reviewer{client: client, refusals: &rate.Sometimes{First: 5, Interval: time.Minute}}
 }
 
 // ServeHTTP answers an AdmissionReview (admission.k8s.io/v1).
@@ -77,7 +70,7 @@ func (r *reviewer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if err := r.review(req.Context(), review.Request); err != nil {
 		resp.Allowed = false
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: err.Error()}
-		refusals.Do(func() {
+		r.refusals.Do(func() {
 			log.WithField("user", review.Request.UserInfo.Username).WithError(err).Warn("refused a volume (further refusals are logged once a minute)")
 		})
 	}
@@ -105,12 +98,7 @@ func (r *reviewer) review(ctx context.Context, req *admissionv1.AdmissionRequest
 	if err := json.Unmarshal(req.Object.Raw, &volume); err != nil {
 		return fmt.Errorf("read the PersistentVolume: %w", err)
 	}
-	if c := r.cached(); c != nil {
-		if check(ctx, c, node, &volume) == nil {
-			return nil
-		}
-	}
-	return check(ctx, r.live, node, &volume)
+	return r.check(ctx, node, &volume)
 }
 
 // requester names the node whose controllers made a request, and says
@@ -128,7 +116,7 @@ func requester(u authenticationv1.UserInfo) (node string, controller bool) {
 // must be pre-bound to a claim that exists with that UID, is not bound,
 // is of a class the local-path provisioner serves (the volume's too), and
 // that the scheduler placed on node.
-func check(ctx context.Context, s source, node string, volume *corev1.PersistentVolume) error {
+func (r *reviewer) check(ctx context.Context, node string, volume *corev1.PersistentVolume) error {
 	deny := func(format string, args ...any) error {
 		return fmt.Errorf("a node's controllers may create only the local-path volume of a claim the scheduler placed on their node: volume %s of %s: %s",
 			volume.Name, pki.ControllerUserPrefix+node, fmt.Sprintf(format, args...))
@@ -138,7 +126,7 @@ func check(ctx context.Context, s source, node string, volume *corev1.Persistent
 		return deny("spec.claimRef does not name a claim by namespace, name and UID")
 	}
 	key := ref.Namespace + "/" + ref.Name
-	claim, err := s.claim(ctx, ref.Namespace, ref.Name)
+	claim, err := r.client.CoreV1().PersistentVolumeClaims(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return deny("claim %s does not exist", key)
@@ -150,7 +138,7 @@ func check(ctx context.Context, s source, node string, volume *corev1.Persistent
 		return deny("claim %s is bound to volume %s already", key, claim.Spec.VolumeName)
 	}
 	className := storagehelpers.GetPersistentVolumeClaimClass(claim)
-	class, err := s.class(ctx, className)
+	class, err := r.client.StorageV1().StorageClasses().Get(ctx, className, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return deny("claim %s is of storage class %q, which does not exist", key, className)

@@ -2,7 +2,6 @@ package volumeadmission
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -15,8 +14,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 )
@@ -150,7 +147,7 @@ func TestReview(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objects := append(tc.claims, class("local-path", "kelp.io/local-path"), class("fast", "kelp.io/local-path"), class("nfs", "example.com/nfs"))
-			r := &reviewer{cached: func() source { return nil }, live: liveSource{fake.NewClientset(objects...)}}
+			r := newReviewer(fake.NewClientset(objects...))
 			got := ask(t, r, tc.user, tc.volume)
 			switch {
 			case tc.refusal == "" && !got.Allowed:
@@ -167,34 +164,8 @@ func TestReview(t *testing.T) {
 	}
 }
 
-// The cache answers once synced; what it refuses is asked again of the
-// apiserver, which may have seen the scheduler place the claim before the
-// cache did.
-func TestReviewChecksRefusalsLive(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	stale := fake.NewClientset(claim(func(c *corev1.PersistentVolumeClaim) { c.Annotations = nil }), class("local-path", "kelp.io/local-path"))
-	factory := informers.NewSharedInformerFactoryWithOptions(stale, 0, informers.WithTransform(trimClaim))
-	cached := listerSource{claims: factory.Core().V1().PersistentVolumeClaims().Lister(), classes: factory.Storage().V1().StorageClasses().Lister()}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	defer cancel()
-	factory.WaitForCacheSync(ctx.Done())
-
-	fresh := fake.NewClientset(claim(), class("local-path", "kelp.io/local-path"))
-	r := &reviewer{cached: func() source { return cached }, live: liveSource{fresh}}
-	if got := ask(t, r, n1, volume()); !got.Allowed {
-		t.Errorf("a claim placed on n1 since the cache synced: refused with %+v", got.Result)
-	}
-
-	bound := fake.NewClientset(claim(func(c *corev1.PersistentVolumeClaim) { c.Spec.VolumeName = "other" }), class("local-path", "kelp.io/local-path"))
-	r = &reviewer{cached: func() source { return cached }, live: liveSource{bound}}
-	if got := ask(t, r, n1, volume()); got.Allowed {
-		t.Error("a claim bound since the cache synced: allowed")
-	}
-}
-
 func TestReviewRefusesWhatIsNotAReview(t *testing.T) {
-	r := &reviewer{cached: func() source { return nil }, live: liveSource{fake.NewClientset()}}
+	r := newReviewer(fake.NewClientset())
 	for _, tc := range []struct {
 		method, body string
 		want         int
@@ -209,23 +180,5 @@ func TestReviewRefusesWhatIsNotAReview(t *testing.T) {
 		if rec.Code != tc.want {
 			t.Errorf("%s %.20q: %d, want %d", tc.method, tc.body, rec.Code, tc.want)
 		}
-	}
-}
-
-// The trimmed claims the server caches keep what the review reads.
-func TestTrimClaimKeepsWhatReviewReads(t *testing.T) {
-	c := claim(func(c *corev1.PersistentVolumeClaim) {
-		c.Spec.VolumeName = "v"
-		c.Annotations["other"] = "x"
-		c.Spec.Resources.Requests = corev1.ResourceList{}
-	})
-	got, err := trimClaim(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc := got.(*corev1.PersistentVolumeClaim)
-	if tc.UID != types.UID("uid-0") || tc.Spec.VolumeName != "v" || *tc.Spec.StorageClassName != "local-path" ||
-		tc.Annotations["volume.kubernetes.io/selected-node"] != "n1" || len(tc.Annotations) != 1 {
-		t.Errorf("trimmed to %+v", tc)
 	}
 }

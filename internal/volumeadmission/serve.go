@@ -8,20 +8,11 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
-	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
-	storagelisters "k8s.io/client-go/listers/storage/v1"
-	"k8s.io/client-go/tools/cache"
-	storagehelpers "k8s.io/component-helpers/storage/volume"
 
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -98,33 +89,7 @@ func (w *webhook) run(ctx context.Context) error {
 	go w.content.Run(ctx, 1)
 	go w.serving.Run(1, ctx.Done())
 
-	// Requests are answered from the start, by asking the apiserver,
-	// and from the informers' cache once it has synced: the webhook must
-	// serve before the apiserver is told to call it, and a fresh cluster
-	// has no claim to wait for.
-	factory := informers.NewSharedInformerFactoryWithOptions(w.client, 0, informers.WithTransform(trimClaim))
-	claims := factory.Core().V1().PersistentVolumeClaims()
-	classes := factory.Storage().V1().StorageClasses()
-	claims.Informer()
-	classes.Informer()
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	var synced atomic.Bool
-	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), claims.Informer().HasSynced, classes.Informer().HasSynced) {
-			synced.Store(true)
-		}
-	}()
-	cached := listerSource{claims: claims.Lister(), classes: classes.Lister()}
-	r := &reviewer{
-		cached: func() source {
-			if synced.Load() {
-				return cached
-			}
-			return nil
-		},
-		live: liveSource{w.client},
-	}
+	r := newReviewer(w.client)
 
 	mux := http.NewServeMux()
 	mux.Handle(Path, r)
@@ -150,51 +115,4 @@ func (w *webhook) run(ctx context.Context) error {
 		}
 		return nil
 	}
-}
-
-// trimClaim keeps of a claim what check reads: the server caches every
-// claim of the cluster.
-func trimClaim(obj any) (any, error) {
-	claim, ok := obj.(*corev1.PersistentVolumeClaim)
-	if !ok {
-		return obj, nil
-	}
-	meta := metav1.ObjectMeta{Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID, ResourceVersion: claim.ResourceVersion}
-	for _, k := range []string{storagehelpers.AnnSelectedNode, corev1.BetaStorageClassAnnotation} {
-		if v, ok := claim.Annotations[k]; ok {
-			if meta.Annotations == nil {
-				meta.Annotations = map[string]string{}
-			}
-			meta.Annotations[k] = v
-		}
-	}
-	return &corev1.PersistentVolumeClaim{
-		ObjectMeta: meta,
-		Spec:       corev1.PersistentVolumeClaimSpec{StorageClassName: claim.Spec.StorageClassName, VolumeName: claim.Spec.VolumeName},
-	}, nil
-}
-
-// listerSource reads the informers' cache.
-type listerSource struct {
-	claims  corelisters.PersistentVolumeClaimLister
-	classes storagelisters.StorageClassLister
-}
-
-func (s listerSource) claim(_ context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
-	return s.claims.PersistentVolumeClaims(namespace).Get(name)
-}
-
-func (s listerSource) class(_ context.Context, name string) (*storagev1.StorageClass, error) {
-	return s.classes.Get(name)
-}
-
-// liveSource asks the apiserver.
-type liveSource struct{ client kubernetes.Interface }
-
-func (s liveSource) claim(ctx context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error) {
-	return s.client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, name, metav1.GetOptions{})
-}
-
-func (s liveSource) class(ctx context.Context, name string) (*storagev1.StorageClass, error) {
-	return s.client.StorageV1().StorageClasses().Get(ctx, name, metav1.GetOptions{})
 }
