@@ -43,6 +43,11 @@ type NodeFiles struct {
 // NetworkPolicy, local storage); RBAC grants it what they read and write.
 const ControllerGroup = "system:kelp-controllers"
 
+// SharedControllerUser is the identity every node's controllers shared
+// before each node had its own; nodes not restarted since an upgrade still
+// present it, and admission lets it write nothing.
+const SharedControllerUser = "system:kelp-controller"
+
 // ControllerUserPrefix starts the name of a node's controllers' identity;
 // the node's name follows it. Admission limits each to its own node's
 // objects by that name (package systemobjects).

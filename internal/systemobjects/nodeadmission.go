@@ -41,12 +41,7 @@ const hostnameLabel = "kubernetes.io/hostname"
 // it, writes no Node or volume.
 var nodeControllerCondition = fmt.Sprintf(
 	"request.userInfo.username == %s || request.userInfo.username.startsWith(%s) || (has(request.userInfo.groups) && %s in request.userInfo.groups)",
-	quote(sharedControllerUser), quote(pki.ControllerUserPrefix), quote(pki.ControllerGroup))
-
-// sharedControllerUser is the identity every node's controllers shared
-// before each node had its own. Nodes that have not restarted since the
-// upgrade still present it.
-const sharedControllerUser = "system:kelp-controller"
+	quote(pki.SharedControllerUser), quote(pki.ControllerUserPrefix), quote(pki.ControllerGroup))
 
 // ownedBy is a CEL expression true when the user is the controllers of the
 // node that name (a CEL string expression) evaluates to.

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 // serverCA stands for the server CA bundle, which Apply copies into the
@@ -255,7 +257,7 @@ func TestApplyTakesTheGrantFromTheSharedControllerIdentity(t *testing.T) {
 	old := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: controllerRole},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: controllerRole},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: sharedControllerUser}},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: pki.SharedControllerUser}},
 	}
 	if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx, old, metav1.CreateOptions{FieldManager: "kelp"}); err != nil {
 		t.Fatal(err)

@@ -27,11 +27,6 @@ import (
 // and the apiserver refuses objects of more than 3 MiB anyway.
 const maxReview = 3 << 20
 
-// sharedControllerUser is the identity every node's controllers shared
-// before each node had its own: the prefix with no node. It names no
-// node, so it may create no volume.
-var sharedControllerUser = strings.TrimSuffix(pki.ControllerUserPrefix, ":")
-
 // reviewer decides on the volumes nodes' controllers create. It asks the
 // apiserver: such creates are rare, and come as soon as the scheduler
 // placed the claim, before a cache would have seen it.
@@ -109,7 +104,7 @@ func requester(u authenticationv1.UserInfo) (node string, controller bool) {
 	if n, ok := strings.CutPrefix(u.Username, pki.ControllerUserPrefix); ok {
 		return n, true
 	}
-	return "", u.Username == sharedControllerUser || slices.Contains(u.Groups, pki.ControllerGroup)
+	return "", u.Username == pki.SharedControllerUser || slices.Contains(u.Groups, pki.ControllerGroup)
 }
 
 // check says why node's controllers may not create volume, or nil: it
