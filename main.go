@@ -15,6 +15,7 @@ import (
 
 	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/internal/certificate"
+	"github.com/kelp-dev/kelp/internal/cluster"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/containerd"
 	"github.com/kelp-dev/kelp/internal/containerinit"
@@ -121,6 +122,7 @@ func newApp() *cli.App {
 			},
 			token.Command(),
 			snapshot.Command(),
+			cluster.Command(),
 			certificate.Command(),
 			secretsencrypt.Command(),
 			{

@@ -1,6 +1,7 @@
 package images
 
 import (
+	"archive/tar"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -57,28 +58,11 @@ func IsTarball(name string) bool {
 // names.
 func (im Importer) ImportFile(ctx context.Context, path string) ([]string, error) {
 	ctx = namespaces.WithNamespace(ctx, Namespace)
-	f, err := os.Open(path)
+	r, err := openTarball(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	var r io.Reader = f
-	switch {
-	case strings.HasSuffix(path, ".gz"), strings.HasSuffix(path, ".tgz"):
-		zr, err := gzip.NewReader(f)
-		if err != nil {
-			return nil, fmt.Errorf("%s: not gzip: %w", path, err)
-		}
-		defer zr.Close()
-		r = zr
-	case strings.HasSuffix(path, ".zst"):
-		zr, err := zstd.NewReader(f)
-		if err != nil {
-			return nil, fmt.Errorf("%s: not zstd: %w", path, err)
-		}
-		defer zr.Close()
-		r = zr
-	}
+	defer r.Close()
 	imgs, err := im.Client.Import(ctx, r, client.WithImageLabels(pinnedLabel), client.WithSkipMissing())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -94,6 +78,68 @@ func (im Importer) ImportFile(ctx context.Context, path string) ([]string, error
 		names = append(names, img.Name)
 	}
 	return names, nil
+}
+
+// openTarball opens the tar stream of a tarball, uncompressing it as its
+// name says.
+func openTarball(path string) (io.ReadCloser, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case strings.HasSuffix(path, ".gz"), strings.HasSuffix(path, ".tgz"):
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("%s: not gzip: %w", path, err)
+		}
+		return readCloser{zr, f}, nil
+	case strings.HasSuffix(path, ".zst"):
+		zr, err := zstd.NewReader(f)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("%s: not zstd: %w", path, err)
+		}
+		return readCloser{zr, closerFunc(func() error { zr.Close(); return f.Close() })}, nil
+	}
+	return f, nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+// CheckTarball says why the file at path is no image tarball the airgap
+// directory can import: its name, its compression, or a tar without the
+// index.json of an OCI layout or the manifest.json of `docker save`.
+func CheckTarball(path string) error {
+	if !IsTarball(path) {
+		return fmt.Errorf("%s: an image tarball is named *.tar, *.tar.gz, *.tgz or *.tar.zst", path)
+	}
+	r, err := openTarball(path)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return fmt.Errorf("%s: no image in it (neither index.json nor manifest.json): make one with `docker save`, `podman save` or `ctr images export`", path)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: not a tar file: %w", path, err)
+		}
+		if name := strings.TrimPrefix(hdr.Name, "./"); name == "index.json" || name == "manifest.json" {
+			return nil
+		}
+	}
 }
 
 // imported is what the state file remembers of one tarball.
@@ -156,6 +202,17 @@ func (im Importer) allPresent(ctx context.Context, names []string) bool {
 		}
 	}
 	return len(names) > 0
+}
+
+// ImportedFrom returns the images imported from the airgap file of the given
+// name, size and modification time, as the importer with state file
+// statePath recorded them; ok is false until it has imported that file.
+func ImportedFrom(statePath, name string, size int64, modTime time.Time) (names []string, ok bool) {
+	seen, ok := Importer{StatePath: statePath}.loadState()[name]
+	if !ok || seen.Size != size || !seen.ModTime.Equal(modTime) {
+		return nil, false
+	}
+	return seen.Images, true
 }
 
 func (im Importer) loadState() map[string]imported {

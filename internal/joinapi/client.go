@@ -104,7 +104,15 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 	}
 	switch answer.StatusCode {
 	case http.StatusOK:
-	case http.StatusUnauthorized, http.StatusForbidden, http.StatusConflict, http.StatusBadRequest:
+	case http.StatusUnauthorized, http.StatusForbidden:
+		if apiserverStatus(answer, data) {
+			// The apiserver's own no, not the join API's: a server that
+			// has just started denies what RBAC grants until its
+			// authorizer has read the roles, kelp's for joins too.
+			return nil, &RetryLaterError{Server: c.Server, Status: answer.Status, Message: "the server does not let joins through yet (it is starting): " + strings.TrimSpace(string(data))}
+		}
+		return nil, fmt.Errorf("%w: %s", ErrRefused, strings.TrimSpace(string(data)))
+	case http.StatusConflict, http.StatusBadRequest:
 		return nil, fmt.Errorf("%w: %s", ErrRefused, strings.TrimSpace(string(data)))
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		return nil, &RetryLaterError{Server: c.Server, Status: answer.Status, Message: strings.TrimSpace(string(data)),
@@ -116,6 +124,16 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 		return nil, fmt.Errorf("join %s: malformed answer: %w", c.Server, err)
 	}
 	return ca, nil
+}
+
+// apiserverStatus says whether an answer is a Status of the apiserver
+// (JSON), which the join API's own answers (plain text) never are.
+func apiserverStatus(answer *http.Response, data []byte) bool {
+	if !strings.HasPrefix(answer.Header.Get("Content-Type"), "application/json") {
+		return false
+	}
+	var status struct{ Kind, APIVersion string }
+	return json.Unmarshal(data, &status) == nil && status.Kind == "Status" && status.APIVersion == "v1"
 }
 
 // A RetryLaterError is a server's answer to wait before trying again: the

@@ -308,6 +308,42 @@ func TestClientReadsRetryAfter(t *testing.T) {
 	}
 }
 
+// TestJoinDeniedByAStartingAPIServer: a server that has just started
+// answers 403 to anonymous requests until its authorizer has read RBAC,
+// kelp's grant of the join API included; an agent that gives up then never
+// comes back after a restart of server and agent together. The join API's
+// own 403 (a Node that is another's) stays final.
+func TestJoinDeniedByAStartingAPIServer(t *testing.T) {
+	s, _ := withFakeClock(t)
+	testlog.Capture(t)
+	pinned := filepath.Join(t.TempDir(), "server-ca.crt")
+	if err := os.WriteFile(pinned, readPEM(t, s.cfg.Certs.ServerCA.Cert), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, contentType, body string
+		final                   bool
+	}{
+		{"apiserver", "application/json", `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden: User \"system:anonymous\" cannot post path \"/v1-kelp/join\"","reason":"Forbidden","details":{},"code":403}`, false},
+		{"join API", "text/plain; charset=utf-8", "node agent-1 belongs to another machine", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			front := newStubServer(t, s.cfg.Certs, readPEM(t, s.cfg.Certs.ServerCA.Cert), func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.contentType)
+				w.WriteHeader(http.StatusForbidden)
+				_, _ = w.Write([]byte(tc.body))
+			})
+			c := Client{Server: front.URL, Token: token.Token{User: token.NodeUser, Secret: "agent-secret"}, CAFile: pinned}
+			var resp JoinResponse
+			_, err := c.Post(t.Context(), JoinPath, JoinRequest{NodeName: "agent-1", Password: "0123456789abcdef0123"}, &resp)
+			var later *RetryLaterError
+			if got := errors.Is(err, ErrRefused); got != tc.final || errors.As(err, &later) == tc.final {
+				t.Fatalf("403 from the %s: %v; want final %v", tc.name, err, tc.final)
+			}
+		})
+	}
+}
+
 func TestRetryAfterHeader(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for header, want := range map[string]time.Duration{

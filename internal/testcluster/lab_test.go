@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/machine"
 )
 
 // TestLab makes a lab of three nodes and a single node (NewNode) without
@@ -35,11 +36,11 @@ func TestLab(t *testing.T) {
 		lab := NewLab(t)
 		nodes := []*Node{lab.NewNode("lab-a", "10.99.0.11"), lab.NewNode("lab-b", "10.99.0.12"), lab.NewNode("lab-c", "10.99.0.13")}
 		single := NewNode(t)
-		holders = append(holders, lab.holder.Process.Pid)
+		holders = append(holders, lab.network.Holder.Pid)
 		for _, n := range append(nodes, single) {
-			holders = append(holders, n.holder.Process.Pid)
-			for _, h := range n.cgroups.hierarchies {
-				cgroupDirs = append(cgroupDirs, h.dir)
+			holders = append(holders, n.machine.Holder.Pid)
+			for _, h := range n.machine.Cgroups.Hierarchies {
+				cgroupDirs = append(cgroupDirs, h.Dir)
 			}
 		}
 		if got := rootLinks(t); !slices.Equal(got, links) {
@@ -261,28 +262,28 @@ func checkCgroups(t *testing.T, n, other *Node) {
 	}
 	inside := parseCgroups(out)
 	var script []string
-	for _, h := range n.cgroups.hierarchies {
-		key, want := h.options, "/"
-		if h.v2 {
-			key, want = "", "/"+v2Leaf
+	for _, h := range n.machine.Cgroups.Hierarchies {
+		key, want := h.Options, "/"
+		if h.V2 {
+			key, want = "", "/"+machine.V2Leaf
 		}
-		if host, _ := filepath.Rel(h.mountpoint, h.procsDir()); onHost[key] != "/"+host {
-			t.Errorf("%s: a process of the node is in %q on the host, want /%s", h.mountpoint, onHost[key], host)
+		if host, _ := filepath.Rel(h.Mountpoint, h.ProcsDir()); onHost[key] != "/"+host {
+			t.Errorf("%s: a process of the node is in %q on the host, want /%s", h.Mountpoint, onHost[key], host)
 		}
 		if inside[key] != want {
-			t.Errorf("%s: a process of the node sees itself in %q, want %s", h.mountpoint, inside[key], want)
+			t.Errorf("%s: a process of the node sees itself in %q, want %s", h.Mountpoint, inside[key], want)
 		}
-		script = append(script, "mkdir -p "+filepath.Join(h.mountpoint, "kubepods", "pod1"))
+		script = append(script, "mkdir -p "+filepath.Join(h.Mountpoint, "kubepods", "pod1"))
 	}
 	if out, err := n.Run(time.Minute, n.Command("sh", "-c", strings.Join(script, " && "))); err != nil {
 		t.Fatalf("make cgroups in %s: %v\n%s", n.Name, err, out)
 	}
-	for _, h := range n.cgroups.hierarchies {
-		if _, err := os.Stat(filepath.Join(h.dir, "kubepods", "pod1")); err != nil {
-			t.Errorf("%s: a cgroup made in the node is not in the node's subtree: %v", h.mountpoint, err)
+	for _, h := range n.machine.Cgroups.Hierarchies {
+		if _, err := os.Stat(filepath.Join(h.Dir, "kubepods", "pod1")); err != nil {
+			t.Errorf("%s: a cgroup made in the node is not in the node's subtree: %v", h.Mountpoint, err)
 		}
-		if out, err := other.Run(time.Minute, other.Command("ls", filepath.Join(h.mountpoint, "kubepods"))); err == nil {
-			t.Errorf("%s: %s sees the kubepods of %s: %s", h.mountpoint, other.Name, n.Name, out)
+		if out, err := other.Run(time.Minute, other.Command("ls", filepath.Join(h.Mountpoint, "kubepods"))); err == nil {
+			t.Errorf("%s: %s sees the kubepods of %s: %s", h.Mountpoint, other.Name, n.Name, out)
 		}
 	}
 }
@@ -320,16 +321,16 @@ func checkPrivateDirs(t *testing.T, n, other *Node) {
 func startOrphan(t *testing.T, n *Node) int {
 	t.Helper()
 	script := []string{}
-	for _, h := range n.cgroups.hierarchies {
-		pods := filepath.Join(h.mountpoint, "kubepods")
+	for _, h := range n.machine.Cgroups.Hierarchies {
+		pods := filepath.Join(h.Mountpoint, "kubepods")
 		dir := filepath.Join(pods, "pod2")
 		script = append(script, "mkdir -p "+dir)
-		if strings.Contains(","+h.options+",", ",cpuset,") {
+		if strings.Contains(","+h.Options+",", ",cpuset,") {
 			// A new v1 cpuset takes no process until it has CPUs and
 			// memory nodes; runc copies its parent's, as here.
 			for _, file := range []string{"cpuset.cpus", "cpuset.mems"} {
 				script = append(script,
-					fmt.Sprintf("cat %s/%s > %s/%s", h.mountpoint, file, pods, file),
+					fmt.Sprintf("cat %s/%s > %s/%s", h.Mountpoint, file, pods, file),
 					fmt.Sprintf("cat %s/%s > %s/%s", pods, file, dir, file))
 			}
 		}

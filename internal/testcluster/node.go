@@ -1,7 +1,6 @@
 package testcluster
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -13,9 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/machine"
 )
 
 // NodeIP is the address a node made by NewNode has on its own bridge.
@@ -54,12 +51,12 @@ type Node struct {
 	// with Command: the kelp that Start runs, RunKelp's too. Tests running
 	// in parallel share the test binary's own environment, which t.Setenv
 	// refuses to change under them.
-	Env    []string
-	holder *exec.Cmd
-	// cgroups is the node's own cgroup subtree, which it sees as the root
-	// of every hierarchy: the kubelets of nodes running at once would
-	// otherwise share kubepods and remove each other's pod cgroups.
-	cgroups *cgroupTree
+	Env []string
+	// machine holds the node's namespaces and its own cgroup subtree,
+	// which it sees as the root of every hierarchy: the kubelets of nodes
+	// running at once would otherwise share kubepods and remove each
+	// other's pod cgroups.
+	machine *machine.Machine
 	joined  bool // StartAgent ran, so there is a node to killall
 	kelp    *exec.Cmd
 	role    string // of kelp: "server" or "agent"
@@ -104,7 +101,7 @@ func NewNode(t *testing.T) *Node {
 	t.Helper()
 	NeedRoot(t)
 	n := newNode(t, NodeName, NodeIP)
-	n.makeNamespaces(
+	n.makeMachine(
 		"ip link add kelp-lab type bridge",
 		"ip addr add "+NodeIP+"/24 dev kelp-lab",
 		"ip link set kelp-lab up",
@@ -120,106 +117,51 @@ func newNode(t *testing.T, name, ip string) *Node {
 	return &Node{t: t, Name: name, IP: ip, Dir: dir, DataDir: filepath.Join(dir, "data"), Kubeconfig: filepath.Join(dir, "kelp.yaml")}
 }
 
-// makeNamespaces makes the node's cgroup subtree and starts its holder in
-// new network, mount, cgroup and UTS namespaces: the node's name as its
-// hostname, loopback up, then network (the shell commands that set up the
-// node's interfaces), private mounts over privateDirs and the node's view
-// of the cgroups. It registers the node's cleanup.
-func (n *Node) makeNamespaces(network ...string) {
+// makeMachine makes the node's machine (see package machine), its cgroups
+// below the test's on cgroup v1, its network set up by the shell commands
+// network, and registers the node's cleanup. The holder is started by
+// Spawn, so the namespaces die with the test binary in any case.
+func (n *Node) makeMachine(network ...string) {
 	t := n.t
 	t.Helper()
-	var err error
-	n.cgroups, err = newCgroupTree(n.Name)
+	placement, err := machine.BelowCaller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	private := map[string]string{}
+	for _, d := range privateDirs {
+		private[d] = ""
+	}
+	n.machine, err = machine.Make(machine.Spec{
+		Name:         n.Name,
+		Network:      network,
+		Private:      private,
+		Cgroups:      placement,
+		CgroupName:   "kelp-test-" + n.Name + "-",
+		RandomCgroup: true,
+	}, Spawn)
 	if err != nil {
 		t.Fatalf("node %s: %v", n.Name, err)
 	}
 	t.Cleanup(n.cleanup)
-
-	dirs := privateDirs
-	// Where systemd runs the host, kelp would ask it for the kubelet's and
-	// the containers' cgroups, which it makes outside the node's subtree:
-	// hiding systemd makes kelp manage cgroups itself, as in a container.
-	if _, err := os.Stat("/run/systemd/system"); err == nil {
-		dirs = append(slices.Clone(dirs), "/run/systemd")
-	}
-	// Each node has a hostname of its own, as machines do: upstream
-	// derives identities from it (the controller-manager's and the
-	// scheduler's leader election, the apiserver's identity lease), and
-	// kelp frees the leader leases held under its hostname when it starts.
-	setup := append([]string{"echo " + n.Name + " > /proc/sys/kernel/hostname", "ip link set lo up"}, network...)
-	setup = append(setup, privateMounts(t, dirs)...)
-	setup = append(setup, n.cgroups.mountScript()...)
-	// The holder joins the node's cgroups before it makes its cgroup
-	// namespace, whose root they become.
-	n.holder = joinCgroups(n.cgroups.rootProcs(), "unshare", "--net", "--mount", "--cgroup", "--uts", "--propagation", "private", "sh", "-c", holderScript(setup))
-	if err := startHolder(n.holder); err != nil {
-		t.Fatalf("set up namespaces of node %s: %v", n.Name, err)
-	}
 }
 
-// privateMounts are the shell commands that mount an empty tmpfs over each
-// of dirs.
-func privateMounts(t *testing.T, dirs []string) []string {
-	var script []string
-	for _, d := range dirs {
-		// The mount point must exist on the host; an empty directory there
-		// changes nothing for the host.
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		script = append(script, "mount -t tmpfs -o mode=0755 kelp-test "+d)
-	}
-	return script
-}
-
-// holderScript runs setup, then says "ready" and sleeps: the namespaces
-// it made live as long as it does.
-func holderScript(setup []string) string {
-	return strings.Join(append(setup, "echo ready", "exec sleep infinity"), " && ")
-}
-
-// startHolder starts a process running holderScript and waits until it is
-// ready. Whoever called it kills the process at cleanup, also on error.
-func startHolder(holder *exec.Cmd) error {
-	var stderr bytes.Buffer
-	holder.Stderr = &stderr
-	out, err := holder.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := Spawn(holder); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "ready" {
-		_ = holder.Process.Kill()
-		_ = holder.Wait()
-		return fmt.Errorf("%q %v: %s", line, err, stderr.String())
-	}
-	return nil
-}
-
-// cleanup kills what the node started, the holder last so the namespaces
-// go away, removes the node's cgroups, and shows the logs if the test
-// failed.
+// cleanup kills what the node started, the machine last so the namespaces
+// go away with its cgroups, and shows the logs if the test failed.
 func (n *Node) cleanup() {
 	if n.kelp != nil && n.done != nil {
 		_ = n.kelp.Process.Kill()
 		<-n.done
 	}
-	if n.holder != nil && n.holder.Process != nil && n.holder.ProcessState == nil {
-		if n.Agent || n.joined {
-			// Shims and containers outlive kelp on purpose; killall removes
-			// them, their mounts and their cgroups.
-			cmd := n.Command(Binary(n.t), "killall", "--data-dir", n.DataDir)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				n.t.Errorf("kelp killall: %v\n%s", err, out)
-			}
+	if n.machine.Alive() && (n.Agent || n.joined) {
+		// Shims and containers outlive kelp on purpose; killall removes
+		// them, their mounts and their cgroups.
+		cmd := n.Command(Binary(n.t), "killall", "--data-dir", n.DataDir)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			n.t.Errorf("kelp killall: %v\n%s", err, out)
 		}
-		_ = n.holder.Process.Kill()
-		_ = n.holder.Wait()
 	}
-	if err := n.cgroups.remove(); err != nil {
+	if err := n.machine.Remove(); err != nil {
 		n.t.Errorf("node %s: %v", n.Name, err)
 	}
 	if n.t.Failed() {
@@ -236,47 +178,19 @@ func (n *Node) cleanup() {
 
 // Command returns cmd to run inside the node's namespaces, as root.
 func (n *Node) Command(name string, args ...string) *exec.Cmd {
-	return n.command(nil, name, args...)
+	return n.withEnv(n.machine.Command(name, args...))
 }
 
 // CommandAs returns cmd to run inside the node's namespaces as uid:gid.
-// Only root may enter the namespaces, so nsenter drops to the user after.
 func (n *Node) CommandAs(uid, gid int, name string, args ...string) *exec.Cmd {
-	return n.command([]string{"--setuid", strconv.Itoa(uid), "--setgid", strconv.Itoa(gid)}, name, args...)
+	return n.withEnv(n.machine.CommandAs(uid, gid, name, args...))
 }
 
-func (n *Node) command(opts []string, name string, args ...string) *exec.Cmd {
-	nsenter := []string{nsenterPath(), "--target", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount", "--cgroup", "--uts"}
-	// Entering a cgroup namespace moves no process: the command joins the
-	// node's cgroups first, or it would run outside the node's view.
-	nsenter = append(append(nsenter, opts...), "--", name)
-	cmd := joinCgroups(n.cgroups.procs(), append(nsenter, args...)...)
+func (n *Node) withEnv(cmd *exec.Cmd) *exec.Cmd {
 	if len(n.Env) > 0 {
 		cmd.Env = append(cmd.Environ(), n.Env...)
 	}
 	return cmd
-}
-
-// nsenterPath is util-linux's nsenter as the test finds it on its own
-// PATH: a command whose environment puts busybox's applets first (the
-// install script's tests) would otherwise get busybox's, which has no
-// --cgroup.
-func nsenterPath() string {
-	if path, err := exec.LookPath("nsenter"); err == nil {
-		return path
-	}
-	return "nsenter"
-}
-
-// joinCgroups returns a command that moves itself into the cgroups whose
-// cgroup.procs files are procs, then runs args.
-func joinCgroups(procs []string, args ...string) *exec.Cmd {
-	var script []string
-	for _, p := range procs {
-		script = append(script, "echo $$ > "+p)
-	}
-	script = append(script, `exec "$@"`)
-	return exec.Command("sh", append([]string{"-c", strings.Join(script, " && "), "kelp-test-node"}, args...)...)
 }
 
 // ServerArgs are the flags every test server gets: its own data dir and
@@ -520,29 +434,9 @@ func (n *Node) Listen(network, addr string) (net.Listener, error) {
 }
 
 // InNetns runs fn on an OS thread moved into the node's network
-// namespace. Sockets keep the namespace they were made in; the thread is
-// never unlocked, so Go discards it instead of reusing it elsewhere.
+// namespace (see machine.Machine.InNetns).
 func (n *Node) InNetns(fn func() error) error {
-	return inNetnsOf(n.holder.Process.Pid, fn)
-}
-
-func inNetnsOf(pid int, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- fmt.Errorf("open node netns: %w", err)
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("enter node netns: %w", err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
+	return n.machine.InNetns(fn)
 }
 
 // RestConfig is the admin kubeconfig of the node, dialing into its netns.
@@ -578,32 +472,11 @@ func ExitCode(err error) int {
 // Processes lists the live processes (not zombies) in the node's mount
 // namespace other than the namespace holder, as "pid command" lines.
 func (n *Node) Processes() []string {
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", n.holder.Process.Pid))
+	procs, err := n.machine.Processes()
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	entries, _ := os.ReadDir("/proc")
-	var out []string
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == n.holder.Process.Pid {
-			continue
-		}
-		if other, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); other != ns {
-			continue
-		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(stat)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open || strings.HasPrefix(strings.TrimSpace(s[end+1:]), "Z") {
-			continue
-		}
-		out = append(out, fmt.Sprintf("%d %s", pid, s[open+1:end]))
-	}
-	return out
+	return procs
 }
 
 // RunKelpInTerminal runs kelp with args inside the node with a new

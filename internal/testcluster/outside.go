@@ -5,6 +5,8 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+
+	"github.com/kelp-dev/kelp/internal/machine"
 )
 
 // Addresses of the link between a node and its Outside.
@@ -17,23 +19,23 @@ const (
 // route to the pod network: a stand-in for the world beyond the cluster.
 // Pods reach it only if the node masquerades their traffic.
 type Outside struct {
-	holder *exec.Cmd
+	holder machine.Process
 }
 
 // NewOutside makes the Outside of n; it goes away with the test.
 func (n *Node) NewOutside() *Outside {
 	n.t.Helper()
-	o := &Outside{holder: exec.Command("unshare", "--net", "sh", "-c", holderScript([]string{"ip link set lo up"}))}
-	n.t.Cleanup(func() {
-		if o.holder.Process != nil && o.holder.ProcessState == nil {
-			_ = o.holder.Process.Kill()
-			_ = o.holder.Wait()
-		}
-	})
-	if err := startHolder(o.holder); err != nil {
+	holder, err := machine.HoldNetns(Spawn)
+	if err != nil {
 		n.t.Fatalf("set up outside namespace: %v", err)
 	}
-	pid := strconv.Itoa(o.holder.Process.Pid)
+	n.t.Cleanup(func() {
+		if err := holder.Kill(); err != nil {
+			n.t.Error(err)
+		}
+	})
+	o := &Outside{holder: holder}
+	pid := strconv.Itoa(holder.Pid)
 	for _, cmd := range []*exec.Cmd{
 		n.Command("ip", "link", "add", "kelp-out", "type", "veth", "peer", "name", "eth0", "netns", pid),
 		n.Command("ip", "addr", "add", NodeOutsideIP+"/24", "dev", "kelp-out"),
@@ -51,7 +53,7 @@ func (n *Node) NewOutside() *Outside {
 // Listen opens a listener inside the Outside namespace.
 func (o *Outside) Listen(network, addr string) (net.Listener, error) {
 	var l net.Listener
-	err := inNetnsOf(o.holder.Process.Pid, func() error {
+	err := machine.InNetnsOf(o.holder.Pid, func() error {
 		var err error
 		l, err = net.Listen(network, addr)
 		return err
@@ -62,7 +64,7 @@ func (o *Outside) Listen(network, addr string) (net.Listener, error) {
 // DialContext opens a connection from inside the Outside namespace.
 func (o *Outside) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	var conn net.Conn
-	err := inNetnsOf(o.holder.Process.Pid, func() error {
+	err := machine.InNetnsOf(o.holder.Pid, func() error {
 		var err error
 		conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
 		return err

@@ -1,0 +1,10 @@
+// Package cluster is `kelp cluster`: throwaway clusters of several kelp
+// nodes on one machine, for CI and tests, without Docker. Each node is a
+// machine (package machine) of its own, wired to the cluster's bridge,
+// with its own cgroups below the cluster's, and inside it the default
+// paths of a kelp node (/var/lib/kelp, /etc/kelp, the kubelet root, pod
+// logs) bound to its directory under <root>/<name>/nodes. The host reaches
+// the nodes through a link of its own to the bridge; the state in
+// <root>/<name>/cluster.json is enough to stop, start and delete the
+// cluster from any later process, also after its processes were killed.
+package cluster
