@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"io/fs"
 	"net"
@@ -34,10 +33,17 @@ type Options struct {
 	Binary    string   // the kelp the nodes run
 }
 
-// check says what is wrong with o, and fills in the datastore.
-func (o *Options) check() error {
+// check says what is wrong with o, and fills in the datastore. A cluster
+// made from a snapshot takes its nodes and datastore from there.
+func (o *Options) check(fromSnapshot bool) error {
 	if err := checkName(o.Name); err != nil {
 		return err
+	}
+	if fromSnapshot {
+		if o.Servers != 1 || o.Agents != 0 || o.Datastore != "" || len(o.Images) > 0 || len(o.Args) > 0 {
+			return errors.New("--from makes the saved cluster's nodes, with their images and flags: --servers, --agents, --datastore, --image and flags after -- do not go with it")
+		}
+		return nil
 	}
 	if o.Servers < 1 {
 		return fmt.Errorf("--servers %d: a cluster needs at least one server", o.Servers)
@@ -70,17 +76,20 @@ func (o *Options) check() error {
 	return nil
 }
 
-// nodes names the nodes of a cluster of o: servers first.
-func (o *Options) nodes(subnet netip.Prefix) []*Node {
+// nodes names the nodes of a cluster of o, servers first, and gives them
+// their addresses. The names are the same in every cluster, which are
+// told apart by their context, so a cluster made from a saved one keeps
+// its nodes.
+func (o *Options) nodes() []*Node {
 	var nodes []*Node
-	ip := subnet.Addr().Next() // .1 is the host's end
+	ip := nodeNet.Addr().Next() // .1 is the gateway
 	for i := 1; i <= o.Servers; i++ {
 		ip = ip.Next()
-		nodes = append(nodes, &Node{Name: fmt.Sprintf("%s-server-%d", o.Name, i), Role: "server", IP: ip})
+		nodes = append(nodes, &Node{Name: fmt.Sprintf("server-%d", i), Role: "server", IP: ip})
 	}
 	for i := 1; i <= o.Agents; i++ {
 		ip = ip.Next()
-		nodes = append(nodes, &Node{Name: fmt.Sprintf("%s-agent-%d", o.Name, i), Role: "agent", IP: ip})
+		nodes = append(nodes, &Node{Name: fmt.Sprintf("agent-%d", i), Role: "agent", IP: ip})
 	}
 	return nodes
 }
@@ -100,68 +109,91 @@ func CheckHost(proc string) error {
 	return machine.CheckTools()
 }
 
-// Create makes cluster o under root, starts it, and returns its state. It
-// returns once every node's kelp runs; Wait waits for them to be Ready.
-func Create(root string, o Options) (*State, error) {
-	if err := o.check(); err != nil {
-		return nil, err
+// Create makes cluster o under root, or from the saved cluster from if
+// set, and starts it. It returns once every node's kelp runs; Wait waits
+// for them to be Ready. A cluster it could not make or start is removed
+// again, with everything made for it.
+func Create(root string, o Options, from string) (err error) {
+	if err := o.check(from != ""); err != nil {
+		return err
 	}
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return nil, err
+	if from != "" {
+		return createFrom(root, o, from)
 	}
-	dir := filepath.Join(root, o.Name)
-	if err := os.Mkdir(dir, 0o700); errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("a cluster named %s exists already (%s): delete it with `kelp cluster delete %s`, or choose another name", o.Name, dir, o.Name)
-	} else if err != nil {
-		return nil, err
-	}
-	l, err := lock(dir)
+	dir, l, err := makeDir(root, o.Name)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer l.Close()
-	// Free host ports first: nothing is made for a cluster that cannot be.
-	for _, p := range o.Ports {
-		if err := checkPortFree(p.Host); err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, err
+	s := &State{Name: o.Name, Binary: o.Binary, Datastore: o.Datastore, Args: o.Args, Ports: o.Ports, Nodes: o.nodes()}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, teardown(s), os.RemoveAll(dir))
 		}
-	}
-	subnet, err := chooseSubnet(root)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	s := &State{Name: o.Name, Binary: o.Binary, Subnet: subnet, Datastore: o.Datastore, Args: o.Args, Ports: o.Ports, Nodes: o.nodes(subnet)}
-	if err := save(dir, s); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
+		l.Close()
+	}()
+	if err := s.reservePorts(dir); err != nil {
+		return err
 	}
 	secret, err := token.Random()
-	if err == nil {
-		err = atomicfile.Write(paths{dir}.token(), []byte(secret+"\n"), 0o600)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(paths{dir}.token(), []byte(secret+"\n"), 0o600); err != nil {
+		return err
 	}
 	for _, n := range s.Nodes {
-		if err == nil {
-			err = writeNodeConfig(dir, s, n, secret)
+		if err := writeNodeConfig(dir, s, n, secret); err != nil {
+			return err
 		}
 		for _, img := range o.Images {
-			if err == nil {
-				err = copyImages(img, paths{dir}.node(n.Name).images())
+			if err := copyImages(img, nodeDir(dir, n).images()); err != nil {
+				return err
 			}
 		}
 	}
-	if err == nil {
-		err = start(dir, s)
+	return start(dir, s)
+}
+
+// makeDir makes the directory of a new cluster under root and takes its
+// lock.
+func makeDir(root, name string) (string, *os.File, error) {
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return "", nil, err
 	}
-	return s, err
+	dir := filepath.Join(root, name)
+	if err := os.Mkdir(dir, 0o700); errors.Is(err, fs.ErrExist) {
+		return "", nil, fmt.Errorf("a cluster named %s exists already (%s): delete it with `kelp cluster delete %s`, or choose another name", name, dir, name)
+	} else if err != nil {
+		return "", nil, err
+	}
+	l, err := lock(dir)
+	if err != nil {
+		return "", nil, err
+	}
+	return dir, l, nil
+}
+
+// reservePorts checks that the ports to publish are free on the host,
+// before anything starts for a cluster that cannot be, picks a free one
+// for the API, and saves the state.
+func (s *State) reservePorts(dir string) error {
+	for _, p := range s.Ports {
+		if err := checkPortFree(p.Host); err != nil {
+			return fmt.Errorf("--port %d:%d: %w", p.Host, p.Node, err)
+		}
+	}
+	var err error
+	if s.APIPort, err = freePort(); err != nil {
+		return err
+	}
+	return save(dir, s)
 }
 
 // writeNodeConfig writes the node's /etc/kelp/config.yaml and the token it
 // joins with: inside its machine, `kelp server` or `kelp agent` needs no
 // flag.
 func writeNodeConfig(dir string, s *State, n *Node, secret string) error {
-	np := paths{dir}.node(n.Name)
+	np := nodeDir(dir, n)
 	if err := os.MkdirAll(np.etc(), 0o700); err != nil {
 		return err
 	}
@@ -182,14 +214,6 @@ func writeNodeConfig(dir string, s *State, n *Node, secret string) error {
 		lines = append(lines, "server: https://"+net.JoinHostPort(first.IP.String(), "6443"))
 	}
 	return atomicfile.Write(filepath.Join(np.etc(), "config.yaml"), []byte(strings.Join(lines, "\n")+"\n"), 0o600)
-}
-
-// hostLink names the host's end of the link to the cluster's network:
-// short enough for an interface name, and one per cluster name.
-func hostLink(name string) string {
-	h := fnv.New32a()
-	h.Write([]byte(name))
-	return fmt.Sprintf("kc-%08x", h.Sum32())
 }
 
 // start makes what a stopped cluster lacks (its network, its cgroup, a
@@ -216,11 +240,12 @@ func start(dir string, s *State) error {
 	if err := save(dir, s); err != nil {
 		return err
 	}
-	if err := s.Network.LinkHost(hostLink(s.Name), netip.PrefixFrom(s.Subnet.Addr().Next(), s.Subnet.Bits())); err != nil {
+	gateway := nodeNet.Addr().Next()
+	if err := s.Network.AddAddress(netip.PrefixFrom(gateway, nodeNet.Bits())); err != nil {
 		return err
 	}
 	for i, n := range s.Nodes {
-		np := paths{dir}.node(n.Name)
+		np := nodeDir(dir, n)
 		n.Machine, err = machine.Make(machine.Spec{Name: n.Name, Private: np.private(), Cgroups: cgroups.Below()}, machine.Detached)
 		if err != nil {
 			return err
@@ -228,7 +253,7 @@ func start(dir string, s *State) error {
 		if err := save(dir, s); err != nil {
 			return err
 		}
-		if err := s.Network.Wire(n.Machine, "veth"+strconv.Itoa(i+1), netip.PrefixFrom(n.IP, s.Subnet.Bits()), s.Subnet.Addr().Next()); err != nil {
+		if err := s.Network.Wire(n.Machine, "veth"+strconv.Itoa(i+1), netip.PrefixFrom(n.IP, nodeNet.Bits()), gateway); err != nil {
 			return err
 		}
 		if n.Kelp, err = startKelp(s.Binary, n, np, s.Args); err != nil {
@@ -238,10 +263,8 @@ func start(dir string, s *State) error {
 			return err
 		}
 	}
-	if len(s.Ports) > 0 {
-		if s.Forwarder, err = startForwarder(s); err != nil {
-			return err
-		}
+	if s.Forwarder, err = startForwarder(s); err != nil {
+		return err
 	}
 	return save(dir, s)
 }
@@ -354,12 +377,25 @@ func Start(root, name string) (*State, error) {
 			return nil, err
 		}
 	}
-	for _, p := range s.Ports {
-		if err := checkPortFree(p.Host); err != nil {
+	for _, port := range s.hostPorts() {
+		if err := checkPortFree(port); err != nil {
 			return nil, err
 		}
 	}
-	return s, start(dir, s)
+	if err := start(dir, s); err != nil {
+		// What did start is stopped again: a cluster is running or not.
+		return nil, errors.Join(err, teardown(s), save(dir, s))
+	}
+	return s, nil
+}
+
+// hostPorts are the ports the cluster takes on the host's loopback.
+func (s *State) hostPorts() []uint16 {
+	ports := []uint16{s.APIPort}
+	for _, p := range s.Ports {
+		ports = append(ports, p.Host)
+	}
+	return ports
 }
 
 // running says whether every process of a started cluster still runs.
@@ -372,7 +408,7 @@ func running(s *State) bool {
 			return false
 		}
 	}
-	return len(s.Ports) == 0 || s.Forwarder.Alive()
+	return s.Forwarder.Alive()
 }
 
 // Delete removes the cluster: every process, namespace, cgroup, interface
@@ -439,7 +475,7 @@ func Exec(root, name, node string, args []string) (*exec.Cmd, error) {
 		return nil, notFound(name, err)
 	}
 	for _, n := range s.Nodes {
-		if n.Name == node || strings.TrimPrefix(n.Name, s.Name+"-") == node {
+		if n.Name == node {
 			if n.Machine == nil || !n.Machine.Alive() {
 				return nil, fmt.Errorf("node %s of cluster %s is not running: `kelp cluster start %s`", n.Name, name, name)
 			}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -39,12 +40,16 @@ func Command() *cli.Command {
 				ArgsUsage: "NAME…",
 				Flags:     []cli.Flag{rootFlag(), &cli.BoolFlag{Name: "all", Usage: "delete every cluster"}},
 				Action: func(c *cli.Context) error {
-					if err := CheckHost("/proc"); err != nil {
+					p, err := parse(c, -1)
+					if err == nil {
+						err = CheckHost("/proc")
+					}
+					if err != nil {
 						return err
 					}
-					names := c.Args().Slice()
-					if c.Bool("all") {
-						states, err := list(c.String("root"))
+					root, names := p.string("root"), p.args
+					if p.bool("all") {
+						states, err := list(root)
 						if err != nil {
 							return err
 						}
@@ -56,7 +61,7 @@ func Command() *cli.Command {
 					}
 					var errs []error
 					for _, name := range names {
-						errs = append(errs, Delete(c.String("root"), name, c.App.Writer))
+						errs = append(errs, Delete(root, name, c.App.Writer))
 					}
 					return errors.Join(errs...)
 				},
@@ -67,14 +72,11 @@ func Command() *cli.Command {
 				ArgsUsage: "NAME",
 				Flags:     []cli.Flag{rootFlag()},
 				Action: func(c *cli.Context) error {
-					name, err := oneName(c)
-					if err == nil {
-						err = CheckHost("/proc")
-					}
+					p, name, err := parseOne(c)
 					if err != nil {
 						return err
 					}
-					return Stop(c.String("root"), name)
+					return Stop(p.string("root"), name)
 				},
 			},
 			{
@@ -83,17 +85,14 @@ func Command() *cli.Command {
 				ArgsUsage: "NAME",
 				Flags:     []cli.Flag{rootFlag(), waitFlag()},
 				Action: func(c *cli.Context) error {
-					name, err := oneName(c)
-					if err == nil {
-						err = CheckHost("/proc")
-					}
+					p, name, err := parseOne(c)
 					if err != nil {
 						return err
 					}
-					if _, err := Start(c.String("root"), name); err != nil {
+					if _, err := Start(p.string("root"), name); err != nil {
 						return err
 					}
-					_, err = Wait(c.Context, c.String("root"), name, c.Duration("wait"), "")
+					_, err = Wait(c.Context, p.string("root"), name, p.duration("wait"), "")
 					return err
 				},
 			},
@@ -103,15 +102,19 @@ func Command() *cli.Command {
 				ArgsUsage: "NAME",
 				Flags:     []cli.Flag{rootFlag(), &cli.BoolFlag{Name: "path", Usage: "print the file's path instead"}},
 				Action: func(c *cli.Context) error {
-					name, err := oneName(c)
+					p, err := parse(c, 1)
 					if err != nil {
 						return err
 					}
-					path, err := Kubeconfig(c.String("root"), name)
+					name, err := p.oneName()
 					if err != nil {
 						return err
 					}
-					if c.Bool("path") {
+					path, err := Kubeconfig(p.string("root"), name)
+					if err != nil {
+						return err
+					}
+					if p.bool("path") {
 						fmt.Fprintln(c.App.Writer, path)
 						return nil
 					}
@@ -121,6 +124,73 @@ func Command() *cli.Command {
 					}
 					return err
 				},
+			},
+			{
+				Name:      "save",
+				Usage:     "keep a copy of a cluster (its objects, images, volumes and nodes) to make new clusters from with create --from; a running cluster is stopped for the copy and started again",
+				ArgsUsage: "NAME SNAPSHOT",
+				Flags:     []cli.Flag{rootFlag(), waitFlag()},
+				Action: func(c *cli.Context) error {
+					p, err := parse(c, 2)
+					if err == nil && (len(p.args) != 2 || len(p.extra) > 0) {
+						err = errors.New("name the cluster and the snapshot: kelp cluster save NAME SNAPSHOT")
+					}
+					if err == nil {
+						err = CheckHost("/proc")
+					}
+					if err != nil {
+						return err
+					}
+					root, name := p.string("root"), p.args[0]
+					started := time.Now()
+					running := false
+					if s, err := load(filepath.Join(root, name)); err == nil {
+						running = s.Running
+					}
+					if err := Save(root, name, p.args[1]); err != nil {
+						return err
+					}
+					fmt.Fprintf(c.App.Writer, "saved cluster %s as %s in %s\n", name, p.args[1], time.Since(started).Round(100*time.Millisecond))
+					if running {
+						_, err = Wait(c.Context, root, name, p.duration("wait"), "")
+					}
+					return err
+				},
+			},
+			{
+				Name:      "snapshots",
+				Usage:     "list the saved clusters",
+				ArgsUsage: " ",
+				Flags:     []cli.Flag{rootFlag()},
+				Action: func(c *cli.Context) error {
+					snaps, err := Snapshots(c.String("root"))
+					if err != nil {
+						return err
+					}
+					tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "SNAPSHOT\tFROM\tNODES\tSAVED")
+					for _, s := range snaps {
+						fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", s.Name, s.From, s.Nodes, s.Created.UTC().Format(time.RFC3339))
+					}
+					return tw.Flush()
+				},
+				Subcommands: []*cli.Command{{
+					Name:      "delete",
+					Usage:     "delete saved clusters",
+					ArgsUsage: "SNAPSHOT…",
+					Flags:     []cli.Flag{rootFlag()},
+					Action: func(c *cli.Context) error {
+						p, err := parse(c, -1)
+						if err != nil {
+							return err
+						}
+						var errs []error
+						for _, name := range p.args {
+							errs = append(errs, DeleteSnapshot(p.string("root"), name, c.App.Writer))
+						}
+						return errors.Join(errs...)
+					},
+				}},
 			},
 			{
 				Name:            "kubectl",
@@ -147,14 +217,14 @@ func Command() *cli.Command {
 				ArgsUsage: "NAME NODE -- COMMAND…",
 				Flags:     []cli.Flag{rootFlag()},
 				Action: func(c *cli.Context) error {
-					args := c.Args().Slice()
-					if len(args) > 2 && args[2] == "--" {
-						args = append(args[:2], args[3:]...)
+					p, err := parse(c, 2)
+					if err != nil {
+						return err
 					}
-					if len(args) < 3 {
+					if len(p.args) < 2 || len(p.extra) == 0 {
 						return errors.New("give the cluster, the node and the command: kelp cluster exec NAME server-1 -- kelp crictl ps")
 					}
-					cmd, err := Exec(c.String("root"), args[0], args[1], args[2:])
+					cmd, err := Exec(p.string("root"), p.args[0], p.args[1], p.extra)
 					if err != nil {
 						return err
 					}
@@ -178,11 +248,14 @@ func Command() *cli.Command {
 					ArgsUsage: "NAME FILE_OR_DIR…",
 					Flags:     []cli.Flag{rootFlag()},
 					Action: func(c *cli.Context) error {
-						args := c.Args().Slice()
-						if len(args) < 2 {
+						p, err := parse(c, -1)
+						if err != nil {
+							return err
+						}
+						if len(p.args) < 2 {
 							return errors.New("give the cluster and the image tarballs: kelp cluster image import NAME app.tar")
 						}
-						return ImportImages(c.Context, c.String("root"), args[0], args[1:], c.App.Writer)
+						return ImportImages(c.Context, p.string("root"), p.args[0], p.args[1:], c.App.Writer)
 					},
 				}},
 			},
@@ -192,9 +265,14 @@ func Command() *cli.Command {
 				Usage:           "publish a cluster's ports on the host (started by create and start)",
 				SkipFlagParsing: true,
 				Action: func(c *cli.Context) error {
+					args := c.Args().Slice()
+					pid, err := strconv.Atoi(c.Args().First())
+					if err != nil || len(args) < 2 {
+						return errors.New("kelp cluster forward NETNS_PID LISTEN=TARGET…")
+					}
 					ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 					defer stop()
-					return Forward(ctx, c.Args().Slice(), os.Stdout)
+					return Forward(ctx, pid, args[1:], os.Stdout)
 				},
 			},
 		},
@@ -217,11 +295,18 @@ func waitFlag() cli.Flag {
 	return &cli.DurationFlag{Name: "wait", Value: 3 * time.Minute, Usage: "wait this long for every node to be Ready (0: return once the nodes run)"}
 }
 
-func oneName(c *cli.Context) (string, error) {
-	if c.NArg() != 1 {
-		return "", fmt.Errorf("name one cluster: kelp cluster %s NAME", c.Command.Name)
+// parseOne parses the command line of a command that takes one cluster,
+// and checks the host can run one.
+func parseOne(c *cli.Context) (*parsed, string, error) {
+	p, err := parse(c, 1)
+	if err != nil {
+		return nil, "", err
 	}
-	return c.Args().First(), nil
+	name, err := p.oneName()
+	if err == nil {
+		err = CheckHost("/proc")
+	}
+	return p, name, err
 }
 
 func createCommand() *cli.Command {
@@ -233,6 +318,7 @@ func createCommand() *cli.Command {
 		&cli.StringSliceFlag{Name: "image", Usage: "image tarball, or directory of them, every node imports at start (repeatable)"},
 		&cli.StringSliceFlag{Name: "port", Usage: "HOST:NODEPORT: publish a NodePort of the cluster on the host's loopback port HOST (repeatable)"},
 		waitFlag(),
+		&cli.StringFlag{Name: "from", Usage: "make the cluster from a snapshot `kelp cluster save` kept: its nodes, objects, images and volumes"},
 		&cli.BoolFlag{Name: "kubeconfig-update-default", Usage: "merge the cluster's context, kelp-NAME, into the default kubeconfig ($KUBECONFIG or ~/.kube/config) and make it current"},
 	}
 	return &cli.Command{
@@ -241,11 +327,18 @@ func createCommand() *cli.Command {
 		ArgsUsage: "[NAME] [-- FLAGS FOR EVERY KELP SERVER AND AGENT…]",
 		Flags:     flags,
 		Action: func(c *cli.Context) error {
-			f, err := parseCreate(c, flags)
+			f, err := parse(c, 1)
 			if err != nil {
 				return err
 			}
-			o := Options{Name: f.name, Args: f.extra, Servers: f.int("servers"), Agents: f.int("agents"), Datastore: f.string("datastore"), Images: f.slice("image")}
+			name := "kelp"
+			if len(f.args) > 0 {
+				name = f.args[0]
+			}
+			if len(f.extra) > 0 && !strings.HasPrefix(f.extra[0], "-") {
+				return fmt.Errorf("kelp cluster create: unexpected %q: give one name, then flags, then -- and the flags for kelp server and agent", f.extra[0])
+			}
+			o := Options{Name: name, Args: f.extra, Servers: f.int("servers"), Agents: f.int("agents"), Datastore: f.string("datastore"), Images: f.slice("image")}
 			for _, p := range f.slice("port") {
 				port, err := ParsePort(p)
 				if err != nil {
@@ -261,8 +354,8 @@ func createCommand() *cli.Command {
 			}
 			root := f.string("root")
 			started := time.Now()
-			if _, err := Create(root, o); err != nil {
-				return errors.Join(fmt.Errorf("create cluster %s: %w", o.Name, err), cleanupFailed(root, o.Name))
+			if err := Create(root, o, f.string("from")); err != nil {
+				return fmt.Errorf("create cluster %s: %w", o.Name, err)
 			}
 			into := ""
 			if f.bool("kubeconfig-update-default") {
@@ -282,93 +375,100 @@ func createCommand() *cli.Command {
 	}
 }
 
-// createFlags are create's flags, wherever they were given: urfave/cli
-// stops parsing at the first argument that is no flag, so the flags after
-// the cluster's name are parsed again, and win.
-type createFlags struct {
-	name  string
-	extra []string // after "--": for every kelp server and agent
+// parsed is a command line of a cluster subcommand, flags wherever they
+// were given: urfave/cli stops parsing at the first argument that is no
+// flag, so what it left is parsed again, and flags found there win.
+type parsed struct {
+	args  []string // the positional arguments
+	extra []string // after "--", or after the last positional argument a command takes
 	c     *cli.Context
 	after *flag.FlagSet
-	set   map[string]bool // given after the name
+	set   map[string]bool // given after a positional argument
 }
 
-// parseCreate reads the name (default "kelp"), the flags after it, and
-// the flags after "--" from what urfave/cli left of create's arguments.
-func parseCreate(c *cli.Context, flags []cli.Flag) (*createFlags, error) {
-	f := &createFlags{name: "kelp", c: c, set: map[string]bool{}}
+// parse reads what urfave/cli left of c's command line: positional
+// arguments (at most maxArgs; -1: any number), the flags among them, and
+// what follows "--" or the last positional argument.
+func parse(c *cli.Context, maxArgs int) (*parsed, error) {
+	p := &parsed{c: c, set: map[string]bool{}, after: flag.NewFlagSet(c.Command.Name, flag.ContinueOnError)}
+	p.after.SetOutput(io.Discard)
+	for _, fl := range c.Command.Flags {
+		if err := fl.Apply(p.after); err != nil {
+			return nil, err
+		}
+	}
 	args := c.Args().Slice()
-	if len(args) > 0 && args[0] != "--" && !strings.HasPrefix(args[0], "-") {
-		f.name, args = args[0], args[1:]
-		f.after = flag.NewFlagSet("create", flag.ContinueOnError)
-		f.after.SetOutput(io.Discard)
-		for _, fl := range flags {
-			if err := fl.Apply(f.after); err != nil {
-				return nil, err
+	// urfave/cli parses every flag before the first positional argument;
+	// one left at the start came after a "--" it took.
+	if len(args) > 0 && strings.HasPrefix(args[0], "-") && args[0] != "--" {
+		p.extra = args
+		return p, nil
+	}
+	for len(args) > 0 {
+		switch {
+		case args[0] == "--":
+			p.extra = args[1:]
+			args = nil
+		case strings.HasPrefix(args[0], "-"):
+			if err := p.after.Parse(args); err != nil {
+				return nil, fmt.Errorf("kelp cluster %s: %w", c.Command.Name, err)
 			}
+			rest := p.after.Args()
+			if used := args[:len(args)-len(rest)]; used[len(used)-1] == "--" {
+				p.extra, rest = rest, nil
+			}
+			args = rest
+		case len(p.args) == maxArgs:
+			p.extra, args = args, nil
+		default:
+			p.args, args = append(p.args, args[0]), args[1:]
 		}
-		if err := f.after.Parse(args); err != nil {
-			return nil, fmt.Errorf("kelp cluster create %s: %w", f.name, err)
-		}
-		f.after.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
-		rest := f.after.Args()
-		if stop := len(args) - len(rest); stop > 0 && args[stop-1] == "--" {
-			f.extra = rest
-			return f, nil
-		}
-		args = rest
-	} else if len(args) > 0 && args[0] == "--" {
-		args = args[1:]
 	}
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		return nil, fmt.Errorf("kelp cluster create: unexpected %q: give one name, then flags, then -- and the flags for kelp server and agent", args[0])
-	}
-	f.extra = args
-	return f, nil
+	p.after.Visit(func(fl *flag.Flag) { p.set[fl.Name] = true })
+	return p, nil
 }
 
-func (f *createFlags) int(name string) int {
-	if f.set[name] {
-		return f.after.Lookup(name).Value.(flag.Getter).Get().(int)
+func (p *parsed) int(name string) int {
+	if p.set[name] {
+		return p.after.Lookup(name).Value.(flag.Getter).Get().(int)
 	}
-	return f.c.Int(name)
+	return p.c.Int(name)
 }
 
-func (f *createFlags) string(name string) string {
-	if f.set[name] {
-		return f.after.Lookup(name).Value.String()
+func (p *parsed) string(name string) string {
+	if p.set[name] {
+		return p.after.Lookup(name).Value.String()
 	}
-	return f.c.String(name)
+	return p.c.String(name)
 }
 
-func (f *createFlags) bool(name string) bool {
-	if f.set[name] {
-		return f.after.Lookup(name).Value.(flag.Getter).Get().(bool)
+func (p *parsed) bool(name string) bool {
+	if p.set[name] {
+		return p.after.Lookup(name).Value.(flag.Getter).Get().(bool)
 	}
-	return f.c.Bool(name)
+	return p.c.Bool(name)
 }
 
-func (f *createFlags) duration(name string) time.Duration {
-	if f.set[name] {
-		return f.after.Lookup(name).Value.(flag.Getter).Get().(time.Duration)
+func (p *parsed) duration(name string) time.Duration {
+	if p.set[name] {
+		return p.after.Lookup(name).Value.(flag.Getter).Get().(time.Duration)
 	}
-	return f.c.Duration(name)
+	return p.c.Duration(name)
 }
 
-func (f *createFlags) slice(name string) []string {
-	if f.set[name] {
-		return append(f.c.StringSlice(name), f.after.Lookup(name).Value.(*cli.StringSlice).Value()...)
+func (p *parsed) slice(name string) []string {
+	if p.set[name] {
+		return append(p.c.StringSlice(name), p.after.Lookup(name).Value.(*cli.StringSlice).Value()...)
 	}
-	return f.c.StringSlice(name)
+	return p.c.StringSlice(name)
 }
 
-// cleanupFailed deletes what a failed create made, unless the name was
-// another cluster's.
-func cleanupFailed(root, name string) error {
-	if _, err := os.Stat(filepath.Join(root, name, stateFile)); err != nil {
-		return nil
+// oneName is the one cluster a command names.
+func (p *parsed) oneName() (string, error) {
+	if len(p.args) != 1 || len(p.extra) > 0 {
+		return "", fmt.Errorf("name one cluster: kelp cluster %s NAME", p.c.Command.Name)
 	}
-	return Delete(root, name, io.Discard)
+	return p.args[0], nil
 }
 
 func printList(w io.Writer, root string) error {
@@ -377,7 +477,7 @@ func printList(w io.Writer, root string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSERVERS\tAGENTS\tSTATUS\tNETWORK\tKUBECONFIG")
+	fmt.Fprintln(tw, "NAME\tSERVERS\tAGENTS\tSTATUS\tAPI\tKUBECONFIG")
 	for _, s := range states {
 		servers, agents := 0, 0
 		for _, n := range s.Nodes {
@@ -394,7 +494,7 @@ func printList(w io.Writer, root string) error {
 				status = "failed (kelp cluster start restarts it)"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", s.Name, servers, agents, status, s.Subnet, paths{filepath.Join(root, s.Name)}.kubeconfig())
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\thttps://%s\t%s\n", s.Name, servers, agents, status, hostAddr(s.APIPort), paths{filepath.Join(root, s.Name)}.kubeconfig())
 	}
 	return tw.Flush()
 }

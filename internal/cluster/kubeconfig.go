@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -25,7 +24,7 @@ func Context(name string) string { return "kelp-" + name }
 
 // writeKubeconfig writes the cluster's kubeconfig, made from the admin
 // kubeconfig its first server wrote, with the address the host reaches
-// that server at and the cluster's context name. It says so if the server
+// the servers at (the forwarder's) and the cluster's context name. It says so if the server
 // has not written one yet.
 func writeKubeconfig(dir string, s *State) (*clientcmdapi.Config, error) {
 	first := s.Nodes[0]
@@ -42,7 +41,7 @@ func writeKubeconfig(dir string, s *State) (*clientcmdapi.Config, error) {
 	}
 	name := Context(s.Name)
 	cluster := admin.Clusters[ctx.Cluster].DeepCopy()
-	cluster.Server = "https://" + net.JoinHostPort(first.IP.String(), "6443")
+	cluster.Server = "https://" + hostAddr(s.APIPort)
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters[name] = cluster
 	cfg.AuthInfos[name] = admin.AuthInfos[ctx.AuthInfo].DeepCopy()

@@ -12,81 +12,19 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sirupsen/logrus"
-	"github.com/vishvananda/netlink"
 
 	"github.com/kelp-dev/kelp/internal/machine"
 )
 
-// subnets is where clusters' node networks come from, a /24 each: away
-// from kelp's pod and service networks (10.42/16, 10.43/16) and from the
-// 10.0–10.99 and 192.168 ranges home and cloud networks favour.
-var subnets = netip.MustParsePrefix("10.100.0.0/16")
-
-// chooseSubnet picks the first /24 of subnets that no other cluster under
-// root has and that overlaps no route or address of this host.
-func chooseSubnet(root string) (netip.Prefix, error) {
-	taken, err := hostPrefixes()
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	others, err := list(root)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	for _, s := range others {
-		taken = append(taken, s.Subnet)
-	}
-	return freeSubnet(taken)
-}
-
-// freeSubnet is the first /24 of subnets that overlaps none of taken.
-func freeSubnet(taken []netip.Prefix) (netip.Prefix, error) {
-	base := subnets.Addr().As4()
-	for i := 0; i < 256; i++ {
-		candidate := netip.PrefixFrom(netip.AddrFrom4([4]byte{base[0], base[1], byte(i), 0}), 24)
-		free := true
-		for _, t := range taken {
-			// A default route overlaps everything and says nothing.
-			if t.IsValid() && t.Bits() > 0 && t.Overlaps(candidate) {
-				free = false
-				break
-			}
-		}
-		if free {
-			return candidate, nil
-		}
-	}
-	return netip.Prefix{}, fmt.Errorf("no /24 of %s is free of this host's routes and other clusters: delete a cluster", subnets)
-}
-
-// hostPrefixes are the IPv4 networks of this host's routes and addresses.
-func hostPrefixes() ([]netip.Prefix, error) {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("list this host's routes: %w", err)
-	}
-	var out []netip.Prefix
-	for _, r := range routes {
-		if r.Dst == nil {
-			continue
-		}
-		if p, err := netip.ParsePrefix(r.Dst.String()); err == nil {
-			out = append(out, p.Masked())
-		}
-	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
-	if err != nil {
-		return nil, fmt.Errorf("list this host's addresses: %w", err)
-	}
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.IPNet.String()); err == nil {
-			out = append(out, p.Masked())
-		}
-	}
-	return out, nil
-}
+// nodeNet is the network of every cluster's nodes, each cluster in a
+// network namespace of its own, with the gateway .1 on its bridge there:
+// the host reaches a cluster only through its forwarder, so clusters never
+// clash with each other or with the host's routes, and a cluster made from
+// a saved one keeps its nodes' addresses.
+var nodeNet = netip.MustParsePrefix("10.100.0.0/24")
 
 // ParsePort reads a --port HOST:NODEPORT.
 func ParsePort(s string) (Port, error) {
@@ -103,9 +41,19 @@ func ParsePort(s string) (Port, error) {
 func checkPortFree(port uint16) error {
 	l, err := net.Listen("tcp", hostAddr(port))
 	if err != nil {
-		return fmt.Errorf("--port: port %d of the host's loopback is in use (%v): choose another host port", port, err)
+		return fmt.Errorf("port %d of the host's loopback is in use (%v): choose another host port", port, err)
 	}
 	return l.Close()
+}
+
+// freePort is a port of the host's loopback that no one listens on now.
+func freePort() (uint16, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return uint16(l.Addr().(*net.TCPAddr).Port), nil
 }
 
 func hostAddr(port uint16) string {
@@ -113,9 +61,17 @@ func hostAddr(port uint16) string {
 }
 
 // startForwarder starts `kelp cluster forward` in a session of its own on
-// the host, publishing the cluster's ports on the host's loopback.
+// the host: it publishes the cluster's API (on APIPort, to its servers in
+// turn) and ports on the host's loopback, and dials the nodes from the
+// cluster's network namespace.
 func startForwarder(s *State) (machine.Process, error) {
-	args := []string{"cluster", "forward"}
+	var servers []string
+	for _, n := range s.Nodes {
+		if n.Role == "server" {
+			servers = append(servers, net.JoinHostPort(n.IP.String(), "6443"))
+		}
+	}
+	args := []string{"cluster", "forward", strconv.Itoa(s.Network.Holder.Pid), hostAddr(s.APIPort) + "=" + strings.Join(servers, ",")}
 	for _, p := range s.Ports {
 		args = append(args, hostAddr(p.Host)+"="+net.JoinHostPort(s.Nodes[0].IP.String(), strconv.Itoa(int(p.Node))))
 	}
@@ -134,23 +90,24 @@ func startForwarder(s *State) (machine.Process, error) {
 	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return machine.Process{}, fmt.Errorf("the port forwarder: %s", strings.TrimSpace(stderr.String()))
+		return machine.Process{}, fmt.Errorf("publish the cluster's ports: %s", strings.TrimSpace(stderr.String()))
 	}
 	go func() { _ = cmd.Wait() }()
 	return machine.ProcessOf(cmd.Process.Pid)
 }
 
-// Forward listens on every LISTEN of pairs "LISTEN=TARGET" and copies each
-// connection to a new one to its TARGET, until ctx ends. It writes
-// "ready\n" to ready once it listens on all.
-func Forward(ctx context.Context, pairs []string, ready io.Writer) error {
+// Forward listens on the host's side of every pair "LISTEN=TARGET[,TARGET…]"
+// and copies each connection to a new one to the first TARGET that
+// answers, dialled from the network namespace of process netnsPid, until
+// ctx ends. It writes "ready\n" to ready once it listens on all.
+func Forward(ctx context.Context, netnsPid int, pairs []string, ready io.Writer) error {
 	var listeners []net.Listener
 	defer func() {
 		for _, l := range listeners {
 			l.Close()
 		}
 	}()
-	targets := map[net.Listener]string{}
+	targets := map[net.Listener][]string{}
 	for _, p := range pairs {
 		listen, target, ok := strings.Cut(p, "=")
 		if !ok {
@@ -161,18 +118,27 @@ func Forward(ctx context.Context, pairs []string, ready io.Writer) error {
 			return err
 		}
 		listeners = append(listeners, l)
-		targets[l] = target
+		targets[l] = strings.Split(target, ",")
 	}
 	fmt.Fprint(ready, "ready\n")
 	if f, ok := ready.(*os.File); ok {
-		f.Close() // whoever waited for it does not read further
+		f.Close() // whoever waited for it reads no further
+	}
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := machine.InNetnsOf(netnsPid, func() error {
+			var err error
+			conn, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", addr)
+			return err
+		})
+		return conn, err
 	}
 	var wg sync.WaitGroup
 	for _, l := range listeners {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			serve(l, targets[l])
+			serve(ctx, l, targets[l], dial)
 		}()
 	}
 	<-ctx.Done()
@@ -183,7 +149,7 @@ func Forward(ctx context.Context, pairs []string, ready io.Writer) error {
 	return nil
 }
 
-func serve(l net.Listener, target string) {
+func serve(ctx context.Context, l net.Listener, targets []string, dial func(context.Context, string) (net.Conn, error)) {
 	for {
 		conn, err := l.Accept()
 		if err != nil {
@@ -192,18 +158,20 @@ func serve(l net.Listener, target string) {
 			}
 			return
 		}
-		go proxy(conn, target)
+		go func() {
+			defer conn.Close()
+			for _, t := range targets {
+				if up, err := dial(ctx, t); err == nil {
+					proxy(conn, up)
+					return
+				}
+			}
+		}()
 	}
 }
 
-// proxy copies between conn and a new connection to target, each way
-// until its end closes, then closes both.
-func proxy(conn net.Conn, target string) {
-	defer conn.Close()
-	up, err := net.Dial("tcp", target)
-	if err != nil {
-		return
-	}
+// proxy copies between conn and up, each way until its end closes.
+func proxy(conn, up net.Conn) {
 	defer up.Close()
 	done := make(chan struct{}, 2)
 	go func() { _, _ = io.Copy(up, conn); closeWrite(up); done <- struct{}{} }()

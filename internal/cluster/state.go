@@ -40,7 +40,7 @@ func checkName(name string) error {
 type State struct {
 	Name      string       `json:"name"`
 	Binary    string       `json:"binary"` // the kelp its nodes run
-	Subnet    netip.Prefix `json:"subnet"` // the nodes' network; .1 is the host
+	APIPort   uint16       `json:"apiPort"` // of the host's loopback, forwarded to the servers
 	Datastore string       `json:"datastore"`
 	Args      []string     `json:"args,omitempty"` // for every kelp server and agent
 	Ports     []Port       `json:"ports,omitempty"`

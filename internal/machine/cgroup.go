@@ -361,7 +361,7 @@ func (c *Cgroups) mountScript() []string {
 func (c *Cgroups) remove() error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		pids := c.pids()
+		pids := c.Pids()
 		if len(pids) == 0 {
 			break
 		}
@@ -410,8 +410,8 @@ func (c *Cgroups) thaw() {
 	}
 }
 
-// pids are the processes in the node's cgroups.
-func (c *Cgroups) pids() []int {
+// Pids are the processes in c and the cgroups below it.
+func (c *Cgroups) Pids() []int {
 	var pids []int
 	for _, h := range c.Hierarchies {
 		for _, dir := range cgroupDirs(h.Dir) {

@@ -68,20 +68,12 @@ func (n *Network) Wire(m *Machine, link string, addr netip.Prefix, gateway netip
 	return nil
 }
 
-// LinkHost links the host's own network namespace to the bridge: a veth
-// pair whose host end, named link, gets addr (the machines' gateway), so
-// the host reaches the machines and they reach it. The pair dies with the
-// network.
-func (n *Network) LinkHost(link string, addr netip.Prefix) error {
-	for _, cmd := range []*exec.Cmd{
-		exec.Command("ip", "link", "add", link, "type", "veth", "peer", "name", "host0", "netns", strconv.Itoa(n.Holder.Pid)),
-		n.Command("ip", "link", "set", "host0", "master", n.Bridge, "up"),
-		exec.Command("ip", "addr", "add", addr.String(), "dev", link),
-		exec.Command("ip", "link", "set", link, "up"),
-	} {
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("link the host to the network: %v: %v\n%s", cmd.Args, err, out)
-		}
+// AddAddress gives the bridge an address in the network's namespace, so
+// that what runs there, or dials from there (InNetnsOf), reaches the
+// machines: for machines whose default gateway it is.
+func (n *Network) AddAddress(addr netip.Prefix) error {
+	if out, err := n.Command("ip", "addr", "add", addr.String(), "dev", n.Bridge).CombinedOutput(); err != nil {
+		return fmt.Errorf("address the network's bridge: %v\n%s", err, out)
 	}
 	return nil
 }

@@ -479,6 +479,19 @@ func (n *Node) Processes() []string {
 	return procs
 }
 
+// CgroupProcesses are the processes in the node's cgroups other than its
+// namespace holder: whatever kelp and what it started left, whichever
+// namespaces they made for themselves.
+func (n *Node) CgroupProcesses() []int {
+	var pids []int
+	for _, pid := range n.machine.Cgroups.Pids() {
+		if pid != n.machine.Holder.Pid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // RunKelpInTerminal runs kelp with args inside the node with a new
 // terminal as its stdin, stdout and stderr, and returns what it wrote
 // there and its exit error; it fails the test if kelp runs longer than
