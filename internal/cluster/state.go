@@ -38,12 +38,12 @@ func checkName(name string) error {
 // enough to start, stop and delete it from any later process, also after
 // its processes were killed.
 type State struct {
-	Name      string       `json:"name"`
-	Binary    string       `json:"binary"` // the kelp its nodes run
-	APIPort   uint16       `json:"apiPort"` // of the host's loopback, forwarded to the servers
-	Datastore string       `json:"datastore"`
-	Args      []string     `json:"args,omitempty"` // for every kelp server and agent
-	Ports     []Port       `json:"ports,omitempty"`
+	Name      string   `json:"name"`
+	Binary    string   `json:"binary"`  // the kelp its nodes run
+	APIPort   uint16   `json:"apiPort"` // of the host's loopback, forwarded to the servers
+	Datastore string   `json:"datastore"`
+	Args      []string `json:"args,omitempty"` // for every kelp server and agent
+	Ports     []Port   `json:"ports,omitempty"`
 	// Cgroups are the cluster's own: its nodes' are below them, so
 	// removing them kills and removes everything its nodes ran.
 	Cgroups *machine.Cgroups `json:"cgroups,omitempty"`
