@@ -130,6 +130,39 @@ spec:
 		t.Errorf("the volume after stop and start holds %q", got)
 	}
 
+	// A cluster made from a saved one has its objects, images and
+	// volumes; the one it was saved from runs on.
+	if out, err := kelp("cluster", "save", "ci", "prepared"); err != nil {
+		t.Fatalf("kelp cluster save: %v\n%s", err, out)
+	}
+	out, err = kelp("cluster", "create", "fork", "--from", "prepared", "--wait", "4m")
+	if err != nil {
+		t.Fatalf("kelp cluster create --from: %v\n%s", err, out)
+	}
+	t.Log(strings.TrimSpace(out))
+	for _, cluster := range []string{"ci", "fork"} {
+		for _, ds := range []string{"web", "imported"} {
+			waitFor(t, "DaemonSet "+ds+" of cluster "+cluster+" ready on 3 nodes", func() string {
+				return kubectl(cluster, "get", "ds", ds, "-o", "jsonpath={.status.numberReady}")
+			}, "3")
+		}
+	}
+	apply("fork", podJob("read-fork", "agent-1", testcluster.TestImage, "data", "cat", "/data/kept"))
+	kubectl("fork", "wait", "--for=condition=complete", "--timeout=120s", "job/read-fork")
+	if got := kubectl("fork", "logs", "job/read-fork"); !strings.Contains(got, "written before stop") {
+		t.Errorf("the volume in the fork holds %q", got)
+	}
+	kubectl("fork", "delete", "ds", "web")
+	if got := kubectl("ci", "get", "ds", "web", "-o", "name"); strings.TrimSpace(got) != "daemonset.apps/web" {
+		t.Errorf("a DaemonSet deleted in the fork is gone in the cluster it was saved from: %q", got)
+	}
+	if out, err := kelp("cluster", "delete", "fork"); err != nil {
+		t.Fatalf("kelp cluster delete fork: %v\n%s", err, out)
+	}
+	if out, err := kelp("cluster", "snapshots", "delete", "prepared"); err != nil {
+		t.Fatalf("kelp cluster snapshots delete: %v\n%s", err, out)
+	}
+
 	badInput(t, host, kelp)
 
 	// A second cluster beside it sees nothing of the first.

@@ -188,6 +188,7 @@ func DeleteSnapshot(root, snapshot string, w io.Writer) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
+	_ = os.Remove(filepath.Dir(dir)) // once it holds no snapshot
 	fmt.Fprintf(w, "deleted snapshot %s\n", snapshot)
 	return nil
 }
