@@ -24,11 +24,10 @@ import (
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/killall"
 	"github.com/kelp-dev/kelp/internal/kubectl"
-	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/logging"
 	"github.com/kelp-dev/kelp/internal/secretsencrypt"
 	"github.com/kelp-dev/kelp/internal/snapshot"
-	"github.com/kelp-dev/kelp/internal/token"
+	"github.com/kelp-dev/kelp/internal/tokencmd"
 	"github.com/kelp-dev/kelp/internal/version"
 	"github.com/kelp-dev/kelp/server"
 )
@@ -120,7 +119,7 @@ func newApp() *cli.App {
 					},
 				}},
 			},
-			token.Command(),
+			tokencmd.Command(),
 			snapshot.Command(),
 			cluster.Command(),
 			certificate.Command(),
@@ -137,17 +136,7 @@ func newApp() *cli.App {
 					return nil
 				},
 			},
-			{
-				Name:  "killall",
-				Usage: "stop kelp and every container it started, unmount its filesystems, remove its interfaces and nftables tables",
-				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the kelp to stop"},
-				},
-				Action: func(c *cli.Context) error {
-					logging.Setup(false)
-					return killall.Run(c.String("data-dir"))
-				},
-			},
+			killall.Command(),
 			{
 				Name:            "crictl",
 				Usage:           "inspect pods, containers and images through the CRI of kelp's containerd",

@@ -28,7 +28,6 @@ const (
 
 // Command is `kelp certificate`.
 func Command() *cli.Command {
-	dataDir := &cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server or agent"}
 	return &cli.Command{
 		Name:  "certificate",
 		Usage: "check how long this machine's certificates have left, and rotate a server's leaf certificates",
@@ -36,30 +35,30 @@ func Command() *cli.Command {
 			{
 				Name:  "check",
 				Usage: fmt.Sprintf("list each certificate with its expiry, days left and OK, WARN (due: running kelp renews a leaf within the hour, never a CA) or EXPIRED; exit status %d if one expired, %d if one is due", exitExpired, exitWarn),
-				Flags: []cli.Flag{config.ConfigFlag(), dataDir},
-				Action: func(c *cli.Context) error {
-					return check(c.App.Writer, c.String("data-dir"), time.Now())
-				},
+				Flags: config.NodeFlags(),
+				Action: config.WithDataDir(func(c *cli.Context, dataDir string) error {
+					return check(c.App.Writer, dataDir, time.Now())
+				}),
 			},
 			{
 				Name:  "rotate",
 				Usage: "move a stopped server's leaf certificates aside so that it issues new ones when it starts; CAs are kept",
-				Flags: []cli.Flag{config.ConfigFlag(), dataDir, &cli.StringSliceFlag{Name: "service", Usage: "rotate only this service's certificates (repeatable): " + fmt.Sprint(pki.FilesIn("").ServiceNames())}},
-				Action: func(c *cli.Context) error {
-					return rotate(c.App.Writer, c.String("data-dir"), config.List(c.StringSlice("service")), time.Now())
-				},
+				Flags: append(config.NodeFlags(), &cli.StringSliceFlag{Name: "service", Usage: "rotate only this service's certificates (repeatable): " + fmt.Sprint(pki.FilesIn("").ServiceNames())}),
+				Action: config.WithDataDir(func(c *cli.Context, dataDir string) error {
+					return rotate(c.App.Writer, dataDir, config.List(c.StringSlice("service")), time.Now())
+				}),
 			},
 			{
 				Name:  "rotate-ca",
 				Usage: "replace a stopped server's certificate authorities, in two steps that keep joined nodes working: rotate-ca, then rotate-ca --finish once every node has the new CAs (see README, Certificates)",
 				Flags: []cli.Flag{
-					config.ConfigFlag(), dataDir,
+					config.ConfigFlag(), config.DataDirFlag(),
 					&cli.StringFlag{Name: "path", Usage: "directory with the new CAs, named as in <data-dir>/server/tls (server-ca.crt/.key, client-ca, request-header-ca, etcd/server-ca, etcd/peer-ca); default: make new ones"},
 					&cli.BoolFlag{Name: "finish", Usage: "end a rotation: stop trusting the old CAs"},
 				},
-				Action: func(c *cli.Context) error {
-					return rotateCA(c.App.Writer, c.String("data-dir"), c.String("path"), c.Bool("finish"), time.Now())
-				},
+				Action: config.WithDataDir(func(c *cli.Context, dataDir string) error {
+					return rotateCA(c.App.Writer, dataDir, c.String("path"), c.Bool("finish"), time.Now())
+				}),
 			},
 		},
 	}

@@ -51,9 +51,11 @@ func WithFileArgs(app *cli.App, args []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A tool beside the server (kelp snapshot save) takes the keys of the
-	// server's config that it has flags for, such as data-dir.
-	fileArgs, err := settingsToArgs(cmd.Flags, settings, nested)
+	// A tool beside the node (kelp snapshot save, kelp killall) takes the
+	// keys of the node's config that it has flags for, such as data-dir;
+	// the file is kelp server's or kelp agent's, which check every key.
+	nodeCommand := !nested && (cmd.Name == "server" || cmd.Name == "agent")
+	fileArgs, err := settingsToArgs(cmd.Flags, settings, !nodeCommand)
 	if err != nil {
 		return nil, err
 	}
@@ -90,26 +92,6 @@ func findSub(commands []*cli.Command, name string) *cli.Command {
 		}
 	}
 	return nil
-}
-
-// FileDataDir is the data-dir that the config files of a `kelp server` or
-// `kelp agent` set, found as WithFileArgs finds them: args follow the
-// subcommand, getenv reads the process's environment, a relative --config
-// is taken from cwd, and fsys is the file system at "/". It is "" where
-// the files set none. `kelp killall` reads other processes with it.
-func FileDataDir(fsys fs.FS, args []string, getenv func(string) string, cwd string) (string, error) {
-	path, explicit := configPath(args, getenv)
-	if !filepath.IsAbs(path) {
-		path = filepath.Join(cwd, path)
-	}
-	settings, err := readConfigFiles(fsys, filepath.Clean(path), explicit)
-	if err != nil {
-		return "", err
-	}
-	if v := settings["data-dir"].values; len(v) > 0 {
-		return v[len(v)-1], nil
-	}
-	return "", nil
 }
 
 // configPath finds --config/-c in the subcommand's arguments, then the

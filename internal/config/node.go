@@ -63,10 +63,12 @@ func ConfigFlag() cli.Flag {
 }
 
 func nodeFlags(in *nodeInput) []cli.Flag {
+	dataDir := DataDirFlag()
+	dataDir.Destination = &in.node.DataDir
 	return []cli.Flag{
 		ConfigFlag(),
 		&cli.BoolFlag{Name: "debug", Aliases: []string{"v"}, EnvVars: env("debug"), Destination: &in.node.Debug, Usage: "log at debug level, including the Kubernetes components"},
-		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: env("data-dir"), Value: layout.DefaultDataDir, Destination: &in.node.DataDir, Usage: "directory for state, certificates and the unpacked bundle"},
+		dataDir,
 		&cli.StringFlag{Name: "node-name", EnvVars: env("node-name"), Destination: &in.node.NodeName, Usage: "node name (default: the hostname)"},
 		&cli.StringSliceFlag{Name: "node-ip", EnvVars: env("node-ip"), Destination: &in.nodeIPs, Usage: "IP address of this node (default: detected from the default route)"},
 		&cli.StringSliceFlag{Name: "node-external-ip", EnvVars: env("node-external-ip"), Destination: &in.nodeExternalIPs, Usage: "external IP address of this node (its ExternalIP); repeatable"},

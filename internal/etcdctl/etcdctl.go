@@ -6,7 +6,6 @@ package etcdctl
 
 import (
 	"fmt"
-	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -18,11 +17,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/datastore"
-	"github.com/kelp-dev/kelp/internal/layout"
 )
-
-// dataDirEnv names the data dir like --data-dir does, as for kelp server.
-const dataDirEnv = "KELP_DATA_DIR"
 
 // Main runs etcdctl with args; args[0] is the program name. A leading
 // --data-dir DIR says whose datastore to reach; without it KELP_DATA_DIR,
@@ -30,11 +25,11 @@ const dataDirEnv = "KELP_DATA_DIR"
 // ETCDCTL_* variables override the endpoint and TLS files found there.
 // Most etcdctl commands exit the process themselves when they fail.
 func Main(args []string) error {
-	cwd, err := os.Getwd()
+	l, err := config.ThisProcess()
 	if err != nil {
 		return err
 	}
-	dataDir, rest, err := splitDataDir(args[1:], os.Getenv, os.DirFS("/"), cwd)
+	dataDir, rest, err := config.LeadingDataDir(args[1:], l)
 	if err != nil {
 		return err
 	}
@@ -46,34 +41,6 @@ func Main(args []string) error {
 	root := newRoot(be)
 	root.SetArgs(rest)
 	return root.Execute()
-}
-
-// splitDataDir takes a leading --data-dir off args. It looks only at the
-// start because etcdctl's subcommands have flags of their own, and -d is
-// etcdctl's --discovery-srv.
-func splitDataDir(args []string, getenv func(string) string, fsys fs.FS, cwd string) (dataDir string, rest []string, err error) {
-	if len(args) > 0 {
-		if v, ok := strings.CutPrefix(args[0], "--data-dir="); ok {
-			return v, args[1:], nil
-		}
-		if args[0] == "--data-dir" {
-			if len(args) < 2 {
-				return "", nil, fmt.Errorf("--data-dir needs a directory")
-			}
-			return args[1], args[2:], nil
-		}
-	}
-	if v := getenv(dataDirEnv); v != "" {
-		return v, args, nil
-	}
-	dir, err := config.FileDataDir(fsys, nil, getenv, cwd)
-	if err != nil {
-		return "", nil, err
-	}
-	if dir != "" {
-		return dir, args, nil
-	}
-	return layout.DefaultDataDir, args, nil
 }
 
 // userEndpoints reports whether the user names the datastore himself.

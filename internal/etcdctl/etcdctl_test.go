@@ -12,7 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -99,40 +98,6 @@ func startDatastore(t *testing.T, cfg datastore.Config) *datastore.Datastore {
 		t.Fatalf("datastore not ready: %v", err)
 	}
 	return d
-}
-
-func TestSplitDataDir(t *testing.T) {
-	fsys := fstest.MapFS{"etc/kelp/config.yaml": {Data: []byte("data-dir: /srv/kelp\n")}}
-	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
-	for _, tc := range []struct {
-		name     string
-		args     []string
-		env      map[string]string
-		fsys     fstest.MapFS
-		wantDir  string
-		wantRest []string
-	}{
-		{"default", []string{"get", "/a"}, nil, fstest.MapFS{}, layout.DefaultDataDir, []string{"get", "/a"}},
-		{"config file", []string{"get", "/a"}, nil, fsys, "/srv/kelp", []string{"get", "/a"}},
-		{"environment beats the file", []string{"get"}, map[string]string{"KELP_DATA_DIR": "/env"}, fsys, "/env", []string{"get"}},
-		{"flag beats the environment", []string{"--data-dir", "/flag", "get"}, map[string]string{"KELP_DATA_DIR": "/env"}, fsys, "/flag", []string{"get"}},
-		{"flag with =", []string{"--data-dir=/flag", "member", "list"}, nil, fsys, "/flag", []string{"member", "list"}},
-		{"flag after the etcdctl arguments is etcdctl's", []string{"get", "--data-dir", "/x"}, nil, fstest.MapFS{}, layout.DefaultDataDir, []string{"get", "--data-dir", "/x"}},
-		{"-d is etcdctl's --discovery-srv", []string{"-d", "example.com", "get"}, nil, fstest.MapFS{}, layout.DefaultDataDir, []string{"-d", "example.com", "get"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir, rest, err := splitDataDir(tc.args, env(tc.env), tc.fsys, "/")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if dir != tc.wantDir || strings.Join(rest, " ") != strings.Join(tc.wantRest, " ") {
-				t.Errorf("got %q %q, want %q %q", dir, rest, tc.wantDir, tc.wantRest)
-			}
-		})
-	}
-	if _, _, err := splitDataDir([]string{"--data-dir"}, env(nil), fstest.MapFS{}, "/"); err == nil {
-		t.Error("--data-dir without a value was accepted")
-	}
 }
 
 func TestSQLite(t *testing.T) {

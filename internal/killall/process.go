@@ -29,9 +29,6 @@ const shimBinary = "containerd-shim-runc-v2"
 // process runs was replaced (an upgrade, a rebuild) or removed.
 const deleted = " (deleted)"
 
-// dataDirEnv is the environment variable kelp reads its data dir from.
-const dataDirEnv = "KELP_DATA_DIR"
-
 // A process is one row of the process table, as /proc shows it.
 type process struct {
 	pid, ppid int
@@ -224,23 +221,17 @@ func (c classifier) shimOwner(p process) owner {
 }
 
 // dataDirOf finds the data dir of a kelp server or agent with args (after
-// its subcommand) as kelp does: --data-dir, else KELP_DATA_DIR, else the
-// config file, else the default.
+// its subcommand) as kelp does (config.ResolveDataDir): --data-dir, else
+// KELP_DATA_DIR, else the config file, else the default.
 func (c classifier) dataDirOf(p process, args []string) (string, error) {
-	if dir := last(flagValues(args, "--data-dir", "-data-dir", "--d", "-d")); dir != "" {
-		return dir, nil
-	}
-	if dir, ok := getenv(p.environ, dataDirEnv); ok {
-		return dir, nil
-	}
-	dir, err := config.FileDataDir(c.root, args, func(key string) string {
-		v, _ := getenv(p.environ, key)
-		return v
-	}, p.cwd)
-	if err != nil || dir != "" {
-		return dir, err
-	}
-	return layout.DefaultDataDir, nil
+	return config.ResolveDataDir(last(flagValues(args, "--data-dir", "-data-dir", "--d", "-d")), args, config.Lookup{
+		Getenv: func(key string) string {
+			v, _ := getenv(p.environ, key)
+			return v
+		},
+		FS:  c.root,
+		Cwd: p.cwd,
+	})
 }
 
 // flagValues returns the values args give a flag spelled one of spellings

@@ -19,35 +19,32 @@ import (
 
 // Command is `kelp secrets-encrypt`, run on a server while it runs.
 func Command() *cli.Command {
-	flags := []cli.Flag{
-		config.ConfigFlag(),
-		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server"},
-	}
+	flags := config.NodeFlags()
 	step := func(name, usage string, do func(path string) error) *cli.Command {
-		return &cli.Command{Name: name, Usage: usage, Flags: flags, Action: func(c *cli.Context) error {
-			path := layout.Server(c.String("data-dir")).EncryptionConfig
+		return &cli.Command{Name: name, Usage: usage, Flags: flags, Action: config.WithDataDir(func(c *cli.Context, dataDir string) error {
+			path := layout.Server(dataDir).EncryptionConfig
 			if err := do(path); err != nil {
 				return err
 			}
 			fmt.Fprintf(c.App.Writer, "%s: done; the apiserver loads %s within %s\n", name, path, ReloadInterval)
-			return status(c.Context, c.App.Writer, c.String("data-dir"))
-		}}
+			return status(c.Context, c.App.Writer, dataDir)
+		})}
 	}
 	return &cli.Command{
 		Name:  "secrets-encrypt",
 		Usage: "encryption of Secrets at rest: status, enable, disable, and key rotation (prepare, rotate, reencrypt, or rotate-keys for all three)",
 		Subcommands: []*cli.Command{
 			{Name: "status", Usage: "say whether Secrets are encrypted, with which keys, and how each Secret in the datastore is stored", Flags: flags,
-				Action: func(c *cli.Context) error { return status(c.Context, c.App.Writer, c.String("data-dir")) }},
+				Action: config.WithDataDir(func(c *cli.Context, dataDir string) error { return status(c.Context, c.App.Writer, dataDir) })},
 			step("enable", "encrypt new writes (with a new key if there is none); `reencrypt` then encrypts the Secrets already stored", func(path string) error { return Enable(path, time.Now()) }),
 			step("disable", "write Secrets in the clear again; `reencrypt` then decrypts the ones stored", Disable),
 			step("prepare", "add a new key that decrypts but does not yet encrypt (on every server first, when there are several)", func(path string) error { return Prepare(path, time.Now()) }),
 			step("rotate", "make the key added by prepare the one that encrypts", Rotate),
 			{Name: "reencrypt", Usage: "rewrite every Secret with the key that encrypts (or in the clear), then drop the keys no longer needed", Flags: flags,
-				Action: func(c *cli.Context) error { return reencrypt(c.Context, c.App.Writer, c.String("data-dir")) }},
+				Action: config.WithDataDir(func(c *cli.Context, dataDir string) error { return reencrypt(c.Context, c.App.Writer, dataDir) })},
 			{Name: "rotate-keys", Usage: "prepare, rotate and reencrypt in one go, on a cluster with one server", Flags: flags,
-				Action: func(c *cli.Context) error {
-					path := layout.Server(c.String("data-dir")).EncryptionConfig
+				Action: config.WithDataDir(func(c *cli.Context, dataDir string) error {
+					path := layout.Server(dataDir).EncryptionConfig
 					if err := Prepare(path, time.Now()); err != nil {
 						return err
 					}
@@ -57,8 +54,8 @@ func Command() *cli.Command {
 					if err := Rotate(path); err != nil {
 						return err
 					}
-					return reencrypt(c.Context, c.App.Writer, c.String("data-dir"))
-				}},
+					return reencrypt(c.Context, c.App.Writer, dataDir)
+				})},
 		},
 	}
 }

@@ -22,9 +22,7 @@ func Command() *cli.Command {
 	var in config.SnapshotStoreInput
 	// The server's config file gives these commands its data dir and
 	// snapshot settings.
-	flags := slices.Concat([]cli.Flag{
-		config.ConfigFlag(),
-		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server"},
+	flags := slices.Concat(config.NodeFlags(), []cli.Flag{
 		&cli.StringFlag{Name: "datastore-endpoint", EnvVars: []string{"KELP_DATASTORE_ENDPOINT"}, Usage: "the server's --datastore-endpoint, if any: external datastores are not snapshotted by kelp"},
 		&cli.StringFlag{Name: "node-name", EnvVars: []string{"KELP_NODE_NAME"}, Usage: "the server's node name, which names its snapshots and says which are its own to prune (default: the hostname)"},
 	}, config.SnapshotStoreFlags(&in))
@@ -37,7 +35,11 @@ func Command() *cli.Command {
 		if err != nil {
 			return Dir{}, config.SnapshotStore{}, err
 		}
-		return Dir{DataDir: c.String("data-dir"), Path: store.Dir, Node: strings.ToLower(c.String("node-name"))}, store, nil
+		dataDir, err := config.DataDir(c)
+		if err != nil {
+			return Dir{}, config.SnapshotStore{}, err
+		}
+		return Dir{DataDir: dataDir, Path: store.Dir, Node: strings.ToLower(c.String("node-name"))}, store, nil
 	}
 	// open returns the snapshot directory and, with --snapshot-s3, the S3
 	// folder, checked to be reachable before anything is changed.

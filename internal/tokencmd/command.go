@@ -1,4 +1,6 @@
-package token
+// Package tokencmd is `kelp token`: the join tokens of a server, made,
+// listed, deleted and rotated on it.
+package tokencmd
 
 import (
 	"fmt"
@@ -10,16 +12,17 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 // Command is `kelp token`: the join tokens of a server, run on it.
 func Command() *cli.Command {
-	flags := []cli.Flag{
-		&cli.StringFlag{Name: "data-dir", Aliases: []string{"d"}, EnvVars: []string{"KELP_DATA_DIR"}, Value: layout.DefaultDataDir, Usage: "data dir of the server"},
-		&cli.StringFlag{Name: "kubeconfig", Usage: "admin kubeconfig (default: <data-dir>/server/cred/admin.kubeconfig)"},
-	}
+	// The server's config file gives these commands its data dir.
+	flags := append(config.NodeFlags(),
+		&cli.StringFlag{Name: "kubeconfig", Usage: "admin kubeconfig (default: <data-dir>/server/cred/admin.kubeconfig)"})
 	return &cli.Command{
 		Name:  "token",
 		Usage: "make, list, delete and rotate the tokens nodes join with (on a server)",
@@ -35,11 +38,11 @@ func Command() *cli.Command {
 					if err != nil {
 						return err
 					}
-					secret, err := CreateBootstrap(c.Context, client, c.Duration("ttl"), c.String("description"))
+					secret, err := token.CreateBootstrap(c.Context, client, c.Duration("ttl"), c.String("description"))
 					if err != nil {
 						return err
 					}
-					fmt.Fprintln(c.App.Writer, Token{CAHash: hash, User: NodeUser, Secret: secret})
+					fmt.Fprintln(c.App.Writer, token.Token{CAHash: hash, User: token.NodeUser, Secret: secret})
 					return nil
 				},
 			},
@@ -52,7 +55,7 @@ func Command() *cli.Command {
 					if err != nil {
 						return err
 					}
-					list, err := ListBootstrap(c.Context, client)
+					list, err := token.ListBootstrap(c.Context, client)
 					if err != nil {
 						return err
 					}
@@ -82,7 +85,7 @@ func Command() *cli.Command {
 						return err
 					}
 					for _, id := range c.Args().Slice() {
-						if err := DeleteBootstrap(c.Context, client, id); err != nil {
+						if err := token.DeleteBootstrap(c.Context, client, id); err != nil {
 							return err
 						}
 					}
@@ -92,28 +95,31 @@ func Command() *cli.Command {
 			{
 				Name:  "rotate",
 				Usage: "give the server token a new secret; nodes that joined keep working, new ones need the new token",
-				Flags: append(flags[:1:1],
+				Flags: append(config.NodeFlags(),
 					&cli.StringFlag{Name: "new-token", Usage: "the new secret (default: a random one); --new-token-file keeps it out of ps"},
 					&cli.StringFlag{Name: "new-token-file", Usage: "file holding the new secret"}),
 				Action: func(c *cli.Context) error {
-					secret, err := FromFlagOrFile("new-token", c.String("new-token"), "new-token-file", c.String("new-token-file"))
+					secret, err := token.FromFlagOrFile("new-token", c.String("new-token"), "new-token-file", c.String("new-token-file"))
 					if err != nil {
 						return err
 					}
-					if err := CheckChosen("--new-token", secret); err != nil {
+					if err := token.CheckChosen("--new-token", secret); err != nil {
 						return err
 					}
-					dataDir := c.String("data-dir")
+					dataDir, err := config.DataDir(c)
+					if err != nil {
+						return err
+					}
 					hash, err := caHash(dataDir)
 					if err != nil {
 						return err
 					}
 					if secret == "" {
-						if secret, err = Random(); err != nil {
+						if secret, err = token.Random(); err != nil {
 							return err
 						}
 					}
-					t, err := Ensure(layout.Server(dataDir).Token, ServerUser, secret, hash)
+					t, err := token.Ensure(layout.Server(dataDir).Token, token.ServerUser, secret, hash)
 					if err != nil {
 						return err
 					}
@@ -130,7 +136,10 @@ func Command() *cli.Command {
 // tokenContext is an admin client and the CA hash of the server in
 // --data-dir.
 func tokenContext(c *cli.Context) (kubernetes.Interface, string, error) {
-	dataDir := c.String("data-dir")
+	dataDir, err := config.DataDir(c)
+	if err != nil {
+		return nil, "", err
+	}
 	hash, err := caHash(dataDir)
 	if err != nil {
 		return nil, "", err
