@@ -139,13 +139,13 @@ func newApp() *cli.App {
 			killall.Command(),
 			{
 				Name:            "crictl",
-				Usage:           "inspect pods, containers and images through the CRI of kelp's containerd",
+				Usage:           "inspect pods, containers and images through the CRI of kelp's containerd; a leading --data-dir DIR picks the node",
 				SkipFlagParsing: true,
 				Action:          func(c *cli.Context) error { return crictl.Main(append([]string{"crictl"}, c.Args().Slice()...)) },
 			},
 			{
 				Name:            "ctr",
-				Usage:           "run containerd's ctr against kelp's containerd",
+				Usage:           "run containerd's ctr against kelp's containerd; a leading --data-dir DIR picks the node",
 				SkipFlagParsing: true,
 				Action:          func(c *cli.Context) error { return containerd.CtrMain(append([]string{"ctr"}, c.Args().Slice()...)) },
 			},

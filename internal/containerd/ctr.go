@@ -4,17 +4,39 @@ import (
 	ctrapp "github.com/containerd/containerd/v2/cmd/ctr/app"
 	"github.com/urfave/cli/v2"
 
-	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/config"
 )
 
-// CtrMain runs ctr with args, talking to kelp's containerd unless
-// --address or CONTAINERD_ADDRESS says otherwise.
+// CtrMain runs ctr with args (args[0] is the program name), talking to the
+// containerd of the kelp node that a leading --data-dir DIR names (else
+// KELP_DATA_DIR, else kelp's config file, else /var/lib/kelp; see
+// config.LeadingDataDir), unless --address or CONTAINERD_ADDRESS names
+// another.
 func CtrMain(args []string) error {
-	app := ctrapp.New()
-	for _, f := range app.Flags {
-		if sf, ok := f.(*cli.StringFlag); ok && sf.Name == "address" {
-			sf.Value = layout.ContainerdAddress
-		}
+	l, err := config.ThisProcess()
+	if err != nil {
+		return err
 	}
-	return app.Run(args)
+	dataDir, rest, err := config.LeadingDataDir(args[1:], l)
+	if err != nil {
+		return err
+	}
+	app := ctrapp.New()
+	before := app.Before
+	app.Before = func(c *cli.Context) error {
+		if !c.IsSet("address") {
+			node, err := Find(dataDir)
+			if err != nil {
+				return err
+			}
+			if err := c.Set("address", node.Address()); err != nil {
+				return err
+			}
+		}
+		if before != nil {
+			return before(c)
+		}
+		return nil
+	}
+	return app.Run(append([]string{args[0]}, rest...))
 }

@@ -17,15 +17,33 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/containerd"
 )
 
-// Main runs crictl with args (args[0] is the program name).
+// Main runs crictl with args (args[0] is the program name) against the
+// containerd of the kelp node that a leading --data-dir DIR names (else
+// KELP_DATA_DIR, else kelp's config file, else /var/lib/kelp; see
+// config.LeadingDataDir), unless --runtime-endpoint or
+// CONTAINER_RUNTIME_ENDPOINT names another.
 func Main(args []string) error {
-	return app().Run(args)
+	l, err := config.ThisProcess()
+	if err != nil {
+		return err
+	}
+	dataDir, rest, err := config.LeadingDataDir(args[1:], l)
+	if err != nil {
+		return err
+	}
+	return app(func() (containerd.Node, error) { return containerd.Find(dataDir) }).Run(append([]string{args[0]}, rest...))
 }
 
-func app() *cli.App {
+// app is crictl; find finds the node's containerd when no endpoint is
+// given.
+func app(find func() (containerd.Node, error)) *cli.App {
+	with := func(fn func(context.Context, *cli.Context, clients) error) cli.ActionFunc {
+		return withClient(find, fn)
+	}
 	return &cli.App{
 		Name:            "crictl",
 		Usage:           "inspect the pods, containers and images of kelp's container runtime",
@@ -33,36 +51,36 @@ func app() *cli.App {
 		// -it, as crictl users type it.
 		UseShortOptionHandling: true,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"}, Value: "unix://" + layout.ContainerdAddress, Usage: "CRI endpoint"},
+			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"}, Usage: "CRI endpoint (default: the containerd of the node of --data-dir, given before the other arguments)"},
 			&cli.DurationFlag{Name: "timeout", Aliases: []string{"t"}, Value: 10 * time.Second, Usage: "timeout of each call"},
 		},
 		Commands: []*cli.Command{
-			{Name: "version", Usage: "show the runtime's name and version", Action: withClient(version)},
-			{Name: "info", Usage: "show the runtime's status and configuration", Action: withClient(info)},
-			{Name: "pods", Usage: "list pod sandboxes", Flags: []cli.Flag{quietFlag, nameFlag, namespaceFlag}, Action: withClient(pods)},
+			{Name: "version", Usage: "show the runtime's name and version", Action: with(version)},
+			{Name: "info", Usage: "show the runtime's status and configuration", Action: with(info)},
+			{Name: "pods", Usage: "list pod sandboxes", Flags: []cli.Flag{quietFlag, nameFlag, namespaceFlag}, Action: with(pods)},
 			{Name: "ps", Usage: "list containers", Flags: []cli.Flag{quietFlag, nameFlag, &cli.StringFlag{Name: "pod", Aliases: []string{"p"}, Usage: "only the containers of this pod ID"},
-				&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "show exited containers too"}}, Action: withClient(ps)},
-			{Name: "images", Aliases: []string{"image", "img"}, Usage: "list images", Flags: []cli.Flag{quietFlag}, Action: withClient(images)},
-			{Name: "inspect", Usage: "show containers' status as JSON", ArgsUsage: "CONTAINER-ID...", Action: withClient(inspect)},
-			{Name: "inspectp", Usage: "show pod sandboxes' status as JSON", ArgsUsage: "POD-ID...", Action: withClient(inspectPods)},
-			{Name: "inspecti", Usage: "show images' status as JSON", ArgsUsage: "IMAGE...", Action: withClient(inspectImages)},
-			{Name: "stats", Usage: "show the resource usage of running containers", Flags: []cli.Flag{&cli.StringFlag{Name: "pod", Aliases: []string{"p"}, Usage: "only the containers of this pod ID"}}, Action: withClient(stats)},
+				&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "show exited containers too"}}, Action: with(ps)},
+			{Name: "images", Aliases: []string{"image", "img"}, Usage: "list images", Flags: []cli.Flag{quietFlag}, Action: with(images)},
+			{Name: "inspect", Usage: "show containers' status as JSON", ArgsUsage: "CONTAINER-ID...", Action: with(inspect)},
+			{Name: "inspectp", Usage: "show pod sandboxes' status as JSON", ArgsUsage: "POD-ID...", Action: with(inspectPods)},
+			{Name: "inspecti", Usage: "show images' status as JSON", ArgsUsage: "IMAGE...", Action: with(inspectImages)},
+			{Name: "stats", Usage: "show the resource usage of running containers", Flags: []cli.Flag{&cli.StringFlag{Name: "pod", Aliases: []string{"p"}, Usage: "only the containers of this pod ID"}}, Action: with(stats)},
 			{Name: "logs", Usage: "print a container's log", ArgsUsage: "CONTAINER-ID", Flags: []cli.Flag{
 				&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "keep printing what the container writes"},
 				&cli.IntFlag{Name: "tail", Value: -1, Usage: "print only the last N lines"},
 				&cli.BoolFlag{Name: "timestamps", Aliases: []string{"t"}, Usage: "print each line's time"},
-			}, Action: withClient(logs)},
+			}, Action: with(logs)},
 			{Name: "exec", Usage: "run a command in a running container", ArgsUsage: "CONTAINER-ID COMMAND [ARG...]", Flags: []cli.Flag{
 				&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "pass stdin to the command"},
 				&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal"},
 				&cli.BoolFlag{Name: "sync", Aliases: []string{"s"}, Usage: "run it through the runtime and print its output when it ends"},
-			}, Action: withClient(execCommand)},
-			{Name: "stop", Usage: "stop running containers", ArgsUsage: "CONTAINER-ID...", Action: withClient(stopContainers)},
-			{Name: "rm", Usage: "remove containers", ArgsUsage: "CONTAINER-ID...", Action: withClient(removeContainers)},
-			{Name: "stopp", Usage: "stop pod sandboxes and their containers", ArgsUsage: "POD-ID...", Action: withClient(stopPods)},
-			{Name: "rmp", Usage: "remove stopped pod sandboxes", ArgsUsage: "POD-ID...", Action: withClient(removePods)},
-			{Name: "rmi", Usage: "remove images", ArgsUsage: "IMAGE...", Action: withClient(removeImages)},
-			{Name: "pull", Usage: "pull an image through the node's registry configuration", ArgsUsage: "IMAGE", Action: withClient(pull)},
+			}, Action: with(execCommand)},
+			{Name: "stop", Usage: "stop running containers", ArgsUsage: "CONTAINER-ID...", Action: with(stopContainers)},
+			{Name: "rm", Usage: "remove containers", ArgsUsage: "CONTAINER-ID...", Action: with(removeContainers)},
+			{Name: "stopp", Usage: "stop pod sandboxes and their containers", ArgsUsage: "POD-ID...", Action: with(stopPods)},
+			{Name: "rmp", Usage: "remove stopped pod sandboxes", ArgsUsage: "POD-ID...", Action: with(removePods)},
+			{Name: "rmi", Usage: "remove images", ArgsUsage: "IMAGE...", Action: with(removeImages)},
+			{Name: "pull", Usage: "pull an image through the node's registry configuration", ArgsUsage: "IMAGE", Action: with(pull)},
 		},
 	}
 }
@@ -78,6 +96,8 @@ type clients struct {
 	images  runtimeapi.ImageServiceClient
 	// timeout bounds each call; a stream (logs -f, exec) runs unbounded.
 	timeout time.Duration
+	// node is where the runtime's paths (log files) are seen from here.
+	node containerd.Node
 }
 
 // call bounds one call by the --timeout.
@@ -85,9 +105,17 @@ func (cl clients) call(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, cl.timeout)
 }
 
-func withClient(fn func(context.Context, *cli.Context, clients) error) cli.ActionFunc {
+func withClient(find func() (containerd.Node, error), fn func(context.Context, *cli.Context, clients) error) cli.ActionFunc {
 	return func(c *cli.Context) error {
+		var node containerd.Node
 		endpoint := c.String("runtime-endpoint")
+		if endpoint == "" {
+			var err error
+			if node, err = find(); err != nil {
+				return err
+			}
+			endpoint = "unix://" + node.Address()
+		}
 		target := endpoint
 		if strings.HasPrefix(endpoint, "unix://") {
 			target = "unix:" + strings.TrimPrefix(endpoint, "unix://")
@@ -97,7 +125,7 @@ func withClient(fn func(context.Context, *cli.Context, clients) error) cli.Actio
 			return fmt.Errorf("connect to %s: %w", endpoint, err)
 		}
 		defer conn.Close()
-		err = fn(c.Context, c, clients{runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn), c.Duration("timeout")})
+		err = fn(c.Context, c, clients{runtimeapi.NewRuntimeServiceClient(conn), runtimeapi.NewImageServiceClient(conn), c.Duration("timeout"), node})
 		if _, exited := err.(cli.ExitCoder); exited {
 			// A command run by exec ended with this status: crictl's own.
 			return err

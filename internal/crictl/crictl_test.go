@@ -3,6 +3,7 @@ package crictl
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/kelp-dev/kelp/internal/containerd"
 )
 
 // fakeRuntime knows some containers, pods and images, and removes as
@@ -121,7 +124,9 @@ func serveFake(t *testing.T) (*fakeRuntime, string) {
 
 func run(endpoint string, args ...string) (string, error) {
 	var out bytes.Buffer
-	a := app()
+	a := app(func() (containerd.Node, error) {
+		return containerd.Node{}, errors.New("no node: the tests give an endpoint")
+	})
 	a.Writer, a.ErrWriter = &out, &out
 	err := a.Run(append([]string{"crictl", "--runtime-endpoint", endpoint, "--timeout", "5s"}, args...))
 	return out.String(), err
@@ -169,5 +174,29 @@ func TestBadInput(t *testing.T) {
 	}
 	if _, err := run("unix://"+filepath.Join(t.TempDir(), "none.sock"), "rm", "c0ffee"); err == nil || !strings.Contains(err.Error(), "is kelp running? the runtime endpoint is unix://") {
 		t.Errorf("crictl rm with the runtime down: %v, want the question whether kelp runs", err)
+	}
+}
+
+// TestMainDataDir: kelp crictl takes a leading --data-dir, else
+// KELP_DATA_DIR, and talks to that node's containerd; before, crictl
+// refused the flag and always used /run/kelp.
+func TestMainDataDir(t *testing.T) {
+	dir := t.TempDir()
+	err := Main([]string{"crictl", "--data-dir", dir, "ps"})
+	if err == nil || !strings.Contains(err.Error(), "no containerd of a kelp node with data dir "+dir) {
+		t.Errorf("kelp crictl --data-dir of no node: %v", err)
+	}
+	t.Setenv("KELP_DATA_DIR", dir)
+	err = Main([]string{"crictl", "ps"})
+	if err == nil || !strings.Contains(err.Error(), "no containerd of a kelp node with data dir "+dir) {
+		t.Errorf("kelp crictl with KELP_DATA_DIR of no node: %v", err)
+	}
+	// An endpoint given is used as it is.
+	f, endpoint := serveFake(t)
+	err = Main([]string{"crictl", "--data-dir", dir, "--runtime-endpoint", endpoint, "stop", "c0ffee0123456789"})
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil || len(f.stopped) != 1 {
+		t.Errorf("kelp crictl --runtime-endpoint: %v, stopped %q", err, f.stopped)
 	}
 }

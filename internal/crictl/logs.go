@@ -33,14 +33,17 @@ func logs(ctx context.Context, c *cli.Context, cl clients) error {
 		return fmt.Errorf("container %s has no log file", id)
 	}
 	out := logWriter{stdout: c.App.Writer, stderr: c.App.ErrWriter, timestamps: c.Bool("timestamps")}
-	f, err := os.Open(status.LogPath)
+	// The path is the node's: in a mount namespace of its own, it is
+	// reached through its root.
+	path := cl.node.Path(status.LogPath)
+	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("container %s: %w", id, err)
 	}
 	defer func() { f.Close() }()
 	rest, err := tailFrom(f, c.Int("tail"))
 	if err != nil {
-		return fmt.Errorf("read %s: %w", status.LogPath, err)
+		return fmt.Errorf("read %s: %w", path, err)
 	}
 	if err := out.copy(rest); err != nil || !c.Bool("follow") {
 		return err
@@ -58,7 +61,7 @@ func logs(ctx context.Context, c *cli.Context, cl clients) error {
 			continue
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("read %s: %w", status.LogPath, err)
+			return fmt.Errorf("read %s: %w", path, err)
 		}
 		// An unfinished line is read again whole once it ends.
 		if _, err := f.Seek(-int64(len(line)), io.SeekCurrent); err != nil {
@@ -69,8 +72,8 @@ func logs(ctx context.Context, c *cli.Context, cl clients) error {
 			return nil
 		case <-time.After(followPoll):
 		}
-		if rotated(f, status.LogPath) {
-			next, err := os.Open(status.LogPath)
+		if rotated(f, path) {
+			next, err := os.Open(path)
 			if err == nil {
 				f.Close()
 				f = next
