@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -506,6 +507,24 @@ func TestNode(t *testing.T) {
 		} {
 			if out := crictl(check.args...); !strings.Contains(out, check.want) {
 				t.Errorf("crictl %s: want %q in\n%s", strings.Join(check.args, " "), check.want, out)
+			}
+		}
+		// From outside the node's namespaces (here, the test's), its data
+		// dir names it: kelp reaches its /run/kelp and /var/log/pods
+		// through its containerd's /proc/PID/root.
+		for _, check := range []struct {
+			env  []string
+			args []string
+			want string
+		}{
+			{nil, []string{"crictl", "--data-dir", n.DataDir, "ps"}, " web "},
+			{[]string{"KELP_DATA_DIR=" + n.DataDir}, []string{"crictl", "logs", "--tail", "1", id}, "serving on :8080"},
+			{nil, []string{"ctr", "--data-dir=" + n.DataDir, "-n", "k8s.io", "images", "ls", "-q"}, testcluster.TestImage},
+		} {
+			cmd := exec.Command(testcluster.Binary(t), check.args...)
+			cmd.Env = append(os.Environ(), check.env...)
+			if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), check.want) {
+				t.Errorf("%s kelp %s from outside the node: %v, want %q in\n%s", strings.Join(check.env, " "), strings.Join(check.args, " "), err, check.want, out)
 			}
 		}
 		if out, err := n.RunKelp(time.Minute, "crictl", "inspect", "no-such-container"); err == nil || !strings.Contains(out, "no-such-container") {

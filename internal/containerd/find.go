@@ -31,7 +31,16 @@ func (n Node) Path(path string) string { return n.Root + path }
 // (absolute) among the machine's processes, in whatever mount namespace
 // it runs. Supervise starts it with --config <data-dir>/agent/etc/…; only
 // root's processes count, so that a user's process cannot pose as a node.
+//
+// The default data dir names the node of this mount namespace, whose
+// /run/kelp is its own, whatever data dir it runs with: a node given
+// --data-dir on its command line alone, or a node of kelp cluster that
+// a shell entered (nsenter), is reached as it was before data dirs named
+// nodes, never a node of /var/lib/kelp elsewhere on the machine.
 func Find(dataDir string) (Node, error) {
+	if dataDir == layout.DefaultDataDir {
+		return Node{}, nil
+	}
 	return find("/proc", "self", dataDir)
 }
 
@@ -56,6 +65,7 @@ func find(proc, self, dataDir string) (Node, error) {
 		}
 	}
 	slices.Sort(pids)
+	var elsewhere []Node
 	for _, pid := range pids {
 		dir := filepath.Join(proc, strconv.Itoa(pid))
 		if !slices.Contains(want, configOf(filepath.Join(dir, "cmdline"))) || !rootOwned(filepath.Join(dir, "status")) {
@@ -68,7 +78,10 @@ func find(proc, self, dataDir string) (Node, error) {
 		if ns == ownNS {
 			return Node{}, nil
 		}
-		return Node{Root: filepath.Join(proc, strconv.Itoa(pid), "root")}, nil
+		elsewhere = append(elsewhere, Node{Root: filepath.Join(dir, "root")})
+	}
+	if len(elsewhere) > 0 {
+		return elsewhere[0], nil
 	}
 	return Node{}, fmt.Errorf("no containerd of a kelp node with data dir %s runs on this machine: start the node (kelp server or kelp agent with --data-dir %s), or give the data dir of one that runs", dataDir, dataDir)
 }

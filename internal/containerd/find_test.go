@@ -39,10 +39,14 @@ func TestFind(t *testing.T) {
 	fakeProc(t, proc, "200", root, "mnt:[2]", "/srv/n1/data/current/bin/containerd", "--config="+layout.Agent("/srv/n1").ContainerdConfig)
 	fakeProc(t, proc, "300", "1000\t1000\t1000\t1000", "mnt:[3]", "containerd", "--config", layout.Agent("/srv/n2").ContainerdConfig)
 	fakeProc(t, proc, "400", root, "mnt:[4]", "kelp", "containerd", "--config", layout.Agent("/srv/old").ContainerdConfig)
+	// A node with the data dir in another namespace, and in this one.
+	fakeProc(t, proc, "500", root, "mnt:[5]", "containerd", "--config", layout.Agent("/srv/both").ContainerdConfig)
+	fakeProc(t, proc, "600", root, "mnt:[1]", "containerd", "--config", layout.Agent("/srv/both").ContainerdConfig)
 	for _, tc := range []struct {
 		dataDir, want string
 	}{
 		{"/var/lib/kelp", layout.ContainerdAddress},
+		{"/srv/both", layout.ContainerdAddress},
 		{"/srv/n1", filepath.Join(proc, "200", "root") + layout.ContainerdAddress},
 		{"/srv/old", filepath.Join(proc, "400", "root") + layout.ContainerdAddress},
 	} {
@@ -55,6 +59,16 @@ func TestFind(t *testing.T) {
 		if _, err := find(proc, "self", dataDir); err == nil || !strings.Contains(err.Error(), "no containerd of a kelp node with data dir "+dataDir+" runs on this machine") {
 			t.Errorf("%s: %v", dataDir, err)
 		}
+	}
+}
+
+// TestFindDefault: the default data dir is the node of this mount
+// namespace, whatever data dir it runs with, as before data dirs named
+// nodes.
+func TestFindDefault(t *testing.T) {
+	node, err := Find(layout.DefaultDataDir)
+	if err != nil || node.Address() != layout.ContainerdAddress {
+		t.Errorf("Find(%s) = %q, %v; want %s", layout.DefaultDataDir, node.Address(), err, layout.ContainerdAddress)
 	}
 }
 
