@@ -29,8 +29,11 @@ func (n Node) Path(path string) string { return n.Root + path }
 
 // Find finds the containerd of the kelp node whose data dir is dataDir
 // (absolute) among the machine's processes, in whatever mount namespace
-// it runs. Supervise starts it with --config <data-dir>/agent/etc/…; only
-// root's processes count, so that a user's process cannot pose as a node.
+// it runs. Supervise starts it with --config <data-dir>/agent/etc/…: the
+// path, or the file it names as seen through the process's root (a node
+// of kelp cluster has its data dir mounted at /var/lib/kelp), is that of
+// dataDir. Only root's processes count, so that a user's process cannot
+// pose as a node.
 //
 // The default data dir names the node of this mount namespace, whose
 // /run/kelp is its own, whatever data dir it runs with: a node given
@@ -50,6 +53,17 @@ func find(proc, self, dataDir string) (Node, error) {
 	if real, err := filepath.EvalSymlinks(dataDir); err == nil && real != dataDir {
 		want = append(want, layout.Agent(real).ContainerdConfig)
 	}
+	wantFile, _ := os.Stat(want[0])
+	matches := func(dir, config string) bool {
+		if slices.Contains(want, config) {
+			return true
+		}
+		if wantFile == nil || !filepath.IsAbs(config) {
+			return false
+		}
+		seen, err := os.Stat(filepath.Join(dir, "root", config))
+		return err == nil && os.SameFile(seen, wantFile)
+	}
 	entries, err := os.ReadDir(proc)
 	if err != nil {
 		return Node{}, fmt.Errorf("read the process table: %w", err)
@@ -68,7 +82,8 @@ func find(proc, self, dataDir string) (Node, error) {
 	var elsewhere []Node
 	for _, pid := range pids {
 		dir := filepath.Join(proc, strconv.Itoa(pid))
-		if !slices.Contains(want, configOf(filepath.Join(dir, "cmdline"))) || !rootOwned(filepath.Join(dir, "status")) {
+		config := configOf(filepath.Join(dir, "cmdline"))
+		if config == "" || !rootOwned(filepath.Join(dir, "status")) || !matches(dir, config) {
 			continue
 		}
 		ns, err := os.Readlink(filepath.Join(dir, "ns", "mnt"))

@@ -42,9 +42,31 @@ func TestFind(t *testing.T) {
 	// A node with the data dir in another namespace, and in this one.
 	fakeProc(t, proc, "500", root, "mnt:[5]", "containerd", "--config", layout.Agent("/srv/both").ContainerdConfig)
 	fakeProc(t, proc, "600", root, "mnt:[1]", "containerd", "--config", layout.Agent("/srv/both").ContainerdConfig)
+	// A node of kelp cluster: its data dir is /var/lib/kelp in its mount
+	// namespace, a directory of the cluster's in the machine's.
+	clusterNode := filepath.Join(t.TempDir(), "clusters", "ci", "server-1", "data")
+	config := layout.Agent(clusterNode).ContainerdConfig
+	if err := os.MkdirAll(filepath.Dir(config), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(config, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nodeRoot := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(nodeRoot, "var", "lib"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(clusterNode, filepath.Join(nodeRoot, "var", "lib", "kelp")); err != nil {
+		t.Fatal(err)
+	}
+	fakeProc(t, proc, "700", root, "mnt:[7]", "containerd", "--config", layout.Agent(layout.DefaultDataDir).ContainerdConfig)
+	if err := os.Symlink(nodeRoot, filepath.Join(proc, "700", "root")); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		dataDir, want string
 	}{
+		{clusterNode, filepath.Join(proc, "700", "root") + layout.ContainerdAddress},
 		{"/var/lib/kelp", layout.ContainerdAddress},
 		{"/srv/both", layout.ContainerdAddress},
 		{"/srv/n1", filepath.Join(proc, "200", "root") + layout.ContainerdAddress},
