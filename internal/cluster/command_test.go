@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // TestParse: flags before and after the positional arguments, and what
@@ -118,5 +120,49 @@ func TestCheckHostNamespaces(t *testing.T) {
 	}
 	if err := CheckHost(proc); err == nil || !strings.Contains(err.Error(), "no cgroup namespaces") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestMergeKubeconfig: the cluster's context goes into a kubeconfig beside
+// what it holds, becomes current, and leaves again with delete, the rest
+// kept.
+func TestMergeKubeconfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), ".kube", "config")
+	mine := clientcmdapi.NewConfig()
+	mine.Clusters["prod"] = &clientcmdapi.Cluster{Server: "https://prod:6443"}
+	mine.AuthInfos["prod"] = &clientcmdapi.AuthInfo{Token: "t"}
+	mine.Contexts["prod"] = &clientcmdapi.Context{Cluster: "prod", AuthInfo: "prod"}
+	mine.CurrentContext = "prod"
+	if err := writeConfig(path, mine); err != nil {
+		t.Fatal(err)
+	}
+	ci := clientcmdapi.NewConfig()
+	ci.Clusters["kelp-ci"] = &clientcmdapi.Cluster{Server: "https://127.0.0.1:40000"}
+	ci.AuthInfos["kelp-ci"] = &clientcmdapi.AuthInfo{Token: "u"}
+	ci.Contexts["kelp-ci"] = &clientcmdapi.Context{Cluster: "kelp-ci", AuthInfo: "kelp-ci"}
+	ci.CurrentContext = "kelp-ci"
+	if err := mergeKubeconfig(path, ci); err != nil {
+		t.Fatal(err)
+	}
+	got, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.CurrentContext != "kelp-ci" || got.Contexts["prod"] == nil || got.Clusters["kelp-ci"].Server != "https://127.0.0.1:40000" {
+		t.Fatalf("merged: %+v", got)
+	}
+	if err := unmergeKubeconfig(path, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	got, err = clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.CurrentContext != "" || got.Contexts["kelp-ci"] != nil || got.Clusters["kelp-ci"] != nil || got.AuthInfos["kelp-ci"] != nil || got.Contexts["prod"] == nil {
+		t.Fatalf("after delete: %+v", got)
+	}
+	// A kubeconfig that is gone is nothing to remove from.
+	if err := unmergeKubeconfig(filepath.Join(t.TempDir(), "none"), "ci"); err != nil {
+		t.Error(err)
 	}
 }
