@@ -226,7 +226,10 @@ func start(dir string, s *State) error {
 	if _, err := os.Stat(s.Binary); err != nil {
 		return fmt.Errorf("the kelp the cluster runs: %w", err)
 	}
-	cgroups, err := machine.NewCgroups(machine.AtRoot(), "kelp-cluster-"+s.Name)
+	if err := removeStaleCgroups(s.Name); err != nil {
+		return err
+	}
+	cgroups, err := machine.NewCgroups(machine.AtRoot(), cgroupName(s.Name))
 	if err != nil {
 		return fmt.Errorf("cluster %s: %w", s.Name, err)
 	}
@@ -234,7 +237,7 @@ func start(dir string, s *State) error {
 	if err := save(dir, s); err != nil {
 		return err
 	}
-	if s.Network, err = machine.NewNetwork("br0", machine.Detached); err != nil {
+	if s.Network, err = machine.NewNetwork("br0", cgroups, machine.Detached); err != nil {
 		return err
 	}
 	if err := save(dir, s); err != nil {
@@ -263,10 +266,27 @@ func start(dir string, s *State) error {
 			return err
 		}
 	}
-	if s.Forwarder, err = startForwarder(s); err != nil {
+	if s.Forwarder, err = startForwarder(s, cgroups); err != nil {
 		return err
 	}
 	return save(dir, s)
+}
+
+// cgroupName names the cgroup of cluster name in every hierarchy.
+func cgroupName(name string) string { return "kelp-cluster-" + name }
+
+// removeStaleCgroups removes the cgroups a cluster of this name left when
+// its record was lost (its directory removed by hand) and nothing runs in
+// them any more; it refuses while processes of it still run.
+func removeStaleCgroups(name string) error {
+	stale, err := machine.FindCgroups(machine.AtRoot(), cgroupName(name))
+	if err != nil || stale == nil {
+		return err
+	}
+	if pids := stale.Pids(); len(pids) > 0 {
+		return fmt.Errorf("processes of an earlier cluster %s still run (%v): `kelp cluster delete %s` stops them", name, pids, name)
+	}
+	return stale.Remove()
 }
 
 // startKelp starts the node's kelp in its machine, in a session of its
@@ -417,7 +437,19 @@ func running(s *State) bool {
 func Delete(root, name string, w io.Writer) error {
 	dir := filepath.Join(root, name)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		fmt.Fprintf(w, "there is no cluster %s under %s\n", name, root)
+		// Its record is gone; what ran in its cgroups goes too.
+		stale, err := machine.FindCgroups(machine.AtRoot(), cgroupName(name))
+		if err != nil {
+			return err
+		}
+		if stale == nil {
+			fmt.Fprintf(w, "there is no cluster %s under %s\n", name, root)
+			return nil
+		}
+		if err := stale.Remove(); err != nil {
+			return fmt.Errorf("delete what is left of cluster %s: %w", name, err)
+		}
+		fmt.Fprintf(w, "deleted what was left of cluster %s (its processes and cgroups; its record was gone)\n", name)
 		return nil
 	}
 	// Wait for a command that is making or starting it: what it made is

@@ -164,6 +164,7 @@ spec:
 	}
 
 	badInput(t, host, kelp)
+	lostRecord(t, host, root, kelp)
 
 	// A second cluster beside it sees nothing of the first.
 	if out, err := kelp("cluster", "create", "other", "--wait", "4m"); err != nil {
@@ -269,6 +270,20 @@ func badInput(t *testing.T, host *testcluster.Node, kelp func(...string) (string
 		}
 	case <-time.After(2 * time.Minute):
 		t.Errorf("create still runs 2 minutes after its cluster was deleted")
+	}
+}
+
+// lostRecord: a cluster whose directory was removed by hand while it ran
+// is still deleted by name: every process in its cgroups, and the cgroups.
+func lostRecord(t *testing.T, host *testcluster.Node, root string, kelp func(...string) (string, error)) {
+	if out, err := kelp("cluster", "create", "lost", "--wait", "0"); err != nil {
+		t.Fatalf("kelp cluster create lost: %v\n%s", err, out)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "lost")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kelp("cluster", "delete", "lost"); err != nil || !strings.Contains(out, "deleted what was left of cluster lost") {
+		t.Errorf("delete of a cluster whose record is gone: %v\n%s", err, out)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -164,5 +166,27 @@ func TestMergeKubeconfig(t *testing.T) {
 	// A kubeconfig that is gone is nothing to remove from.
 	if err := unmergeKubeconfig(filepath.Join(t.TempDir(), "none"), "ci"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestAllReady: a Node counts once its kubelet reported Ready after the
+// wait began, not on a Ready of before a stop or a save.
+func TestAllReady(t *testing.T) {
+	since := time.Date(2026, 11, 27, 10, 0, 0, 500e6, time.UTC)
+	node := func(status corev1.ConditionStatus, heartbeat time.Time) corev1.Node {
+		return corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, LastHeartbeatTime: metav1.NewTime(heartbeat)}}}}
+	}
+	fresh, stale := since.Add(2*time.Second), since.Add(-time.Minute)
+	if err := allReady([]corev1.Node{node(corev1.ConditionTrue, fresh), node(corev1.ConditionTrue, since.Truncate(time.Second))}, 2, since); err != nil {
+		t.Errorf("both reported after since: %v", err)
+	}
+	for name, nodes := range map[string][]corev1.Node{
+		"stale":     {node(corev1.ConditionTrue, fresh), node(corev1.ConditionTrue, stale)},
+		"not ready": {node(corev1.ConditionTrue, fresh), node(corev1.ConditionFalse, fresh)},
+		"missing":   {node(corev1.ConditionTrue, fresh)},
+	} {
+		if err := allReady(nodes, 2, since); err == nil || !strings.Contains(err.Error(), "1 of 2 nodes Ready") {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

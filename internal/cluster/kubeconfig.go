@@ -138,6 +138,9 @@ func Wait(ctx context.Context, root, name string, timeout time.Duration, mergeIn
 	if err != nil {
 		return "", notFound(name, err)
 	}
+	// A started or forked cluster's Nodes say Ready from before until
+	// their kubelets report again: only a report after now counts.
+	since := time.Now().Add(-time.Second)
 	ctx, cancel := waitCtx(ctx, timeout)
 	defer cancel()
 	var cfg *clientcmdapi.Config
@@ -179,7 +182,7 @@ func Wait(ctx context.Context, root, name string, timeout time.Duration, mergeIn
 	for {
 		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err == nil {
-			err = allReady(nodes.Items, len(s.Nodes))
+			err = allReady(nodes.Items, len(s.Nodes), since)
 		}
 		if err == nil {
 			return paths{dir}.kubeconfig(), nil
@@ -210,11 +213,13 @@ func sleep(ctx context.Context, dir string, s *State, last error) error {
 	}
 }
 
-func allReady(nodes []corev1.Node, want int) error {
+// allReady says how far nodes are from want Nodes Ready, as their
+// kubelets reported after since.
+func allReady(nodes []corev1.Node, want int, since time.Time) error {
 	ready := 0
 	for _, n := range nodes {
 		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Time.Before(since.Truncate(time.Second)) {
 				ready++
 			}
 		}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,10 +60,10 @@ func hostAddr(port uint16) string {
 }
 
 // startForwarder starts `kelp cluster forward` in a session of its own on
-// the host: it publishes the cluster's API (on APIPort, to its servers in
+// the host, in the cluster's cgroups: it publishes the cluster's API (on APIPort, to its servers in
 // turn) and ports on the host's loopback, and dials the nodes from the
 // cluster's network namespace.
-func startForwarder(s *State) (machine.Process, error) {
+func startForwarder(s *State, cgroups *machine.Cgroups) (machine.Process, error) {
 	var servers []string
 	for _, n := range s.Nodes {
 		if n.Role == "server" {
@@ -75,7 +74,7 @@ func startForwarder(s *State) (machine.Process, error) {
 	for _, p := range s.Ports {
 		args = append(args, hostAddr(p.Host)+"="+net.JoinHostPort(s.Nodes[0].IP.String(), strconv.Itoa(int(p.Node))))
 	}
-	cmd := exec.Command(s.Binary, args...)
+	cmd := cgroups.Join(append([]string{s.Binary}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()

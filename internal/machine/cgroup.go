@@ -106,6 +106,35 @@ func NewCgroups(p Placement, name string) (*Cgroups, error) {
 	return newCgroupTree(p, name, false)
 }
 
+// FindCgroups returns the cgroups named name below the parents p gives,
+// in every mounted hierarchy that has one; nil if none has.
+func FindCgroups(p Placement, name string) (*Cgroups, error) {
+	mounted, err := cgroupMounts()
+	if err != nil {
+		return nil, err
+	}
+	found := &Cgroups{}
+	for _, h := range mounted {
+		parent := p.V2
+		if h.V2 && parent == "" {
+			parent = h.Mountpoint
+		}
+		if !h.V2 {
+			if parent, err = p.V1(h); err != nil {
+				return nil, err
+			}
+		}
+		h.Dir = filepath.Join(parent, name)
+		if _, err := os.Stat(h.Dir); err == nil {
+			found.Hierarchies = append(found.Hierarchies, h)
+		}
+	}
+	if len(found.Hierarchies) == 0 {
+		return nil, nil
+	}
+	return found, nil
+}
+
 // Remove kills every process left in c and in the cgroups below it, and
 // removes them all.
 func (c *Cgroups) Remove() error { return c.remove() }

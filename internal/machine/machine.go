@@ -294,6 +294,12 @@ func nsenterPath() string {
 	return "nsenter"
 }
 
+// Join returns a command that runs args in c: for a process that belongs
+// with machines below c without being one, so that Remove kills it too.
+func (c *Cgroups) Join(args ...string) *exec.Cmd {
+	return joinCgroups(c.procs(), args...)
+}
+
 // joinCgroups returns a command that moves itself into the cgroups whose
 // cgroup.procs files are procs, then runs args.
 func joinCgroups(procs []string, args ...string) *exec.Cmd {

@@ -16,9 +16,10 @@ type Network struct {
 }
 
 // NewNetwork makes a network whose bridge is named bridge, with its holder
-// started by start. It lives as long as its holder, or until Remove.
-func NewNetwork(bridge string, start func(*exec.Cmd) error) (*Network, error) {
-	holder, err := HoldNetns(start,
+// started by start, in cgroups if not nil. It lives as long as its holder,
+// or until Remove.
+func NewNetwork(bridge string, cgroups *Cgroups, start func(*exec.Cmd) error) (*Network, error) {
+	holder, err := HoldNetns(cgroups, start,
 		"ip link add "+bridge+" type bridge",
 		"ip link set "+bridge+" up",
 		// The network is wire, not a firewall: kelp turns on
@@ -33,11 +34,15 @@ func NewNetwork(bridge string, start func(*exec.Cmd) error) (*Network, error) {
 	return &Network{Holder: holder, Bridge: bridge}, nil
 }
 
-// HoldNetns starts, with start, a process that holds a new network
-// namespace open, with loopback up and set up by the shell commands setup.
-// Killing it removes the namespace.
-func HoldNetns(start func(*exec.Cmd) error, setup ...string) (Process, error) {
-	holder := exec.Command("unshare", "--net", "sh", "-c", holderScript(append([]string{"ip link set lo up"}, setup...)))
+// HoldNetns starts, with start and in cgroups if not nil, a process that
+// holds a new network namespace open, with loopback up and set up by the
+// shell commands setup. Killing it removes the namespace.
+func HoldNetns(cgroups *Cgroups, start func(*exec.Cmd) error, setup ...string) (Process, error) {
+	args := []string{"unshare", "--net", "sh", "-c", holderScript(append([]string{"ip link set lo up"}, setup...))}
+	holder := exec.Command(args[0], args[1:]...)
+	if cgroups != nil {
+		holder = cgroups.Join(args...)
+	}
 	if err := startHolder(holder, start); err != nil {
 		return Process{}, fmt.Errorf("set up network namespace: %w", err)
 	}

@@ -30,7 +30,7 @@ type Lab struct {
 func NewLab(t *testing.T) *Lab {
 	t.Helper()
 	NeedRoot(t)
-	network, err := machine.NewNetwork(labBridge, Spawn)
+	network, err := machine.NewNetwork(labBridge, nil, Spawn)
 	if err != nil {
 		t.Fatalf("set up lab namespace: %v", err)
 	}

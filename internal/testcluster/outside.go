@@ -25,7 +25,7 @@ type Outside struct {
 // NewOutside makes the Outside of n; it goes away with the test.
 func (n *Node) NewOutside() *Outside {
 	n.t.Helper()
-	holder, err := machine.HoldNetns(Spawn)
+	holder, err := machine.HoldNetns(nil, Spawn)
 	if err != nil {
 		n.t.Fatalf("set up outside namespace: %v", err)
 	}
