@@ -25,6 +25,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/netpol"
 	"github.com/kelp-dev/kelp/internal/nft"
+	"github.com/kelp-dev/kelp/internal/nodepaths"
 	"github.com/kelp-dev/kelp/internal/overlay"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/proxy"
@@ -157,6 +158,13 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	}); err != nil {
 		return nil, err
 	}
+	paths, kept, err := nodepaths.Ensure(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if kept {
+		log.WithField("record", p.NodePaths).Infof("this node keeps the machine's pod cgroups (%s) and pod logs (%s), as before this kelp; another node on this machine must not use them: to give this node its own, run kelp killall and remove the record", paths.CgroupRoot, paths.PodLogsDir)
+	}
 	kcfg := kubelet.Config{
 		NodeName:              cfg.NodeName,
 		NodeIPs:               cfg.NodeIPs,
@@ -173,6 +181,8 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		StaticPodDir:          cfg.PodManifests,
 		SystemdCgroups:        systemd,
 		CgroupV1:              !host.CgroupV2(),
+		CgroupRoot:            paths.CgroupRoot,
+		PodLogsDir:            paths.PodLogsDir,
 		ProtectKernelDefaults: cfg.ProtectKernelDefaults,
 		ExtraArgs:             cfg.KubeletArgs,
 	}

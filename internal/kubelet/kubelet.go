@@ -12,11 +12,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/klog/v2"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/kubernetes/cmd/kubelet/app"
 	"k8s.io/kubernetes/cmd/kubelet/app/options"
 	kubeletconfiginternal "k8s.io/kubernetes/pkg/kubelet/apis/config"
 	kubeletconfigvalidation "k8s.io/kubernetes/pkg/kubelet/apis/config/validation"
+	"k8s.io/kubernetes/pkg/kubelet/cm"
 	"k8s.io/kubernetes/pkg/kubelet/eviction"
 	"k8s.io/kubernetes/pkg/kubelet/kubeletconfig/configfiles"
 	utilfs "k8s.io/kubernetes/pkg/util/filesystem"
@@ -26,7 +28,6 @@ import (
 	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/kubeargs"
-	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
@@ -50,6 +51,10 @@ type Config struct {
 	StaticPodDir    string
 	SystemdCgroups  bool
 	CgroupV1        bool
+	// CgroupRoot and PodLogsDir are the node's own (package nodepaths):
+	// kubelets that share a cgroup or a pod log dir remove each other's
+	// pod cgroups and logs.
+	CgroupRoot, PodLogsDir string
 	// ProtectKernelDefaults: fail instead of changing kernel settings.
 	ProtectKernelDefaults bool
 	ExtraArgs             []string
@@ -80,7 +85,8 @@ func Configuration(cfg Config) *kubeletv1beta1.KubeletConfiguration {
 		ReadOnlyPort:             0,
 		ResolverConfig:           ptr.To(cfg.ResolvConf),
 		StaticPodPath:            cfg.StaticPodDir,
-		PodLogsDir:               layout.PodLogsDir,
+		CgroupRoot:               cfg.CgroupRoot,
+		PodLogsDir:               cfg.PodLogsDir,
 		SerializeImagePulls:      ptr.To(false),
 		// Pods never use swap; a node that has swap keeps running, with a
 		// warning from kelp, instead of refusing to start.
@@ -193,6 +199,9 @@ func Start(cfg Config) (*Kubelet, error) {
 	if err := kubeletconfigvalidation.ValidateKubeletConfiguration(kc, utilfeature.DefaultFeatureGate); err != nil {
 		return nil, fmt.Errorf("kubelet configuration: %w (check --kubelet-arg)", err)
 	}
+	if err := ensureCgroupRoot(kc); err != nil {
+		return nil, err
+	}
 	server := &options.KubeletServer{KubeletFlags: *flags, KubeletConfiguration: *kc}
 	deps, err := app.UnsecuredDependencies(ctx, server, utilfeature.DefaultFeatureGate)
 	if err != nil {
@@ -207,6 +216,29 @@ func Start(cfg Config) (*Kubelet, error) {
 		return app.Run(ctx, server, deps, utilfeature.DefaultFeatureGate)
 	}, component.ReadyWhen(component.GetOK(healthz, nil)))
 	return k, nil
+}
+
+// ensureCgroupRoot makes the cgroup root of the kubelet's pods, which the
+// kubelet requires to exist, with the kubelet's own cgroup manager: in
+// every hierarchy with cgroupfs, as a slice of systemd's with systemd.
+func ensureCgroupRoot(kc *kubeletconfiginternal.KubeletConfiguration) error {
+	if !kc.CgroupsPerQOS || kc.CgroupRoot == "" || kc.CgroupRoot == "/" {
+		return nil
+	}
+	logger := klog.Background()
+	subsystems, err := cm.GetCgroupSubsystems()
+	if err != nil {
+		return fmt.Errorf("the kubelet's cgroup root %s: %w", kc.CgroupRoot, err)
+	}
+	m := cm.NewCgroupManager(logger, subsystems, kc.CgroupDriver)
+	name := cm.ParseCgroupfsToCgroupName(kc.CgroupRoot)
+	if m.Exists(name) {
+		return nil
+	}
+	if err := m.Create(logger, &cm.CgroupConfig{Name: name, ResourceParameters: &cm.ResourceConfig{}}); err != nil {
+		return fmt.Errorf("make the kubelet's cgroup root %s: %w", kc.CgroupRoot, err)
+	}
+	return nil
 }
 
 func loadConfigFile(ctx context.Context, path string) (*kubeletconfiginternal.KubeletConfiguration, error) {

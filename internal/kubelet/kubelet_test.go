@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/kubernetes/pkg/kubelet/cm"
+
+	"github.com/kelp-dev/kelp/internal/nodepaths"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
@@ -156,5 +159,31 @@ func TestProtectKernelDefaults(t *testing.T) {
 	cfg.ProtectKernelDefaults = true
 	if !Configuration(cfg).ProtectKernelDefaults {
 		t.Error("--protect-kernel-defaults does not reach the kubelet")
+	}
+}
+
+// TestNodePaths: the node's cgroup root and pod log dir reach the
+// kubelet's configuration.
+func TestNodePaths(t *testing.T) {
+	cfg := baseConfig()
+	cfg.CgroupRoot, cfg.PodLogsDir = "/kelp_0123456789ab", "/srv/kelp/agent/pod-logs"
+	kc := Configuration(cfg)
+	if kc.CgroupRoot != cfg.CgroupRoot || kc.PodLogsDir != cfg.PodLogsDir {
+		t.Errorf("cgroupRoot %q podLogsDir %q, want %q %q", kc.CgroupRoot, kc.PodLogsDir, cfg.CgroupRoot, cfg.PodLogsDir)
+	}
+}
+
+// TestPodCgroupsOfRoot: the kubelet puts its pods where kelp killall
+// looks for them, with either cgroup driver.
+func TestPodCgroupsOfRoot(t *testing.T) {
+	for _, root := range []string{"/", nodepaths.Derive("/srv/kelp").CgroupRoot} {
+		kubepods := cm.NewCgroupName(cm.ParseCgroupfsToCgroupName(root), "kubepods")
+		dirs := nodepaths.PodCgroups(root)
+		if fs := strings.TrimPrefix(kubepods.ToCgroupfs(), "/"); fs != dirs[0] && !strings.HasPrefix(fs, dirs[0]+"/") {
+			t.Errorf("root %s: cgroupfs kubepods %s is not in %s", root, fs, dirs[0])
+		}
+		if sd := strings.TrimPrefix(kubepods.ToSystemd(), "/"); sd != dirs[1] && !strings.HasPrefix(sd, dirs[1]+"/") {
+			t.Errorf("root %s: systemd kubepods %s is not in %s", root, sd, dirs[1])
+		}
 	}
 }

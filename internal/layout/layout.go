@@ -24,11 +24,14 @@
 //	    ├── etc/                     containerd, CNI, kubelet and CoreDNS config
 //	    ├── pod-manifests/           static pods
 //	    ├── node-password, join.json a joined node's secret and last join
+//	    ├── node-paths.json          its cgroup root and pod log dir (package nodepaths)
+//	    ├── pod-logs/                pod logs of a node whose data dir is not the default
 //	    └── *.kubeconfig             the node's clients
 //	/run/kelp                        RunDir: sockets, containerd state, CNI leases
 //	└── ram/<hash of data dir>/      RAMStore: a SQLite server's Leases and Events
 //	/var/lib/kubelet                 KubeletRoot
-//	/var/log/pods                    PodLogsDir (and /var/log/containers, kubelet's links)
+//	/var/log/pods                    PodLogsDir of the default data dir's node (and
+//	                                 /var/log/containers, kubelet's links, of every node)
 package layout
 
 import (
@@ -45,8 +48,9 @@ const (
 	RegistriesFile = "/etc/kelp/registries.yaml"
 	RunDir         = "/run/kelp"
 	KubeletRoot    = "/var/lib/kubelet"
-	// PodLogsDir is where the kubelet keeps container logs; log shippers
-	// expect it here.
+	// PodLogsDir is where the kubelet of the default data dir's node
+	// keeps container logs; log shippers expect it here. Other nodes keep
+	// theirs in AgentPaths.PodLogs (package nodepaths).
 	PodLogsDir = "/var/log/pods"
 	// ContainerLogsDir holds the kubelet's links to the files in
 	// PodLogsDir; the kubelet does not let it be moved.
@@ -125,13 +129,16 @@ func Server(dataDir string) ServerPaths {
 
 // AgentPaths are a node's files under <data-dir>/agent.
 type AgentPaths struct {
-	Dir, BinDir, ImagesDir, StaticPods  string
-	LocalStorage                        string // default of --default-local-storage-path
-	ContainerdRoot, ContainerdConfig    string
-	ContainerdLog, AirgapImagesState    string
-	RegistryDir, CNIConfDir             string
-	KubeletConfig, Corefile             string
-	TLS, NodePassword, SavedJoin        string
+	Dir, BinDir, ImagesDir, StaticPods string
+	LocalStorage                       string // default of --default-local-storage-path
+	ContainerdRoot, ContainerdConfig   string
+	ContainerdLog, AirgapImagesState   string
+	RegistryDir, CNIConfDir            string
+	KubeletConfig, Corefile            string
+	TLS, NodePassword, SavedJoin       string
+	// NodePaths records the node's cgroup root and pod log dir; PodLogs
+	// is the pod log dir of a node whose data dir is not the default.
+	NodePaths, PodLogs                  string
 	Kubeconfig, ProxyKubeconfig         string
 	DNSKubeconfig, ControllerKubeconfig string
 }
@@ -158,6 +165,8 @@ func Agent(dataDir string) AgentPaths {
 		TLS:                  filepath.Join(dir, "tls"),
 		NodePassword:         filepath.Join(dir, "node-password"),
 		SavedJoin:            filepath.Join(dir, "join.json"),
+		NodePaths:            filepath.Join(dir, "node-paths.json"),
+		PodLogs:              filepath.Join(dir, "pod-logs"),
 		Kubeconfig:           filepath.Join(dir, "kubelet.kubeconfig"),
 		ProxyKubeconfig:      filepath.Join(dir, "kubeproxy.kubeconfig"),
 		DNSKubeconfig:        filepath.Join(dir, "dns.kubeconfig"),
