@@ -1,8 +1,10 @@
 // Package killall stops the kelp node of one data dir completely: its kelp
 // server or agent, containerd, every shim and container, and removes what
-// they set up on the host (mounts, interfaces, nftables tables, cgroups).
-// Data in the data dir is kept. The nodes of other data dirs, and kelp's
-// tools (kubectl, crictl, ctr) are left running.
+// they set up on the host (mounts, interfaces, nftables tables, pod
+// cgroups and pod logs). Data in the data dir is kept. The nodes of other
+// data dirs, in any mount namespace of the machine, and kelp's tools
+// (kubectl, crictl, ctr) are left running, with whatever of the machine
+// they use too.
 package killall
 
 import (
@@ -25,15 +27,17 @@ import (
 	"github.com/kelp-dev/kelp/internal/dns"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/nft"
+	"github.com/kelp-dev/kelp/internal/nodepaths"
 	"github.com/kelp-dev/kelp/internal/overlay"
 )
 
 var log = logrus.WithField("component", "killall")
 
-// cgroupRoot is where the cgroup hierarchies are mounted.
-const cgroupRoot = "/sys/fs/cgroup"
+// cgroupsMount is where the cgroup hierarchies are mounted.
+const cgroupsMount = "/sys/fs/cgroup"
 
-// Run stops everything the kelp node with dataDir started.
+// Run stops everything the kelp node with dataDir started and removes
+// what it set up, except what another node on the machine uses too.
 func Run(dataDir string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("kelp killall must run as root")
@@ -46,23 +50,39 @@ func Run(dataDir string) error {
 	if err != nil {
 		return fmt.Errorf("read the process table: %w", err)
 	}
-	p, err := c.plan(procs, os.Getpid(), podProcesses())
+	p, err := c.plan(procs, os.Getpid(), podProcesses(c.paths.CgroupRoot))
 	errs := []error{err}
 	killed, err := killAll(p.kill)
 	errs = append(errs, err)
 	log.WithField("processes", killed).Info("stopped kelp, containerd, shims and containers")
-	if len(p.others) > 0 {
-		// Two nodes cannot share one machine's /run/kelp, kubelet root,
-		// network and kubepods: they are the running node's.
-		log.WithField("pids", p.others).Warnf("a kelp node with another data dir runs here: only the mounts under %s are removed; kelp killall with that node's --data-dir removes the rest", c.dataDir)
-		errs = append(errs, unmountUnder(c.dataDir))
-		return errors.Join(errs...)
+	if p.keep.any() {
+		log.WithFields(logrus.Fields{
+			"pids": p.others, "directories": p.keep.dirs, "network": p.keep.network,
+			"podCgroups": p.keep.cgroups, "podLogs": p.keep.podLogs,
+		}).Warn("kelp nodes with other data dirs run here: what they use too is left to them; kelp killall with their --data-dir removes it")
 	}
-	errs = append(errs, unmountUnder(c.dataDir, layout.KubeletRoot, layout.RunDir, layout.NetnsDir))
-	removeNetns()
-	errs = append(errs, removeNetwork())
-	errs = append(errs, removeCgroups())
-	errs = append(errs, emptyDir(layout.RunDir))
+	dirs := []string{c.dataDir}
+	for _, d := range machineDirs {
+		if !slices.Contains(p.keep.dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	errs = append(errs, unmountUnder(dirs...))
+	if !slices.Contains(p.keep.dirs, layout.NetnsDir) {
+		removeNetns()
+	}
+	if !p.keep.network {
+		errs = append(errs, removeNetwork())
+	}
+	if !p.keep.cgroups {
+		errs = append(errs, removeCgroups(c.paths.CgroupRoot))
+	}
+	if !p.keep.podLogs {
+		errs = append(errs, removePodLogs(c.paths.PodLogsDir))
+	}
+	if !slices.Contains(p.keep.dirs, layout.RunDir) {
+		errs = append(errs, emptyRunDir(c.dataDir))
+	}
 	return errors.Join(errs...)
 }
 
@@ -73,7 +93,40 @@ func newClassifier(dataDir string) (classifier, error) {
 	if err != nil {
 		return classifier{}, fmt.Errorf("data dir %s: %w", dataDir, err)
 	}
-	return classifier{dataDir: resolveSymlinks(abs), root: configFiles("/"), resolve: resolveSymlinks}, nil
+	abs = resolveSymlinks(abs)
+	paths, err := nodepaths.Load(abs)
+	if err != nil {
+		return classifier{}, err
+	}
+	return classifier{dataDir: abs, root: configFiles("/"), resolve: resolveSymlinks, paths: paths, pathsOf: pathsOf, sameDir: sameDir}, nil
+}
+
+// pathsOf reads the cgroup root and pod log dir of another node, whose
+// data dir is dataDir where its process p runs, through p's root. A node
+// whose data dir cannot be told, or whose record cannot be read, may use
+// the machine's: so it is taken to.
+func pathsOf(p process, dataDir string) nodepaths.Paths {
+	if dataDir == "" {
+		return nodepaths.Legacy()
+	}
+	paths, err := nodepaths.LoadIn(fmt.Sprintf("/proc/%d/root", p.pid), dataDir)
+	if err != nil {
+		log.WithError(err).WithField("pid", p.pid).Warn("another node's cgroup root and pod log dir are not known: taken to be the machine's")
+		return nodepaths.Legacy()
+	}
+	return paths
+}
+
+// sameDir says whether dir, as process p sees it through its root, is the
+// directory own is in killall's mount namespace: the same directory, not
+// one of the same name in another mount namespace (a tmpfs of its own).
+func sameDir(p process, dir, own string) bool {
+	theirs, err := os.Stat(filepath.Join(fmt.Sprintf("/proc/%d/root", p.pid), dir))
+	if err != nil {
+		return false
+	}
+	mine, err := os.Stat(own)
+	return err == nil && os.SameFile(theirs, mine)
 }
 
 // mountsBelow lists the mount points in mountinfo strictly below dirs,
@@ -97,10 +150,24 @@ func mountsBelow(mountinfo string, dirs ...string) []string {
 	return slices.Compact(targets)
 }
 
-// emptyDir removes what is in dir but not dir itself: it may be a mount
-// point (a tmpfs of its own), and removing it would detach that mount in
-// every mount namespace of the machine.
-func emptyDir(dir string) error {
+// emptyRunDir removes what is in /run/kelp but not /run/kelp itself: it
+// may be a mount point (a tmpfs of its own), and removing it would detach
+// that mount in every mount namespace of the machine. Of the servers' RAM
+// stores and kine sockets there, only dataDir's go: a server without a
+// node of its own (--disable-agent) may run beside this node.
+func emptyRunDir(dataDir string) error {
+	return emptyDir(layout.RunDir, keepOthersRun, layout.RAMStore(dataDir))
+}
+
+// keepOthersRun matches the entries of /run/kelp that are not the RAM
+// stores or kine sockets of servers.
+func keepOthersRun(name string) bool {
+	return name != "ram" && !strings.HasPrefix(name, "kine-")
+}
+
+// emptyDir removes the entries of dir whose names match, and the paths
+// also.
+func emptyDir(dir string, match func(name string) bool, also ...string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -110,7 +177,12 @@ func emptyDir(dir string) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		errs = append(errs, os.RemoveAll(filepath.Join(dir, e.Name())))
+		if match(e.Name()) {
+			errs = append(errs, os.RemoveAll(filepath.Join(dir, e.Name())))
+		}
+	}
+	for _, path := range also {
+		errs = append(errs, os.RemoveAll(path))
 	}
 	return errors.Join(errs...)
 }
@@ -225,19 +297,19 @@ func removeNetwork() error {
 	return errors.Join(errs...)
 }
 
-// podCgroups returns the kubelet's pod cgroups, kubepods (cgroupfs) or
-// kubepods.slice (systemd), at the root of every hierarchy mounted under
-// root. On the unified hierarchy the directories under root are cgroups,
-// not hierarchies: a kubepods below one of them is some other machine's,
-// a test node's say (internal/testcluster).
-func podCgroups(root string) []string {
+// podCgroups returns the directories that hold the kubelet's pod cgroups
+// for cgroup root (nodepaths.PodCgroups) at the root of every hierarchy
+// mounted under root. On the unified hierarchy the directories under root
+// are cgroups, not hierarchies: a kubepods below one of them is some other
+// machine's, a test node's say (internal/testcluster).
+func podCgroups(root, cgroupRoot string) []string {
 	hierarchies := []string{root}
 	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
 		hierarchies, _ = filepath.Glob(filepath.Join(root, "*"))
 	}
 	var dirs []string
 	for _, h := range hierarchies {
-		for _, name := range []string{"kubepods", "kubepods.slice"} {
+		for _, name := range nodepaths.PodCgroups(cgroupRoot) {
 			if info, err := os.Stat(filepath.Join(h, name)); err == nil && info.IsDir() {
 				dirs = append(dirs, filepath.Join(h, name))
 			}
@@ -246,10 +318,10 @@ func podCgroups(root string) []string {
 	return dirs
 }
 
-// podProcesses are the processes in the pod cgroups.
-func podProcesses() []int {
+// podProcesses are the processes in the pod cgroups of cgroupRoot.
+func podProcesses(cgroupRoot string) []int {
 	var pids []int
-	for _, dir := range podCgroups(cgroupRoot) {
+	for _, dir := range podCgroups(cgroupsMount, cgroupRoot) {
 		pids = append(pids, cgroupProcs(dir)...)
 	}
 	return pids
@@ -272,10 +344,11 @@ func cgroupProcs(root string) []int {
 	return pids
 }
 
-// removeCgroups removes the pod cgroups, children before parents.
-func removeCgroups() error {
+// removeCgroups removes the pod cgroups of cgroupRoot, children before
+// parents.
+func removeCgroups(cgroupRoot string) error {
 	var errs []error
-	for _, root := range podCgroups(cgroupRoot) {
+	for _, root := range podCgroups(cgroupsMount, cgroupRoot) {
 		var dirs []string
 		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
@@ -290,4 +363,18 @@ func removeCgroups() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removePodLogs removes the node's pod logs and the kubelet's links to
+// them in /var/log/containers, which every node shares. The directory
+// stays: it may be a mount point.
+func removePodLogs(dir string) error {
+	err := emptyDir(dir, func(string) bool { return true })
+	links, _ := filepath.Glob(filepath.Join(layout.ContainerLogsDir, "*.log"))
+	for _, l := range links {
+		if target, err := os.Readlink(l); err == nil && strings.HasPrefix(target, dir+"/") {
+			_ = os.Remove(l)
+		}
+	}
+	return err
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/nodepaths"
 )
 
 // kelpProgram is the main package of the kelp binary, as its Go build info
@@ -59,8 +60,6 @@ const (
 	// thisNode: a process of the node killall stops.
 	thisNode
 	// otherNode: containerd or a shim of a kelp node with another data dir.
-	// Such a node uses what one machine (one mount namespace) has once:
-	// /run/kelp, the kubelet root, the pod network and kubepods.
 	otherNode
 )
 
@@ -73,30 +72,67 @@ type classifier struct {
 	// when it cannot: the kernel shows a shim's file by its real path,
 	// and a data dir may be reached through a link.
 	resolve func(path string) string
+	// paths are the cgroup root and pod log dir of the node (package
+	// nodepaths).
+	paths nodepaths.Paths
+	// pathsOf returns the paths of another node, whose data dir is
+	// dataDir in the mount namespace of its process p ("" if unknown).
+	pathsOf func(p process, dataDir string) nodepaths.Paths
+	// sameDir says whether dir, as process p sees it, is the directory
+	// own is here.
+	sameDir func(p process, dir, own string) bool
 }
 
-// A plan is what killall does with the processes of the machine.
+// A plan is what killall does with the processes of the machine, and
+// what it leaves because another node uses it too.
 type plan struct {
 	// kill: the node's processes (kelp server or agent, containerd and the
-	// shims), all they started, and what is left in the pod cgroups.
+	// shims), all they started, and what is left in its pod cgroups.
 	kill []int
-	// others: containerd and shims of other data dirs. What a machine
-	// holds once is theirs, and killall leaves it alone.
+	// others: containerd and shims of other data dirs, in any mount
+	// namespace of the machine.
 	others []int
+	keep   shared
 }
+
+// shared is what the node has in common with another node on the
+// machine, which killall leaves alone.
+type shared struct {
+	// dirs are those of the kubelet root, /run/kelp and /run/netns that
+	// another node uses: the same directory, in killall's mount namespace
+	// or another.
+	dirs []string
+	// network: another node runs in this network namespace, so the pod
+	// bridge, the overlay, the cluster DNS address and kelp's nftables
+	// tables may be its.
+	network bool
+	// cgroups: another node's kubelet, in this cgroup namespace, puts its
+	// pods under the same cgroup root.
+	cgroups bool
+	// podLogs: another node's kubelet writes to the same pod log dir.
+	podLogs bool
+}
+
+func (s shared) any() bool { return len(s.dirs) > 0 || s.network || s.cgroups || s.podLogs }
+
+// machineDirs are the fixed directories on the host that a node's kubelet,
+// containerd and CNI plugins mount below.
+var machineDirs = []string{layout.KubeletRoot, layout.RunDir, layout.NetnsDir}
 
 // plan picks the processes to kill: the node's processes in the mount
 // namespace of killall (self), never killall itself, and their
-// descendants, the containers too. pods are the processes in the
-// machine's pod cgroups, which may have outlived their shims; they are
-// killed only when no other node runs here. A kelp server or agent whose
-// data dir cannot be told is left running and reported.
+// descendants, the containers too. pods are the processes in the node's
+// pod cgroups, which may have outlived their shims; they are killed unless
+// another node's kubelet uses the same cgroups. The containerd and shims
+// of other nodes, in any mount namespace, tell what the node shares with
+// them. A kelp server or agent whose data dir cannot be told is left
+// running and reported.
 func (c classifier) plan(procs []process, self int, pods []int) (plan, error) {
 	i := slices.IndexFunc(procs, func(p process) bool { return p.pid == self })
 	if i < 0 {
 		return plan{}, fmt.Errorf("process %d (kelp killall) is not in the process table", self)
 	}
-	ownNS := procs[i].mountNS
+	me := procs[i]
 	children := map[int][]int{}
 	for _, p := range procs {
 		children[p.ppid] = append(children[p.ppid], p.pid)
@@ -118,9 +154,10 @@ func (c classifier) plan(procs []process, self int, pods []int) (plan, error) {
 		if p.pid == self {
 			continue
 		}
-		if p.mountNS != ownNS {
-			if sharesMachine(p, procs[i]) {
+		if p.mountNS != me.mountNS {
+			if dir, ok := c.otherNodeDataDir(p); ok {
 				out.others = append(out.others, p.pid)
+				out.keep = out.keep.with(c.sharedWith(p, me, dir))
 			}
 			continue
 		}
@@ -131,9 +168,10 @@ func (c classifier) plan(procs []process, self int, pods []int) (plan, error) {
 			walk(p.pid)
 		case o == otherNode:
 			out.others = append(out.others, p.pid)
+			out.keep = out.keep.with(c.sharedWith(p, me, c.dataDirOfOther(p)))
 		}
 	}
-	if len(out.others) == 0 {
+	if !out.keep.cgroups {
 		for _, pid := range pods {
 			walk(pid)
 		}
@@ -142,17 +180,90 @@ func (c classifier) plan(procs []process, self int, pods []int) (plan, error) {
 	return out, errors.Join(errs...)
 }
 
-// sharesMachine says whether p, in another mount namespace than killall
-// (self), is the containerd of a kelp node that shares the machine's pod
-// cgroups or network with killall's: its data dir cannot be told from
-// here, and the kubepods cgroups, interfaces and nftables tables killall
-// would remove may be its own. A node in namespaces of its own (a test
-// node, a kelp cluster node) is none of killall's business.
-func sharesMachine(p, self process) bool {
-	if !p.root || p.program != containerdProgram {
-		return false
+// with is s and t together.
+func (s shared) with(t shared) shared {
+	dirs := append(slices.Clone(s.dirs), t.dirs...)
+	slices.Sort(dirs)
+	return shared{dirs: slices.Compact(dirs), network: s.network || t.network, cgroups: s.cgroups || t.cgroups, podLogs: s.podLogs || t.podLogs}
+}
+
+// sharedWith is what the node shares with the other node of process p,
+// whose data dir is dataDir where p runs ("" if unknown). killall (me)
+// runs in the node's namespaces.
+func (c classifier) sharedWith(p, me process, dataDir string) shared {
+	var s shared
+	for _, d := range machineDirs {
+		if c.sameDir(p, d, d) {
+			s.dirs = append(s.dirs, d)
+		}
 	}
-	return p.cgroupNS == self.cgroupNS || p.netNS == self.netNS
+	s.network = p.netNS == me.netNS
+	paths := c.pathsOf(p, dataDir)
+	s.cgroups = p.cgroupNS == me.cgroupNS && paths.CgroupRoot == c.paths.CgroupRoot
+	s.podLogs = c.sameDir(p, paths.PodLogsDir, c.paths.PodLogsDir)
+	return s
+}
+
+// otherNodeDataDir tells whether p, in another mount namespace than
+// killall's, is the containerd or a shim of a kelp node, and that node's
+// data dir as its mount namespace names it ("" if it cannot be told).
+// Such a node may share the machine's cgroups, network, pod logs or
+// directories with this one, whatever its mount namespace.
+func (c classifier) otherNodeDataDir(p process) (string, bool) {
+	if !p.root {
+		return "", false
+	}
+	if p.program == containerdProgram && len(p.cmdline) > 0 {
+		return dataDirOfConfig(p.cmdline[1:]), true
+	}
+	if p.program == kelpProgram && len(p.cmdline) > 1 && p.cmdline[1] == "containerd" {
+		return dataDirOfConfig(p.cmdline[2:]), true
+	}
+	if filepath.Base(strings.TrimSuffix(p.exe, deleted)) == shimBinary && len(p.cmdline) > 0 &&
+		last(flagValues(p.cmdline[1:], "-address", "--address")) == layout.ContainerdAddress {
+		return dataDirOfShim(p.exe), true
+	}
+	return "", false
+}
+
+// dataDirOfOther is the data dir of another node's containerd or shim p
+// in killall's mount namespace.
+func (c classifier) dataDirOfOther(p process) string {
+	if filepath.Base(strings.TrimSuffix(p.exe, deleted)) == shimBinary {
+		return dataDirOfShim(p.exe)
+	}
+	if p.program == kelpProgram && len(p.cmdline) > 1 {
+		return dataDirOfConfig(p.cmdline[2:])
+	}
+	if len(p.cmdline) > 0 {
+		return dataDirOfConfig(p.cmdline[1:])
+	}
+	return ""
+}
+
+// dataDirOfConfig is the data dir of a kelp node's containerd with args
+// (after its program name), which kelp starts with --config
+// <data-dir>/agent/etc/containerd/config.toml; "" if it cannot be told.
+func dataDirOfConfig(args []string) string {
+	config := last(flagValues(args, "--config", "-config", "--c", "-c"))
+	suffix := strings.TrimPrefix(layout.Agent("/").ContainerdConfig, "/")
+	if dir, ok := strings.CutSuffix(filepath.Clean(config), "/"+suffix); ok && filepath.IsAbs(config) {
+		return dir
+	}
+	return ""
+}
+
+// dataDirOfShim is the data dir of a kelp node's runc shim that runs the
+// file exe, <data-dir>/data/<bundle>/bin/containerd-shim-runc-v2; "" if
+// it cannot be told.
+func dataDirOfShim(exe string) string {
+	exe = strings.TrimSuffix(exe, deleted)
+	bin := filepath.Dir(exe)
+	bundles := filepath.Dir(filepath.Dir(bin))
+	if filepath.Base(bin) != "bin" || !filepath.IsAbs(exe) || bundles != layout.BundleDir(filepath.Dir(bundles)) {
+		return ""
+	}
+	return filepath.Dir(bundles)
 }
 
 // ownerOf tells whose p is. A process that is not root's is nobody's: a

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -11,6 +12,9 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/nodepaths"
 )
 
 const (
@@ -65,6 +69,42 @@ func inNS(p process, ns string) process {
 	return p
 }
 
+// withNetNS is p in network namespace ns.
+func withNetNS(p process, ns string) process {
+	p.netNS = ns
+	return p
+}
+
+const otherNet = "net:[4026532111]"
+
+// legacyDataDir is the data dir of a node that ran before nodes had
+// cgroup roots and pod log dirs of their own: it uses the machine's.
+const legacyDataDir = "/srv/kelp"
+
+// testClassifier is the classifier of the node with dataDir, whose
+// cgroup root and pod log dir are derived from it. Another node's are its
+// own too, but the machine's for legacyDataDir or a data dir that cannot
+// be told. A process in killall's mount namespace (hostNS) sees the
+// directories killall does; one in another sees those of sameDirs.
+func testClassifier(dataDir string, sameDirs map[int][]string) classifier {
+	return classifier{
+		dataDir: dataDir, root: fstest.MapFS{}, resolve: func(p string) string { return p },
+		paths: nodepaths.Derive(dataDir),
+		pathsOf: func(_ process, dir string) nodepaths.Paths {
+			if dir == "" || dir == legacyDataDir {
+				return nodepaths.Legacy()
+			}
+			return nodepaths.Derive(dir)
+		},
+		sameDir: func(p process, dir, own string) bool {
+			if p.mountNS == hostNS {
+				return dir == own
+			}
+			return dir == own && slices.Contains(sameDirs[p.pid], dir)
+		},
+	}
+}
+
 // inMountNS is p in mount namespace ns, in the machine's cgroup and
 // network namespaces.
 func inMountNS(p process, ns string) process {
@@ -111,7 +151,13 @@ func TestPlan(t *testing.T) {
 		files      fstest.MapFS
 		resolve    map[string]string
 		kill, rest []int // rest: others in the plan
-		err        string
+		// keep is what the plan leaves to other nodes; nil: not checked.
+		keep *shared
+		// sameDirs are the machine's directories (of the kubelet root,
+		// /run/kelp, /run/netns and pod logs) that a process in another
+		// mount namespace sees as killall does.
+		sameDirs map[int][]string
+		err      string
 	}{
 		{
 			name:    "the node, its containers and what is left in the pod cgroups",
@@ -177,7 +223,92 @@ func TestPlan(t *testing.T) {
 				inMountNS(other[2], otherNS))...),
 			pods: []int{302, 503},
 			kill: []int{200, 201, 300, 301, 302},
-			rest: []int{501},
+			rest: []int{501, 502},
+		},
+		{
+			// The case seen on a machine: a node in a mount namespace of
+			// its own, in the machine's cgroup namespace, from before
+			// nodes had cgroup roots of their own: kubepods is its too.
+			name:    "a node of an earlier kelp in another mount namespace and the machine's cgroups",
+			dataDir: "/var/lib/kelp",
+			procs: machine(withNetNS(inMountNS(other[1], otherNS), otherNet), withNetNS(inMountNS(other[2], otherNS), otherNet),
+				withNetNS(inMountNS(container(503, 502), otherNS), otherNet)),
+			pods: []int{503},
+			rest: []int{501, 502},
+			keep: &shared{cgroups: true},
+		},
+		{
+			name:    "a node with its own cgroup root in another mount namespace and the machine's cgroups",
+			dataDir: "/var/lib/kelp",
+			procs: machine(append(slices.Clone(node),
+				withNetNS(inMountNS(containerd(801, 800, "/srv/new/data/9a9a/bin/containerd", "/srv/new/agent/etc/containerd/config.toml"), otherNS), otherNet))...),
+			pods: []int{302, 700},
+			kill: []int{200, 201, 300, 301, 302, 700},
+			rest: []int{801},
+			keep: &shared{},
+		},
+		{
+			name:    "a node in another mount namespace and this network namespace",
+			dataDir: "/var/lib/kelp",
+			procs: machine(append(slices.Clone(node),
+				inMountNS(containerd(801, 800, "/srv/new/data/9a9a/bin/containerd", "/srv/new/agent/etc/containerd/config.toml"), otherNS))...),
+			pods: []int{302},
+			kill: []int{200, 201, 300, 301, 302},
+			rest: []int{801},
+			keep: &shared{network: true},
+		},
+		{
+			// Its /run/kelp and pod logs are the machine's, not a tmpfs of
+			// its own; its kubelet root is.
+			name:    "a node in another mount namespace with some of the machine's directories",
+			dataDir: "/var/lib/kelp",
+			procs: machine(append(slices.Clone(node),
+				inNS(containerd(801, 800, "/srv/new/data/9a9a/bin/containerd", "/srv/new/agent/etc/containerd/config.toml"), otherNS))...),
+			sameDirs: map[int][]string{801: {"/run/kelp", "/var/log/pods"}},
+			kill:     []int{200, 201, 300, 301, 302},
+			rest:     []int{801},
+			keep:     &shared{dirs: []string{"/run/kelp"}},
+		},
+		{
+			name:    "a node that logs to this node's pod log dir",
+			dataDir: "/var/lib/kelp",
+			procs: machine(append(slices.Clone(node),
+				inNS(containerd(501, 500, "/srv/kelp/data/9a9a/bin/containerd", "/srv/kelp/agent/etc/containerd/config.toml"), otherNS))...),
+			sameDirs: map[int][]string{501: {"/var/log/pods"}},
+			kill:     []int{200, 201, 300, 301, 302},
+			rest:     []int{501},
+			keep:     &shared{podLogs: true},
+		},
+		{
+			name:    "a node in namespaces of its own (a test node) shares nothing",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(append(slices.Clone(node), inNS(other[1], otherNS), inNS(other[2], otherNS), inNS(container(503, 502), otherNS))...),
+			pods:    []int{302},
+			kill:    []int{200, 201, 300, 301, 302},
+			rest:    []int{501, 502},
+			keep:    &shared{},
+		},
+		{
+			// /run/kelp, the kubelet root and the network are the
+			// machine's, the cgroups and pod logs its own.
+			name:    "a node of another data dir in this mount namespace",
+			dataDir: "/var/lib/kelp",
+			procs: machine(append(slices.Clone(node),
+				containerd(801, 800, "/srv/new/data/9a9a/bin/containerd", "/srv/new/agent/etc/containerd/config.toml"),
+				shim(802, "/srv/new/data/9a9a/bin/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock"))...),
+			pods: []int{302, 700},
+			kill: []int{200, 201, 300, 301, 302, 700},
+			rest: []int{801, 802},
+			keep: &shared{dirs: []string{"/run/kelp", "/run/netns", "/var/lib/kubelet"}, network: true},
+		},
+		{
+			name:    "a node of this mount namespace whose data dir cannot be told uses the machine's",
+			dataDir: "/var/lib/kelp",
+			procs:   machine(append(slices.Clone(node), shim(802, "/opt/shims/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock"))...),
+			pods:    []int{302, 700},
+			kill:    []int{200, 201, 300, 301, 302},
+			rest:    []int{802},
+			keep:    &shared{dirs: []string{"/run/kelp", "/run/netns", "/var/lib/kubelet"}, network: true, cgroups: true, podLogs: true},
 		},
 		{
 			name:    "shims of the machine's own containerd",
@@ -276,12 +407,13 @@ func TestPlan(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := classifier{dataDir: tc.dataDir, root: tc.files, resolve: func(p string) string {
+			c := testClassifier(tc.dataDir, tc.sameDirs)
+			c.root, c.resolve = tc.files, func(p string) string {
 				if r, ok := tc.resolve[p]; ok {
 					return r
 				}
 				return p
-			}}
+			}
 			if c.root == nil {
 				c.root = fstest.MapFS{}
 			}
@@ -295,12 +427,15 @@ func TestPlan(t *testing.T) {
 			if !slices.Equal(got.others, tc.rest) {
 				t.Errorf("others %v, want %v", got.others, tc.rest)
 			}
+			if tc.keep != nil && !reflect.DeepEqual(got.keep, *tc.keep) {
+				t.Errorf("keep %+v, want %+v", got.keep, *tc.keep)
+			}
 		})
 	}
 }
 
 func TestPlanWithoutSelf(t *testing.T) {
-	c := classifier{dataDir: "/var/lib/kelp", root: fstest.MapFS{}, resolve: func(p string) string { return p }}
+	c := testClassifier("/var/lib/kelp", nil)
 	procs := slices.DeleteFunc(machine(), func(p process) bool { return p.pid == self })
 	if _, err := c.plan(procs, self, nil); err == nil {
 		t.Error("a table without killall itself: no error")
@@ -350,7 +485,7 @@ func TestPodCgroups(t *testing.T) {
 		root := t.TempDir()
 		mkdirs(t, root, "memory/kubepods/pod1", "cpu,cpuacct/kubepods", "systemd/kubepods.slice", "pids/user.slice/kelp-test-a-1/kubepods")
 		want := []string{filepath.Join(root, "cpu,cpuacct/kubepods"), filepath.Join(root, "memory/kubepods"), filepath.Join(root, "systemd/kubepods.slice")}
-		if got := podCgroups(root); !slices.Equal(got, want) {
+		if got := podCgroups(root, "/"); !slices.Equal(got, want) {
 			t.Errorf("podCgroups = %q, want %q", got, want)
 		}
 	})
@@ -361,10 +496,67 @@ func TestPodCgroups(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A test node's kubepods is not this machine's.
-		if got, want := podCgroups(root), []string{filepath.Join(root, "kubepods")}; !slices.Equal(got, want) {
+		if got, want := podCgroups(root, "/"), []string{filepath.Join(root, "kubepods")}; !slices.Equal(got, want) {
 			t.Errorf("podCgroups = %q, want %q", got, want)
 		}
 	})
+	t.Run("a cgroup root of the node's own", func(t *testing.T) {
+		root := t.TempDir()
+		mkdirs(t, root, "memory/kubepods/pod1", "memory/kelp_0123456789ab/kubepods/pod2", "memory/kelp_ba9876543210/kubepods",
+			"systemd/kelp_0123456789ab.slice/kelp_0123456789ab-kubepods.slice", "systemd/kubepods.slice")
+		want := []string{filepath.Join(root, "memory/kelp_0123456789ab"), filepath.Join(root, "systemd/kelp_0123456789ab.slice")}
+		if got := podCgroups(root, "/kelp_0123456789ab"); !slices.Equal(got, want) {
+			t.Errorf("podCgroups = %q, want %q", got, want)
+		}
+	})
+}
+
+func TestDataDirOfOther(t *testing.T) {
+	for _, tc := range []struct {
+		p    process
+		want string
+	}{
+		{containerd(1, 1, "/srv/kelp/data/9a9a/bin/containerd", "/srv/kelp/agent/etc/containerd/config.toml"), "/srv/kelp"},
+		{containerd(1, 1, "/srv/kelp/data/9a9a/bin/containerd", "/srv/kelp//agent/etc/containerd/config.toml"), "/srv/kelp"},
+		{containerd(1, 1, "/srv/kelp/data/9a9a/bin/containerd", "/etc/containerd/config.toml"), ""},
+		{containerd(1, 1, "/srv/kelp/data/9a9a/bin/containerd", "agent/etc/containerd/config.toml"), ""},
+		{kelp(1, 1, "containerd", "--config", "/srv/kelp/agent/etc/containerd/config.toml"), "/srv/kelp"},
+		{shim(1, "/srv/kelp/data/9a9a/bin/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock"), "/srv/kelp"},
+		{replaced(shim(1, "/srv/kelp/data/9a9a/bin/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock")), "/srv/kelp"},
+		{shim(1, "/usr/bin/containerd-shim-runc-v2", "/run/kelp/containerd/containerd.sock"), ""},
+	} {
+		if got := (classifier{}).dataDirOfOther(tc.p); got != tc.want {
+			t.Errorf("%q (%s): data dir %q, want %q", tc.p.cmdline, tc.p.exe, got, tc.want)
+		}
+	}
+}
+
+// TestEmptyRunDir: the RAM stores and kine sockets of servers of other
+// data dirs stay in /run/kelp; this data dir's RAM store goes.
+func TestEmptyRunDir(t *testing.T) {
+	dir := t.TempDir()
+	own, other := "ram/"+filepath.Base(layout.RAMStore("/var/lib/kelp")), "ram/"+filepath.Base(layout.RAMStore("/srv/cp"))
+	for _, d := range []string{"containerd/io.containerd.runtime.v2.task", "cni/networks", own, other} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kine-0123.sock"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := emptyDir(dir, keepOthersRun, filepath.Join(dir, own)); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if rel, _ := filepath.Rel(dir, path); rel != "." {
+			left = append(left, rel)
+		}
+		return nil
+	})
+	if want := []string{"kine-0123.sock", "ram", other}; !slices.Equal(left, want) {
+		t.Errorf("left %q, want %q", left, want)
+	}
 }
 
 // TestMain lets a test start a copy of the test binary that only sleeps:
