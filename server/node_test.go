@@ -807,7 +807,9 @@ func nothingLeft(t *testing.T, n *testcluster.Node) {
 	}
 	// In the node's own view of the cgroups, where its kubelet made them:
 	// the machine's may hold the kubepods of other tests' nodes.
-	if out, _ := n.Run(time.Minute, n.Command("sh", "-c", "ls -d /sys/fs/cgroup/kubepods* /sys/fs/cgroup/*/kubepods* 2>/dev/null")); strings.TrimSpace(out) != "" {
+	// A test node's data dir is not the default: its pods have a cgroup
+	// root of their own, kelp_<hash>.
+	if out, _ := n.Run(time.Minute, n.Command("sh", "-c", "ls -d /sys/fs/cgroup/kubepods* /sys/fs/cgroup/*/kubepods* /sys/fs/cgroup/kelp_* /sys/fs/cgroup/*/kelp_* 2>/dev/null")); strings.TrimSpace(out) != "" {
 		t.Errorf("cgroups left: %s", out)
 	}
 }
