@@ -141,9 +141,12 @@ wait_for() {
 # either. A node that runs a kubelet (kelp agent, kelp server without
 # --disable-agent) needs cgroups of its own too ("cgroups"): a subtree in
 # every hierarchy, which the node sees as its cgroup root through a cgroup
-# namespace, as internal/testcluster/cgroup.go makes them. Two kubelets in
-# one machine's cgroups fight over kubepods, each removing the pod cgroups
-# it does not know, and their pods restart.
+# namespace, as internal/testcluster/cgroup.go makes them. Two kubelets with
+# one kubepods fight over it, each removing the pod cgroups it does not
+# know, and their pods restart: kelp gives a node whose data dir is not the
+# default a cgroup root of its own (internal/nodepaths), but a node of an
+# earlier kelp shares the machine's, and a subtree of its own keeps what a
+# node uses, and so its figures, apart.
 
 # lab_holder: the pid that holds the lab's network namespace (start_lab);
 # lab_links: how many nodes were wired to it, for their link names.
