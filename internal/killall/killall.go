@@ -51,7 +51,7 @@ func Run(dataDir string) error {
 		return fmt.Errorf("read the process table: %w", err)
 	}
 	p, err := c.plan(procs, os.Getpid(), podProcesses(c.paths.CgroupRoot))
-	errs := []error{err}
+	errs := []error{c.pathsErr, err}
 	killed, err := killAll(p.kill)
 	errs = append(errs, err)
 	log.WithField("processes", killed).Info("stopped kelp, containerd, shims and containers")
@@ -94,11 +94,13 @@ func newClassifier(dataDir string) (classifier, error) {
 		return classifier{}, fmt.Errorf("data dir %s: %w", dataDir, err)
 	}
 	abs = resolveSymlinks(abs)
-	paths, err := nodepaths.Load(abs)
-	if err != nil {
-		return classifier{}, err
+	c := classifier{dataDir: abs, root: configFiles("/"), resolve: resolveSymlinks, pathsOf: pathsOf, sameDir: sameDir}
+	// A record that cannot be read does not keep the node running: its
+	// processes are stopped all the same, and the error reported.
+	if c.paths, c.pathsErr = nodepaths.Load(abs); c.pathsErr != nil {
+		c.paths = nodepaths.Derive(abs)
 	}
-	return classifier{dataDir: abs, root: configFiles("/"), resolve: resolveSymlinks, paths: paths, pathsOf: pathsOf, sameDir: sameDir}, nil
+	return c, nil
 }
 
 // pathsOf reads the cgroup root and pod log dir of another node, whose

@@ -75,6 +75,9 @@ type classifier struct {
 	// paths are the cgroup root and pod log dir of the node (package
 	// nodepaths).
 	paths nodepaths.Paths
+	// pathsErr: the node's record of its paths could not be read, and
+	// paths are derived from its data dir.
+	pathsErr error
 	// pathsOf returns the paths of another node, whose data dir is
 	// dataDir in the mount namespace of its process p ("" if unknown).
 	pathsOf func(p process, dataDir string) nodepaths.Paths

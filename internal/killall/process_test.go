@@ -725,3 +725,28 @@ func TestConfigFileNotRegular(t *testing.T) {
 		}
 	}
 }
+
+// TestNewClassifierPaths: killall takes the node's cgroup root and pod
+// log dir from its record; one it cannot read is reported, and the node
+// is stopped all the same, with the paths derived from its data dir.
+func TestNewClassifierPaths(t *testing.T) {
+	dir := t.TempDir()
+	record := layout.Agent(dir).NodePaths
+	if err := os.MkdirAll(filepath.Dir(record), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(record, []byte(`{"cgroupRoot":"/","podLogsDir":"/var/log/pods"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := newClassifier(dir)
+	if err != nil || c.pathsErr != nil || c.paths != nodepaths.Legacy() {
+		t.Errorf("recorded: %+v, %v, %v; want %+v", c.paths, c.pathsErr, err, nodepaths.Legacy())
+	}
+	if err := os.WriteFile(record, []byte(`{"cgroupRoot":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err = newClassifier(dir)
+	if err != nil || c.pathsErr == nil || !strings.Contains(c.pathsErr.Error(), record) || c.paths != nodepaths.Derive(c.dataDir) {
+		t.Errorf("a broken record: %+v, %v, %v; want the derived paths and an error naming %s", c.paths, c.pathsErr, err, record)
+	}
+}
