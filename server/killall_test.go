@@ -163,6 +163,17 @@ func containerOf(t *testing.T, pod corev1.Pod) string {
 // with, which the node must have recorded.
 func loadPaths(t *testing.T, dataDir string) nodepaths.Paths {
 	t.Helper()
+	kubelet := kubeletPaths(t, dataDir)
+	if p, err := nodepaths.Load(dataDir); err != nil || p != kubelet {
+		t.Fatalf("the node of %s recorded %+v (%v), its kubelet runs with %+v", dataDir, p, err, kubelet)
+	}
+	return kubelet
+}
+
+// kubeletPaths reads the cgroup root and pod log dir of the kubelet's
+// configuration file in dataDir.
+func kubeletPaths(t *testing.T, dataDir string) nodepaths.Paths {
+	t.Helper()
 	data, err := os.ReadFile(layout.Agent(dataDir).KubeletConfig)
 	if err != nil {
 		t.Fatal(err)
@@ -170,9 +181,6 @@ func loadPaths(t *testing.T, dataDir string) nodepaths.Paths {
 	kubelet := nodepaths.Legacy() // the kubelet's defaults
 	if err := yaml.Unmarshal(data, &kubelet); err != nil {
 		t.Fatal(err)
-	}
-	if p, err := nodepaths.Load(dataDir); err != nil || p != kubelet {
-		t.Fatalf("the node of %s recorded %+v (%v), its kubelet runs with %+v", dataDir, p, err, kubelet)
 	}
 	return kubelet
 }

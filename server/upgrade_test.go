@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kelp-dev/kelp/internal/nodepaths"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
@@ -38,6 +39,7 @@ func TestUpgrade(t *testing.T) {
 	kubectl(t, n, "apply", "-f", manifest)
 	kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
 	before := containerIDs(t, c)
+	paths := kubeletPaths(t, n.DataDir)
 	n.Stop()
 
 	n.Bin = next
@@ -48,6 +50,11 @@ func TestUpgrade(t *testing.T) {
 	kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
 	if after := containerIDs(t, c); !equalMaps(before, after) {
 		t.Errorf("the upgrade replaced containers: before %v, after %v", before, after)
+	}
+	// Its pods stay in their cgroups, their logs in their directory, also
+	// on an upgrade from a kelp that chose no paths of a node's own.
+	if after, err := nodepaths.Load(n.DataDir); err != nil || after != paths || kubeletPaths(t, n.DataDir) != paths {
+		t.Errorf("the node's cgroup root and pod log dir %+v (%v) after the upgrade, were %+v", after, err, paths)
 	}
 	versions := filepath.Join(n.DataDir, "server", "versions.json")
 	if data, err := os.ReadFile(versions); err != nil || !strings.Contains(string(data), nextVersion) || !strings.Contains(string(data), `"kubernetes":"v1.`) {
