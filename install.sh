@@ -716,6 +716,11 @@ if [ -n "$OTHER_SERVICE_FILE" ] && [ -e "$OTHER_SERVICE_FILE" ]; then
     exit 0
 fi
 
+# The clusters of `kelp cluster` go with the kelp they run: their nodes
+# are processes of this binary, their state is under /var/lib/kelp.
+if [ -x "$BIN_DIR/kelp" ] && [ -d /var/lib/kelp/clusters ]; then
+    "$BIN_DIR/kelp" cluster delete --all --root /var/lib/kelp/clusters || STATUS=1
+fi
 for cmd in $LINKS; do
     link=$BIN_DIR/$cmd
     if [ -L "$link" ] && [ "$(readlink "$link")" = "$BIN_DIR/kelp" ]; then

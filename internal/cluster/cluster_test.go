@@ -407,3 +407,40 @@ spec:
         args: [%s]%s
 `, name, node, image, `"`+strings.Join(args, `", "`)+`"`, volumes)
 }
+
+// TestClusterCommandHA: --servers 3 makes a control plane of three
+// servers on embedded etcd, the second and third joined to the first, and
+// the kubeconfig reaches it through any of them.
+func TestClusterCommandHA(t *testing.T) {
+	host := testcluster.NewNode(t)
+	host.Env = []string{"KELP_CLUSTER_ROOT=" + filepath.Join(host.Dir, "clusters")}
+	kelp := func(args ...string) (string, error) {
+		t.Helper()
+		return host.RunKelp(5*time.Minute, args...)
+	}
+	t.Cleanup(func() {
+		if out, err := kelp("cluster", "delete", "--all"); err != nil {
+			t.Errorf("kelp cluster delete --all: %v\n%s", err, out)
+		}
+	})
+	if out, err := kelp("cluster", "create", "ha", "--servers", "3", "--wait", "5m"); err != nil {
+		t.Fatalf("kelp cluster create --servers 3: %v\n%s", err, out)
+	}
+	out, err := kelp("cluster", "kubectl", "ha", "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")
+	if err != nil || strings.TrimSpace(out) != "server-1 server-2 server-3" {
+		t.Fatalf("nodes: %v %q", err, out)
+	}
+	out, err = kelp("cluster", "exec", "ha", "server-3", "--", testcluster.Binary(t), "etcdctl", "member", "list")
+	if err != nil || strings.Count(out, "started") != 3 {
+		t.Fatalf("etcd members seen from server-3: %v\n%s", err, out)
+	}
+	// With server-1 stopped, the API answers through the others. Inside a
+	// node, kelp killall needs no flag, and touches no other node.
+	if out, err := kelp("cluster", "exec", "ha", "server-1", "--", testcluster.Binary(t), "killall"); err != nil {
+		t.Fatalf("stop server-1: %v\n%s", err, out)
+	}
+	waitFor(t, "the API through server-2 or server-3", func() string {
+		out, _ := kelp("cluster", "kubectl", "ha", "get", "--raw", "/readyz")
+		return strings.TrimSpace(out)
+	}, "ok")
+}

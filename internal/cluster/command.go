@@ -365,8 +365,8 @@ func createCommand() *cli.Command {
 			if err != nil {
 				return fmt.Errorf("%w (the cluster is kept for a look: kelp cluster delete %s)", err, o.Name)
 			}
-			fmt.Fprintf(c.App.Writer, "cluster %s: %d servers, %d agents, up in %s\nkubectl --kubeconfig %s get nodes\n",
-				o.Name, o.Servers, o.Agents, time.Since(started).Round(100*time.Millisecond), path)
+			fmt.Fprintf(c.App.Writer, "cluster %s is up in %s: %s\nkubectl --kubeconfig %s get nodes\n",
+				o.Name, time.Since(started).Round(100*time.Millisecond), describe(root, o.Name), path)
 			if into != "" {
 				fmt.Fprintf(c.App.Writer, "context %s is current in %s\n", Context(o.Name), into)
 			}
@@ -471,6 +471,24 @@ func (p *parsed) oneName() (string, error) {
 	return p.args[0], nil
 }
 
+// describe says what nodes cluster name has: "1 server, 2 agents".
+func describe(root, name string) string {
+	s, err := load(filepath.Join(root, name))
+	if err != nil {
+		return err.Error()
+	}
+	servers, agents := s.roles()
+	return count(servers, "server") + ", " + count(agents, "agent")
+}
+
+// count says n things: "1 server", "2 agents".
+func count(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
+}
+
 func printList(w io.Writer, root string) error {
 	states, err := list(root)
 	if err != nil {
@@ -479,14 +497,7 @@ func printList(w io.Writer, root string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSERVERS\tAGENTS\tSTATUS\tAPI\tKUBECONFIG")
 	for _, s := range states {
-		servers, agents := 0, 0
-		for _, n := range s.Nodes {
-			if n.Role == "server" {
-				servers++
-			} else {
-				agents++
-			}
-		}
+		servers, agents := s.roles()
 		status := "stopped"
 		if s.Running {
 			status = "running"

@@ -66,6 +66,18 @@ type Node struct {
 	Kelp    machine.Process  `json:"kelp"`
 }
 
+// roles counts the cluster's servers and agents.
+func (s *State) roles() (servers, agents int) {
+	for _, n := range s.Nodes {
+		if n.Role == "server" {
+			servers++
+		} else {
+			agents++
+		}
+	}
+	return servers, agents
+}
+
 // Port is a port published on the host's loopback: Host forwards to Node
 // (a NodePort) on the cluster's first node.
 type Port struct {
