@@ -117,14 +117,23 @@ func Create(root string, o Options, from string) (err error) {
 	if err := o.check(from != ""); err != nil {
 		return err
 	}
+	var saved *State
 	if from != "" {
-		return createFrom(root, o, from)
+		if saved, err = loadSnapshot(root, from); err != nil {
+			return err
+		}
 	}
 	dir, l, err := makeDir(root, o.Name)
 	if err != nil {
 		return err
 	}
 	s := &State{Name: o.Name, Binary: o.Binary, Datastore: o.Datastore, Args: o.Args, Ports: o.Ports, Nodes: o.nodes()}
+	if saved != nil {
+		s.Datastore, s.Args, s.Nodes = saved.Datastore, saved.Args, nil
+		for _, n := range saved.Nodes {
+			s.Nodes = append(s.Nodes, &Node{Name: n.Name, Role: n.Role, IP: n.IP})
+		}
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, teardown(s), os.RemoveAll(dir))
@@ -134,6 +143,20 @@ func Create(root string, o Options, from string) (err error) {
 	if err := s.reservePorts(dir); err != nil {
 		return err
 	}
+	if saved != nil {
+		err = copyFromSnapshot(snapshotDir(root, from), dir, s)
+	} else {
+		err = prepareNodes(dir, s, o.Images)
+	}
+	if err != nil {
+		return err
+	}
+	return start(dir, s)
+}
+
+// prepareNodes writes the token and each node's configuration of a new
+// cluster, and puts the images into every node's airgap directory.
+func prepareNodes(dir string, s *State, images []string) error {
 	secret, err := token.Random()
 	if err != nil {
 		return err
@@ -145,13 +168,13 @@ func Create(root string, o Options, from string) (err error) {
 		if err := writeNodeConfig(dir, s, n, secret); err != nil {
 			return err
 		}
-		for _, img := range o.Images {
+		for _, img := range images {
 			if err := copyImages(img, nodeDir(dir, n).images()); err != nil {
 				return err
 			}
 		}
 	}
-	return start(dir, s)
+	return nil
 }
 
 // makeDir makes the directory of a new cluster under root and takes its

@@ -27,18 +27,7 @@ import (
 // start, a second cluster beside it that sees nothing of the first, bad
 // input, and nothing left behind on the host after delete.
 func TestClusterCommand(t *testing.T) {
-	host := testcluster.NewNode(t)
-	root := filepath.Join(host.Dir, "clusters")
-	host.Env = []string{"KELP_CLUSTER_ROOT=" + root}
-	kelp := func(args ...string) (string, error) {
-		t.Helper()
-		return host.RunKelp(5*time.Minute, args...)
-	}
-	t.Cleanup(func() {
-		if out, err := kelp("cluster", "delete", "--all"); err != nil {
-			t.Errorf("kelp cluster delete --all: %v\n%s", err, out)
-		}
-	})
+	host, root, kelp := newHost(t)
 	before := viewOf(t, host)
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 
@@ -195,6 +184,25 @@ spec:
 	if entries, err := os.ReadDir(root); err != nil || len(entries) > 0 {
 		t.Errorf("files left in %s: %v %v", root, entries, err)
 	}
+}
+
+// newHost makes the machine a test runs kelp cluster on: a test node, its
+// clusters under root, and kelp, which runs kelp there. Its clusters are
+// deleted when the test ends.
+func newHost(t *testing.T) (host *testcluster.Node, root string, kelp func(...string) (string, error)) {
+	host = testcluster.NewNode(t)
+	root = filepath.Join(host.Dir, "clusters")
+	host.Env = []string{"KELP_CLUSTER_ROOT=" + root}
+	kelp = func(args ...string) (string, error) {
+		t.Helper()
+		return host.RunKelp(5*time.Minute, args...)
+	}
+	t.Cleanup(func() {
+		if out, err := kelp("cluster", "delete", "--all"); err != nil {
+			t.Errorf("kelp cluster delete --all: %v\n%s", err, out)
+		}
+	})
+	return host, root, kelp
 }
 
 // badInput tries what users get wrong, on a host where cluster ci runs.
@@ -412,17 +420,7 @@ spec:
 // servers on embedded etcd, the second and third joined to the first, and
 // the kubeconfig reaches it through any of them.
 func TestClusterCommandHA(t *testing.T) {
-	host := testcluster.NewNode(t)
-	host.Env = []string{"KELP_CLUSTER_ROOT=" + filepath.Join(host.Dir, "clusters")}
-	kelp := func(args ...string) (string, error) {
-		t.Helper()
-		return host.RunKelp(5*time.Minute, args...)
-	}
-	t.Cleanup(func() {
-		if out, err := kelp("cluster", "delete", "--all"); err != nil {
-			t.Errorf("kelp cluster delete --all: %v\n%s", err, out)
-		}
-	})
+	_, _, kelp := newHost(t)
 	if out, err := kelp("cluster", "create", "ha", "--servers", "3", "--wait", "5m"); err != nil {
 		t.Fatalf("kelp cluster create --servers 3: %v\n%s", err, out)
 	}

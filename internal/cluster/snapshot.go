@@ -100,34 +100,18 @@ func copyTree(src, dst string) error {
 	return nil
 }
 
-// createFrom makes cluster o.Name from snapshot under root, as Create
-// does: the snapshot's nodes, with their data, and o's ports.
-func createFrom(root string, o Options, snapshot string) (err error) {
-	src := snapshotDir(root, snapshot)
-	saved, err := load(src)
+// loadSnapshot reads the state of a saved cluster.
+func loadSnapshot(root, snapshot string) (*State, error) {
+	saved, err := load(snapshotDir(root, snapshot))
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("there is no snapshot %s: `kelp cluster snapshots` lists them", snapshot)
+		return nil, fmt.Errorf("there is no snapshot %s: `kelp cluster snapshots` lists them", snapshot)
 	}
-	if err != nil {
-		return err
-	}
-	dir, l, err := makeDir(root, o.Name)
-	if err != nil {
-		return err
-	}
-	s := &State{Name: o.Name, Binary: o.Binary, Datastore: saved.Datastore, Args: saved.Args, Ports: o.Ports}
-	for _, n := range saved.Nodes {
-		s.Nodes = append(s.Nodes, &Node{Name: n.Name, Role: n.Role, IP: n.IP})
-	}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, teardown(s), os.RemoveAll(dir))
-		}
-		l.Close()
-	}()
-	if err := s.reservePorts(dir); err != nil {
-		return err
-	}
+	return saved, err
+}
+
+// copyFromSnapshot copies the nodes and token of the saved cluster in src
+// into the new cluster s in dir.
+func copyFromSnapshot(src, dir string, s *State) error {
 	for _, f := range []string{"nodes", "token"} {
 		if err := copyTree(filepath.Join(src, f), filepath.Join(dir, f)); err != nil {
 			return err
@@ -139,7 +123,7 @@ func createFrom(root string, o Options, snapshot string) (err error) {
 			return err
 		}
 	}
-	return start(dir, s)
+	return nil
 }
 
 // Snapshot is a saved cluster, as listed.

@@ -129,6 +129,16 @@ func WithDataDir(action func(c *cli.Context, dataDir string) error) cli.ActionFu
 	}
 }
 
+// ToolDataDir is LeadingDataDir for a tool of this process (crictl, ctr,
+// etcdctl) given its arguments after the program name.
+func ToolDataDir(args []string) (dataDir string, rest []string, err error) {
+	l, err := ThisProcess()
+	if err != nil {
+		return "", nil, err
+	}
+	return LeadingDataDir(args, l)
+}
+
 // ThisProcess is the Lookup of this process: its environment, the file
 // system at "/" and its current directory.
 func ThisProcess() (Lookup, error) {

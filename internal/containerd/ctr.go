@@ -13,11 +13,7 @@ import (
 // config.LeadingDataDir), unless --address or CONTAINERD_ADDRESS names
 // another.
 func CtrMain(args []string) error {
-	l, err := config.ThisProcess()
-	if err != nil {
-		return err
-	}
-	dataDir, rest, err := config.LeadingDataDir(args[1:], l)
+	dataDir, rest, err := config.ToolDataDir(args[1:])
 	if err != nil {
 		return err
 	}

@@ -27,11 +27,7 @@ import (
 // config.LeadingDataDir), unless --runtime-endpoint or
 // CONTAINER_RUNTIME_ENDPOINT names another.
 func Main(args []string) error {
-	l, err := config.ThisProcess()
-	if err != nil {
-		return err
-	}
-	dataDir, rest, err := config.LeadingDataDir(args[1:], l)
+	dataDir, rest, err := config.ToolDataDir(args[1:])
 	if err != nil {
 		return err
 	}

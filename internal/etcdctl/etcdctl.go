@@ -25,11 +25,7 @@ import (
 // ETCDCTL_* variables override the endpoint and TLS files found there.
 // Most etcdctl commands exit the process themselves when they fail.
 func Main(args []string) error {
-	l, err := config.ThisProcess()
-	if err != nil {
-		return err
-	}
-	dataDir, rest, err := config.LeadingDataDir(args[1:], l)
+	dataDir, rest, err := config.ToolDataDir(args[1:])
 	if err != nil {
 		return err
 	}

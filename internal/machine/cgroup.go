@@ -63,17 +63,24 @@ func BelowCaller() (Placement, error) {
 	if err != nil {
 		return Placement{}, err
 	}
-	v2 := ""
-	return Placement{
-		V1: func(h Hierarchy) (string, error) {
-			path, ok := own[h.Options]
-			if !ok {
-				return "", fmt.Errorf("cgroup hierarchy %s (%s) is not in /proc/self/cgroup", h.Mountpoint, h.Options)
-			}
-			return filepath.Join(h.Mountpoint, path), nil
-		},
-		V2: v2,
-	}, nil
+	return Placement{V1: func(h Hierarchy) (string, error) {
+		path, ok := own[h.Options]
+		if !ok {
+			return "", fmt.Errorf("cgroup hierarchy %s (%s) is not in /proc/self/cgroup", h.Mountpoint, h.Options)
+		}
+		return filepath.Join(h.Mountpoint, path), nil
+	}}, nil
+}
+
+// parent is the host path below which p places a cgroup in h.
+func (p Placement) parent(h Hierarchy) (string, error) {
+	switch {
+	case !h.V2:
+		return p.V1(h)
+	case p.V2 != "":
+		return p.V2, nil
+	}
+	return h.Mountpoint, nil
 }
 
 // AtRoot places machines at the root of every hierarchy.
@@ -115,14 +122,9 @@ func FindCgroups(p Placement, name string) (*Cgroups, error) {
 	}
 	found := &Cgroups{}
 	for _, h := range mounted {
-		parent := p.V2
-		if h.V2 && parent == "" {
-			parent = h.Mountpoint
-		}
-		if !h.V2 {
-			if parent, err = p.V1(h); err != nil {
-				return nil, err
-			}
+		parent, err := p.parent(h)
+		if err != nil {
+			return nil, err
 		}
 		h.Dir = filepath.Join(parent, name)
 		if _, err := os.Stat(h.Dir); err == nil {
@@ -152,15 +154,10 @@ func newCgroupTree(p Placement, prefix string, random bool) (*Cgroups, error) {
 		base = prefix
 	}
 	for _, h := range mounted {
-		parent := p.V2
-		if h.V2 && parent == "" {
-			parent = h.Mountpoint
-		}
-		if !h.V2 {
-			if parent, err = p.V1(h); err != nil {
-				_ = tree.remove()
-				return nil, err
-			}
+		parent, err := p.parent(h)
+		if err != nil {
+			_ = tree.remove()
+			return nil, err
 		}
 		if base == "" {
 			// A random name, unique among all the machines of all
