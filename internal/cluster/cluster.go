@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/machine"
 	"github.com/kelp-dev/kelp/internal/token"
 )
@@ -212,22 +213,22 @@ func (s *State) reservePorts(dir string) error {
 	return save(dir, s)
 }
 
-// writeNodeConfig writes the node's /etc/kelp/config.yaml and the token it
-// joins with: inside its machine, `kelp server` or `kelp agent` needs no
-// flag.
+// writeNodeConfig writes the node's config file and the token it joins
+// with, which it sees as /etc/kelp: inside its machine, `kelp server` or
+// `kelp agent` needs no flag.
 func writeNodeConfig(dir string, s *State, n *Node, secret string) error {
 	np := nodeDir(dir, n)
 	if err := os.MkdirAll(np.etc(), 0o700); err != nil {
 		return err
 	}
-	if err := atomicfile.Write(filepath.Join(np.etc(), "token"), []byte(secret+"\n"), 0o600); err != nil {
+	if err := atomicfile.Write(np.token(), []byte(secret+"\n"), 0o600); err != nil {
 		return err
 	}
 	lines := []string{
-		"# made by kelp cluster create; kelp reads it as /etc/kelp/config.yaml inside the node",
+		"# made by kelp cluster create; the node reads it as " + layout.ConfigFile,
 		"node-name: " + n.Name,
 		"node-ip: " + n.IP.String(),
-		"token-file: /etc/kelp/token",
+		"token-file: " + filepath.Join(filepath.Dir(layout.ConfigFile), filepath.Base(np.token())),
 	}
 	first := s.Nodes[0]
 	switch {
@@ -236,7 +237,7 @@ func writeNodeConfig(dir string, s *State, n *Node, secret string) error {
 	case n != first:
 		lines = append(lines, "server: https://"+net.JoinHostPort(first.IP.String(), "6443"))
 	}
-	return atomicfile.Write(filepath.Join(np.etc(), "config.yaml"), []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+	return atomicfile.Write(np.config(), []byte(strings.Join(lines, "\n")+"\n"), 0o600)
 }
 
 // start makes what a stopped cluster lacks (its network, its cgroup, a

@@ -14,11 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/machine"
 )
 
 // DefaultRoot is where clusters keep their state unless --root says.
-const DefaultRoot = "/var/lib/kelp/clusters"
+var DefaultRoot = filepath.Join(layout.DefaultDataDir, "clusters")
 
 // stateFile is a cluster's record, in its directory under the root.
 const stateFile = "cluster.json"
@@ -101,24 +102,28 @@ func (p paths) node(name string) nodePaths {
 
 type nodePaths struct{ dir string }
 
-func (n nodePaths) data() string       { return filepath.Join(n.dir, "data") }
-func (n nodePaths) etc() string        { return filepath.Join(n.dir, "etc") }
-func (n nodePaths) kubeconfig() string { return filepath.Join(n.etc(), "kelp.yaml") }
-func (n nodePaths) log() string        { return filepath.Join(n.dir, "kelp.log") }
-func (n nodePaths) images() string     { return filepath.Join(n.data(), "agent", "images") }
+func (n nodePaths) data() string { return filepath.Join(n.dir, "data") }
+func (n nodePaths) etc() string  { return filepath.Join(n.dir, "etc") }
+func (n nodePaths) kubeconfig() string {
+	return filepath.Join(n.etc(), filepath.Base(layout.Kubeconfig))
+}
+func (n nodePaths) config() string { return filepath.Join(n.etc(), filepath.Base(layout.ConfigFile)) }
+func (n nodePaths) token() string  { return filepath.Join(n.etc(), "token") }
+func (n nodePaths) log() string    { return filepath.Join(n.dir, "kelp.log") }
+func (n nodePaths) images() string { return layout.Agent(n.data()).ImagesDir }
 
 // private maps the paths a node keeps state in to its own directories
 // (see machine.Spec.Private): inside it, a node has the default paths of a
 // kelp node, so `kelp crictl` or `kelp token` run there need no flags.
 func (n nodePaths) private() map[string]string {
 	return map[string]string{
-		"/var/lib/kelp":       n.data(),
-		"/etc/kelp":           n.etc(),
-		"/var/lib/kubelet":    filepath.Join(n.dir, "kubelet"),
-		"/var/log/pods":       filepath.Join(n.dir, "log", "pods"),
-		"/var/log/containers": filepath.Join(n.dir, "log", "containers"),
-		"/run/kelp":           "",
-		"/run/netns":          "",
+		layout.DefaultDataDir:           n.data(),
+		filepath.Dir(layout.ConfigFile): n.etc(),
+		layout.KubeletRoot:              filepath.Join(n.dir, "kubelet"),
+		layout.PodLogsDir:               filepath.Join(n.dir, "log", "pods"),
+		layout.ContainerLogsDir:         filepath.Join(n.dir, "log", "containers"),
+		layout.RunDir:                   "",
+		layout.NetnsDir:                 "",
 	}
 }
 
