@@ -27,6 +27,7 @@ func Command() *cli.Command {
 		Usage: "make throwaway clusters of several nodes on this machine, each node in namespaces of its own (for CI and tests; no Docker needed)",
 		Subcommands: []*cli.Command{
 			createCommand(),
+			machineCommand(), networkCommand(), // hidden: package machine for scripts (plumbing.go)
 			{
 				Name:      "list",
 				Usage:     "list the clusters on this machine",
