@@ -38,8 +38,8 @@
 # Events), with kelp's SQLite parameters read from internal/datastore (the
 # one thing taken from the source tree, not from the binary).
 #
-# Runs, each in a node of its own (lib/bench.sh start_node: network, mount
-# and UTS namespaces, in the machine's cgroups), each on that data dir with
+# Runs, each in a node of its own (lib/bench.sh start_node: network, mount,
+# cgroup and UTS namespaces and cgroups of its own), each on that data dir with
 # an empty datastore (the bundle, certificates, configuration and the pause
 # image in containerd's root are kept):
 #   kelp         kelp server

@@ -51,7 +51,7 @@ cleanup() {
 trap cleanup EXIT
 
 build_test_image "$repo" "$work" >/dev/null
-start_node host "$work" cgroups
+start_node host "$work"
 
 kc() { in_node host env KELP_CLUSTER_ROOT="$root" "$KELP" cluster "$@"; }
 

@@ -11,11 +11,10 @@
 #   LOGDIR=        if set, kelp's logs are copied there
 #
 # The nodes are wired as in the cluster tests (internal/testcluster/lab.go): a
-# lab network namespace with a bridge lab0, and per node network and mount
-# namespaces, eth0 10.99.0.x/24 on the bridge (server-1 .2, server-2 .3,
-# server-3 .4) and private /run/kelp, /run/netns, /var/lib/kubelet and pod
-# logs. Every server runs with --disable-agent, so no node has cgroups of its
-# own. Writes come from scripts/benchha (client-go, no client-side rate limit),
+# lab network namespace with a bridge lab0, and per node network, mount and
+# cgroup namespaces and cgroups of its own, eth0 10.99.0.x/24 on the bridge
+# (server-1 .2, server-2 .3, server-3 .4) and private /run/kelp, /run/netns,
+# /var/lib/kubelet and pod logs. Every server runs with --disable-agent. Writes come from scripts/benchha (client-go, no client-side rate limit),
 # run inside a node, creating ConfigMaps of 1 KiB in the default namespace.
 # A "ready" server is one whose /readyz answers ok and whose log says "kelp
 # server is ready". Figures:

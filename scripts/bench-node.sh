@@ -78,7 +78,7 @@ kubectl() { in_node server "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --requ
 
 build_test_image "$repo" "$work"
 
-start_node server "$work" cgroups
+start_node server "$work"
 
 cat >"$work/app.yaml" <<'YAML'
 apiVersion: apps/v1

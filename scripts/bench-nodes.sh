@@ -175,8 +175,8 @@ run_backend() { # BACKEND: a new cluster with it, measured, then removed
   dir=$work/$backend
   mkdir -p "$dir/server" "$dir/agent"
   start_lab "$dir"
-  start_lab_node server "$server_ip" "$dir" cgroups
-  start_lab_node agent "$agent_ip" "$dir" cgroups
+  start_lab_node server "$server_ip" "$dir"
+  start_lab_node agent "$agent_ip" "$dir"
   stage_images server
 
   launch server "$dir/server/kelp.log" server --data-dir "$dir/server/data" \

@@ -16,10 +16,11 @@
 #   LOGDIR=      if set, kelp's logs are copied there
 #
 # For SQLite, then embedded etcd (--cluster-init), one `kelp server
-# --disable-agent` on a fresh data dir, in a network and mount namespace of
-# its own (lib/bench.sh start_node: 10.99.0.2 on a bridge, private /run/kelp
-# and kubelet dirs). Reads and writes come from scripts/benchha (client-go, no
-# client-side rate limit, protobuf for the reads), run in the node, on
+# --disable-agent` on a fresh data dir, in network, mount and cgroup
+# namespaces of its own (lib/bench.sh start_node: 10.99.0.2 on a bridge,
+# private /run/kelp and kubelet dirs). Reads and writes come from
+# scripts/benchha (client-go, no client-side rate limit, protobuf for the
+# reads), run in the node, on
 # ConfigMaps of 1 KiB in the default namespace. A "ready" server is one whose
 # /readyz answers ok and whose log says "kelp server is ready". At each size:
 #   fill         WRITERS writers create ConfigMaps up to the size less BATCH

@@ -10,8 +10,9 @@
 #   KELP=bin/kelp
 #   LOGDIR=       if set, kelp's and containerd's logs are copied there
 #
-# kelp runs in a network and mount namespace of its own, with private
-# /run/kelp, /run/netns, /var/lib/kubelet and pod logs, like the cluster tests;
+# kelp runs in network, mount and cgroup namespaces and cgroups of its own,
+# with private /run/kelp, /run/netns, /var/lib/kubelet and pod logs, like the
+# cluster tests (lib/bench.sh start_node);
 # it starts once, on a fresh data dir with the test image in its airgap images
 # directory.
 # Figures, all from pods of the test image on the node:
@@ -63,8 +64,9 @@ cleanup() {
   [[ -n $poller ]] && kill "$poller" 2>/dev/null
   if [[ -n ${holder[server]:-} ]]; then
     in_node server "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
-    kill "${holder[server]}" 2>/dev/null; wait "${holder[server]}" 2>/dev/null
+    [[ -n ${kelp_pid[server]:-} ]] && stop_kelp server # reaps it
   fi
+  end_node server
   [[ -n $LOGDIR ]] && mkdir -p "$LOGDIR" && cp "$work"/*.log "$work"/data/agent/containerd/containerd.log "$LOGDIR"/ 2>/dev/null
   rm -rf "$work"
   exit "$rc"

@@ -17,7 +17,7 @@
 #                      year, and the renewal loop only looks, hourly
 #   TOKEN_TTL=10m      churn: --ttl of the join token made at the start
 #
-# Each server runs in a network and mount namespace and cgroups of its own,
+# Each server runs in network, mount and cgroup namespaces and cgroups of its own,
 # like the cluster tests (lib/bench.sh start_node), after a first run that
 # staged the bundle, as bench-node.sh does. Windows are whole minutes.
 #   idle   three servers at once, nothing deployed beyond the built-in parts:
@@ -199,7 +199,7 @@ if [[ $mode == churn ]]; then
   if [[ -n $LEAF_LIFETIME ]]; then export KELP_TEST_LEAF_LIFETIME=$LEAF_LIFETIME; fi
 fi
 
-for node in "${nodes[@]}"; do start_node "$node" "$work" cgroups; done
+for node in "${nodes[@]}"; do start_node "$node" "$work"; done
 # A first run stages the bundle, as an install does; then a fresh start.
 for node in "${nodes[@]}"; do start_kelp "$node" "$node-stage.log"; done
 for node in "${nodes[@]}"; do wait_for "the first start of $node" grep -q "kelp node is running" "$logs/$node-stage.log"; done
