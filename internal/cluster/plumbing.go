@@ -314,7 +314,7 @@ func makeNetwork(bridge, state string, w io.Writer) error {
 	if err := checkNewState(state); err != nil {
 		return err
 	}
-	n, err := machine.NewNetwork(bridge, machine.Detached)
+	n, err := machine.NewNetwork(bridge, nil, machine.Detached)
 	if err != nil {
 		return err
 	}

@@ -187,7 +187,7 @@ func list(root string) ([]*State, error) {
 // lock takes the cluster's lock, so two commands never change one cluster
 // at once; it is released when the process ends.
 func lock(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(paths{dir}.lock(), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
