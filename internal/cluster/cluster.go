@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
-	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/machine"
 	"github.com/kelp-dev/kelp/internal/token"
 )
@@ -214,21 +213,21 @@ func (s *State) reservePorts(dir string) error {
 }
 
 // writeNodeConfig writes the node's config file and the token it joins
-// with, which it sees as /etc/kelp: inside its machine, `kelp server` or
-// `kelp agent` needs no flag.
+// with: inside its machine, `kelp server` or `kelp agent` needs no flag.
 func writeNodeConfig(dir string, s *State, n *Node, secret string) error {
 	np := nodeDir(dir, n)
-	if err := os.MkdirAll(np.etc(), 0o700); err != nil {
+	if err := os.MkdirAll(np.data(), 0o700); err != nil {
 		return err
 	}
 	if err := atomicfile.Write(np.token(), []byte(secret+"\n"), 0o600); err != nil {
 		return err
 	}
 	lines := []string{
-		"# made by kelp cluster create; the node reads it as " + layout.ConfigFile,
+		"# made by kelp cluster create; the node reads it as " + nodeConfigFile,
 		"node-name: " + n.Name,
 		"node-ip: " + n.IP.String(),
-		"token-file: " + filepath.Join(filepath.Dir(layout.ConfigFile), filepath.Base(np.token())),
+		"token-file: " + nodeTokenFile,
+		"write-kubeconfig: " + nodeKubeconfig,
 	}
 	first := s.Nodes[0]
 	switch {
@@ -314,8 +313,7 @@ func removeStaleCgroups(name string) error {
 }
 
 // startKelp starts the node's kelp in its machine, in a session of its
-// own, logging to the node's kelp.log. The environment is the host's
-// without KELP_ settings and KUBECONFIG, which are the host's node's.
+// own, logging to the node's kelp.log, in the node's environment.
 func startKelp(binary string, n *Node, np nodePaths, args []string) (machine.Process, error) {
 	log, err := os.OpenFile(np.log(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -323,12 +321,7 @@ func startKelp(binary string, n *Node, np nodePaths, args []string) (machine.Pro
 	}
 	defer log.Close()
 	cmd := n.Machine.Command(binary, append([]string{n.Role}, args...)...)
-	cmd.Stdout, cmd.Stderr = log, log
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KELP_") && !strings.HasPrefix(kv, "KUBECONFIG=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
+	cmd.Stdout, cmd.Stderr, cmd.Env = log, log, nodeEnv()
 	if err := machine.Detached(cmd); err != nil {
 		return machine.Process{}, fmt.Errorf("start kelp %s on node %s: %w", n.Role, n.Name, err)
 	}
@@ -535,7 +528,9 @@ func Exec(root, name, node string, args []string) (*exec.Cmd, error) {
 			if n.Machine == nil || !n.Machine.Alive() {
 				return nil, fmt.Errorf("node %s of cluster %s is not running: `kelp cluster start %s`", n.Name, name, name)
 			}
-			return n.Machine.Command(args[0], args[1:]...), nil
+			cmd := n.Machine.Command(args[0], args[1:]...)
+			cmd.Env = nodeEnv()
+			return cmd, nil
 		}
 	}
 	return nil, fmt.Errorf("cluster %s has no node %s: its nodes are %s", name, node, nodeNames(s))

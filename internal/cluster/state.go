@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -95,36 +96,63 @@ func (p paths) kubeconfig() string { return filepath.Join(p.dir, "kubeconfig") }
 func (p paths) lock() string       { return filepath.Join(p.dir, "lock") }
 
 // node is the directory of a node: what the node sees as its /var/lib/kelp
-// (data), /etc/kelp (etc), kubelet root and pod logs, and its kelp's log.
+// (data), kubelet root and pod logs, and its kelp's log.
 func (p paths) node(name string) nodePaths {
 	return nodePaths{filepath.Join(p.dir, "nodes", name)}
 }
 
+// Inside a node, its data dir is the default one, and its config file,
+// join token and admin kubeconfig are kept there too (KELP_CONFIG_FILE
+// names the config file): /etc/kelp stays the machine's, and a node of a
+// cluster made from a saved one finds everything where it was.
+var (
+	nodeConfigFile = filepath.Join(layout.DefaultDataDir, "cluster-node.yaml")
+	nodeTokenFile  = filepath.Join(layout.DefaultDataDir, "cluster-token")
+	nodeKubeconfig = filepath.Join(layout.DefaultDataDir, "admin.yaml")
+)
+
 type nodePaths struct{ dir string }
 
-func (n nodePaths) data() string { return filepath.Join(n.dir, "data") }
-func (n nodePaths) etc() string  { return filepath.Join(n.dir, "etc") }
-func (n nodePaths) kubeconfig() string {
-	return filepath.Join(n.etc(), filepath.Base(layout.Kubeconfig))
+func (n nodePaths) data() string       { return filepath.Join(n.dir, "data") }
+func (n nodePaths) kubeconfig() string { return n.inData(nodeKubeconfig) }
+func (n nodePaths) config() string     { return n.inData(nodeConfigFile) }
+func (n nodePaths) token() string      { return n.inData(nodeTokenFile) }
+func (n nodePaths) log() string        { return filepath.Join(n.dir, "kelp.log") }
+func (n nodePaths) images() string     { return layout.Agent(n.data()).ImagesDir }
+
+// inData is where the host finds path, a path in the node's data dir as
+// the node sees it.
+func (n nodePaths) inData(path string) string {
+	return filepath.Join(n.data(), strings.TrimPrefix(path, layout.DefaultDataDir))
 }
-func (n nodePaths) config() string { return filepath.Join(n.etc(), filepath.Base(layout.ConfigFile)) }
-func (n nodePaths) token() string  { return filepath.Join(n.etc(), "token") }
-func (n nodePaths) log() string    { return filepath.Join(n.dir, "kelp.log") }
-func (n nodePaths) images() string { return layout.Agent(n.data()).ImagesDir }
 
 // private maps the paths a node keeps state in to its own directories
 // (see machine.Spec.Private): inside it, a node has the default paths of a
 // kelp node, so `kelp crictl` or `kelp token` run there need no flags.
+// Each exists on a machine that ran kelp; one that does not is made (the
+// cluster's root is below the first).
 func (n nodePaths) private() map[string]string {
 	return map[string]string{
-		layout.DefaultDataDir:           n.data(),
-		filepath.Dir(layout.ConfigFile): n.etc(),
-		layout.KubeletRoot:              filepath.Join(n.dir, "kubelet"),
-		layout.PodLogsDir:               filepath.Join(n.dir, "log", "pods"),
-		layout.ContainerLogsDir:         filepath.Join(n.dir, "log", "containers"),
-		layout.RunDir:                   "",
-		layout.NetnsDir:                 "",
+		layout.DefaultDataDir:   n.data(),
+		layout.KubeletRoot:      filepath.Join(n.dir, "kubelet"),
+		layout.PodLogsDir:       filepath.Join(n.dir, "log", "pods"),
+		layout.ContainerLogsDir: filepath.Join(n.dir, "log", "containers"),
+		layout.RunDir:           "",
+		layout.NetnsDir:         "",
 	}
+}
+
+// nodeEnv is the environment of what runs in a node: the host's without
+// KELP_ settings and KUBECONFIG, which are the host's node's, and with
+// the node's config file.
+func nodeEnv() []string {
+	env := []string{"KELP_CONFIG_FILE=" + nodeConfigFile}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KELP_") && !strings.HasPrefix(kv, "KUBECONFIG=") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // load reads the state of the cluster in dir.
