@@ -131,3 +131,29 @@ func logPruned(names []string, where string) {
 		log.WithFields(logrus.Fields{"name": name, "from": where}).Debug("pruned snapshot")
 	}
 }
+
+// SaveOffsite takes a snapshot as Save does and keeps it locally; then,
+// with s3, copies it to S3, as a scheduled one is copied, with this
+// node's snapshots saved while S3 was down. An S3 that fails costs the
+// snapshot nothing: the failure is logged, the local snapshot kept, and the
+// next save that reaches S3 uploads it.
+func (d Dir) SaveOffsite(ctx context.Context, name string, s3 *config.S3) (Metadata, error) {
+	meta, err := d.Save(ctx, name)
+	if err != nil {
+		return Metadata{}, err
+	}
+	taken := log.WithFields(logrus.Fields{"name": meta.Name, "bytes": meta.Size, "dir": d.path()})
+	if s3 == nil {
+		taken.Info("snapshot taken")
+		return meta, nil
+	}
+	r, uploaded, err := d.offsite(ctx, *s3, meta)
+	if slices.Contains(uploaded, meta.Name) {
+		taken = taken.WithField("s3", r.location(meta.Name))
+	}
+	taken.Info("snapshot taken")
+	if err != nil {
+		log.WithError(err).Warnf("snapshot %s is kept in %s, but copying it to %s failed; the next snapshot saved while S3 answers copies it", meta.Name, d.path(), s3.Location())
+	}
+	return meta, nil
+}

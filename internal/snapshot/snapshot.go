@@ -507,3 +507,28 @@ func (d Dir) removeStaleTemps() ([]string, error) {
 	}
 	return removed, nil
 }
+
+// upgradePrefix starts the names of the snapshots taken before an upgrade.
+const upgradePrefix = "pre-upgrade-"
+
+// UpgradeName is the name given to Save for the snapshot taken before an
+// upgrade from version from to version to: pre-upgrade-<from>-<to>.
+// Whatever a version holds besides letters, digits, '.', '_' and '-'
+// becomes '-', so the name is one a file and an S3 key can carry; an empty
+// version is "unknown".
+func UpgradeName(from, to string) string {
+	return upgradePrefix + nameSafe(from) + "-" + nameSafe(to)
+}
+
+func nameSafe(v string) string {
+	if v == "" {
+		return "unknown"
+	}
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+			return r
+		}
+		return '-'
+	}, v)
+}

@@ -668,3 +668,21 @@ func TestRestoreTwiceKeepsBothBackups(t *testing.T) {
 		}
 	}
 }
+
+func TestUpgradeName(t *testing.T) {
+	for _, tc := range []struct{ from, to, want string }{
+		{"v0.4.0", "v0.5.0", "pre-upgrade-v0.4.0-v0.5.0"},
+		{"v1.36.3", "v1.37.2", "pre-upgrade-v1.36.3-v1.37.2"},
+		{"v0.5.0+build/7", "dev", "pre-upgrade-v0.5.0-build-7-dev"},
+		{"", "v0.5.0", "pre-upgrade-unknown-v0.5.0"},
+		{"../..", "x y", "pre-upgrade-..-..-x-y"},
+	} {
+		got := UpgradeName(tc.from, tc.to)
+		if got != tc.want {
+			t.Errorf("UpgradeName(%q, %q) = %q, want %q", tc.from, tc.to, got, tc.want)
+		}
+		if err := checkName(got); err != nil {
+			t.Errorf("UpgradeName(%q, %q): %v", tc.from, tc.to, err)
+		}
+	}
+}

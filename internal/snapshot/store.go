@@ -116,3 +116,7 @@ func removeEverywhere(ctx context.Context, all []store, names []string) error {
 	}
 	return nil
 }
+
+// PathOf is where the snapshot name is kept in d; PathOf("") is d's
+// directory.
+func (d Dir) PathOf(name string) string { return filepath.Join(d.path(), name) }

@@ -45,11 +45,7 @@ func CheckDataDir(path string, now Ran) error {
 	if last == now {
 		return nil
 	}
-	record, err := json.Marshal(now)
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(path, append(record, '\n'), 0o600)
+	return RecordDataDir(path, now)
 }
 
 // NewerMinor says that Kubernetes version a (like v1.37.2) is of a newer
@@ -69,4 +65,41 @@ func minor(v string) int {
 		return 0
 	}
 	return n
+}
+
+// Current is this kelp and the Kubernetes it runs.
+func Current() Ran { return Ran{Kelp: Version, Kubernetes: Kubernetes()} }
+
+// Upgrade says that going from a to b is an upgrade (or a downgrade): the
+// kelp version or the Kubernetes minor differs. A kelp that is not known
+// differs from every other.
+func Upgrade(a, b Ran) bool {
+	return a.Kelp != b.Kelp || minor(a.Kubernetes) != minor(b.Kubernetes)
+}
+
+// ReadDataDir returns the record CheckDataDir keeps at path; ok is false
+// when there is none, or it is cut short.
+func ReadDataDir(path string) (r Ran, ok bool, err error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Ran{}, false, nil
+	}
+	if err != nil {
+		return Ran{}, false, fmt.Errorf("read %s: %w", path, err)
+	}
+	if json.Unmarshal(data, &r) != nil || r.Kelp == "" {
+		return Ran{}, false, nil
+	}
+	return r, true, nil
+}
+
+// RecordDataDir records r as the last kelp to run the data dir whose
+// record is at path: a rollback puts back the kelp it returns to, which
+// CheckDataDir would otherwise refuse after a newer Kubernetes minor.
+func RecordDataDir(path string, r Ran) error {
+	record, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(path, append(record, '\n'), 0o600)
 }

@@ -45,3 +45,21 @@ func TestCheckDataDir(t *testing.T) {
 		t.Errorf("truncated record: %v", err)
 	}
 }
+
+func TestUpgrade(t *testing.T) {
+	v136 := Ran{Kelp: "v0.4.0", Kubernetes: "v1.36.3"}
+	for _, tc := range []struct {
+		to   Ran
+		want bool
+	}{
+		{v136, false},
+		{Ran{Kelp: "v0.4.0", Kubernetes: "v1.36.9"}, false},
+		{Ran{Kelp: "v0.4.0", Kubernetes: "v1.37.0"}, true},
+		{Ran{Kelp: "v0.4.1", Kubernetes: "v1.36.3"}, true},
+		{Ran{}, true},
+	} {
+		if got := Upgrade(v136, tc.to); got != tc.want {
+			t.Errorf("Upgrade(%v, %v) = %v, want %v", v136, tc.to, got, tc.want)
+		}
+	}
+}
