@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kelp-dev/kelp/agent"
+	"github.com/kelp-dev/kelp/internal/bootguard"
 	"github.com/kelp-dev/kelp/internal/certificate"
 	"github.com/kelp-dev/kelp/internal/cluster"
 	"github.com/kelp-dev/kelp/internal/config"
@@ -121,6 +122,7 @@ func newApp() *cli.App {
 			},
 			tokencmd.Command(),
 			snapshot.Command(),
+			bootguard.Command(),
 			cluster.Command(),
 			certificate.Command(),
 			secretsencrypt.Command(),

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kelp-dev/kelp/embed"
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/bootguard"
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/joinapi"
@@ -22,6 +23,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/profiling"
 	"github.com/kelp-dev/kelp/internal/token"
+	"github.com/kelp-dev/kelp/internal/version"
 )
 
 // Join makes this machine a node of the cluster at cfg.Server and runs it
@@ -30,9 +32,45 @@ import (
 // the node. A node that joined before starts from what it got then when the
 // server does not answer, so a restart keeps its pods while the server is
 // away.
+//
+// A kelp of another version than the one that last became ready on the
+// data dir is an upgrade on trial, which the boot guard rolls back to
+// kelp.previous if it does not become ready within --upgrade-attempts
+// starts (package bootguard).
 func Join(ctx context.Context, cfg config.Join) error {
-	return component.Run(ctx, "kelp agent", log, func(ctx context.Context, g *component.Group) error {
-		return join(ctx, g, cfg)
+	guard, err := beginGuard(cfg.Node)
+	if err != nil {
+		return err
+	}
+	defer guard.Close()
+	err = component.Run(ctx, "kelp agent", log, func(ctx context.Context, g *component.Group) error {
+		if err := join(ctx, g, cfg); err != nil {
+			return err
+		}
+		return guard.Ready()
+	})
+	return guard.Finish(err)
+}
+
+// beginGuard counts this start with the boot guard. A node that joined
+// before, but has no record of the kelp that became ready, ran a kelp
+// without the guard.
+func beginGuard(node config.Node) (*bootguard.Guard, error) {
+	var before *version.Ran
+	if _, err := os.Stat(layout.Agent(node.DataDir).SavedJoin); err == nil {
+		before = &version.Ran{}
+	}
+	binary, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find this kelp's file: %w", err)
+	}
+	return bootguard.Begin(bootguard.Config{
+		DataDir:  node.DataDir,
+		Role:     "agent",
+		Running:  version.Current(),
+		Before:   before,
+		Attempts: node.UpgradeAttempts,
+		Binary:   binary,
 	})
 }
 

@@ -12,11 +12,13 @@ import (
 	"github.com/kelp-dev/kelp/internal/volumeadmission"
 )
 
+var errNotRoot = errors.New("kelp server must run as root (it manages certificates, mounts and the network of this machine): run it with sudo")
+
 // preflight catches the mistakes a user can make before anything is
 // written, each with what to do about it.
 func preflight(cfg config.Server) error {
 	if os.Geteuid() != 0 {
-		return errors.New("kelp server must run as root (it manages certificates, mounts and the network of this machine): run it with sudo")
+		return errNotRoot
 	}
 	if err := agent.CheckWritable(cfg.DataDir); err != nil {
 		return err

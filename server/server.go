@@ -21,6 +21,7 @@ import (
 	"github.com/kelp-dev/kelp/embed"
 	"github.com/kelp-dev/kelp/internal/apiserver"
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/bootguard"
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/controllermanager"
@@ -51,15 +52,28 @@ var log = logrus.WithField("component", "server")
 // Run starts the control plane and, unless disabled, the node beside it,
 // and blocks until ctx ends or a piece fails; then it stops everything in
 // reverse order.
+// A kelp of another version than the one that last became ready on the
+// data dir is an upgrade on trial, which the boot guard rolls back if it
+// does not become ready within --upgrade-attempts starts (package
+// bootguard).
 func Run(ctx context.Context, cfg config.Server) error {
-	return component.Run(ctx, "kelp server", log, func(ctx context.Context, g *component.Group) error {
-		return start(ctx, g, cfg)
+	guard, err := beginGuard(cfg)
+	if err != nil {
+		return err
+	}
+	defer guard.Close()
+	err = component.Run(ctx, "kelp server", log, func(ctx context.Context, g *component.Group) error {
+		if err := start(ctx, g, cfg, guard); err != nil {
+			return err
+		}
+		return guard.Ready()
 	}, component.StopReserve(storeStopReserve))
+	return guard.Finish(err)
 }
 
 // start adds the server's pieces to g in order, each ready before the
 // next starts; ctx bounds the steps between them.
-func start(ctx context.Context, g *component.Group, cfg config.Server) error {
+func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bootguard.Guard) error {
 	if err := preflight(cfg); err != nil {
 		return err
 	}
@@ -105,6 +119,9 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	if err != nil {
 		return err
 	}
+	if err := beforeDatastore(ctx, cfg, guard); err != nil {
+		return err
+	}
 	if err := migrateToEtcd(ctx, cfg, certs); err != nil {
 		return err
 	}
@@ -112,6 +129,9 @@ func start(ctx context.Context, g *component.Group, cfg config.Server) error {
 	dc.InitialCluster = cluster.initialCluster
 	store, err := datastore.Start(ctx, dc)
 	if err := g.Start(store, err); err != nil {
+		return err
+	}
+	if err := snapshotEtcd(ctx, cfg, guard, store.Backend().Kind); err != nil {
 		return err
 	}
 	// A nil *Members in the interface would look like a member list.

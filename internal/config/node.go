@@ -43,6 +43,10 @@ type Node struct {
 	// PprofAddress is the loopback address the process's profiles are
 	// served at (package profiling); not valid: not served.
 	PprofAddress netip.AddrPort
+	// UpgradeAttempts is how many starts in a row an upgraded kelp gets
+	// to become ready before the boot guard rolls the node back; 0:
+	// never (package bootguard).
+	UpgradeAttempts int
 }
 
 // nodeInput holds the values of a node's flags until parse validates them.
@@ -80,6 +84,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 		&cli.StringFlag{Name: "pod-manifests", EnvVars: env("pod-manifests"), Destination: &in.node.PodManifests, Usage: "directory of static pod manifests the kubelet runs even with the apiserver away (default: <data-dir>/agent/pod-manifests)"},
 		&cli.BoolFlag{Name: "protect-kernel-defaults", EnvVars: env("protect-kernel-defaults"), Destination: &in.node.ProtectKernelDefaults, Usage: "do not let the kubelet change kernel settings; fail if they differ from what it needs (CIS benchmark)"},
 		&cli.StringSliceFlag{Name: "kubelet-arg", EnvVars: env("kubelet-arg"), Destination: &in.kubeletArgs, Usage: "extra kubelet flag, name=value"},
+		&cli.IntFlag{Name: "upgrade-attempts", EnvVars: env("upgrade-attempts"), Value: 3, Destination: &in.node.UpgradeAttempts, Usage: "starts in a row an upgraded kelp gets to become ready before it rolls the node back to kelp.previous (0: never)"},
 		&cli.StringFlag{Name: "pprof-address", EnvVars: env("pprof-address"), Destination: &in.pprofAddress, Usage: "serve Go profiles of this kelp process (net/http/pprof) at this loopback address, e.g. 127.0.0.1:6060 (default: not served)"},
 	}
 }
@@ -124,6 +129,9 @@ func (in *nodeInput) parse(host Host, check func(error)) Node {
 		}
 	}
 	check(checkExtraArgs(n.KubeletArgs))
+	if n.UpgradeAttempts < 0 {
+		check(fmt.Errorf("--upgrade-attempts %d: want 0 (never roll back) or more", n.UpgradeAttempts))
+	}
 	if in.pprofAddress != "" {
 		n.PprofAddress, err = pprofAddress(in.pprofAddress)
 		check(err)

@@ -7,6 +7,8 @@
 //	/etc/kelp/registries.yaml        RegistriesFile: mirrors, auth and TLS
 //	<data-dir>                       DefaultDataDir: /var/lib/kelp
 //	├── data/<bundle hash>/          the staged bundle (embed.Stage)
+//	├── boot-guard.json              BootGuard: the kelp that became ready, an upgrade on trial
+//	├── boot-guard.lock              BootGuardLock: held by the running kelp
 //	├── server/                      Server(dataDir)
 //	│   ├── tls/                     CAs and leaf certificates, named by pki.FilesIn
 //	│   ├── cred/                    kubeconfigs of the in-process clients
@@ -73,6 +75,12 @@ func RAMStore(dataDir string) string {
 	sum := sha256.Sum256([]byte(dataDir))
 	return filepath.Join(RunDir, "ram", hex.EncodeToString(sum[:8]))
 }
+
+// BootGuard records which kelp last became ready on dataDir and the
+// upgrade being tried (package bootguard); BootGuardLock is held by the
+// kelp server or agent running on it.
+func BootGuard(dataDir string) string     { return filepath.Join(dataDir, "boot-guard.json") }
+func BootGuardLock(dataDir string) string { return filepath.Join(dataDir, "boot-guard.lock") }
 
 // BundleDir holds the staged bundles: one directory per content hash.
 func BundleDir(dataDir string) string { return filepath.Join(dataDir, "data") }
