@@ -1,0 +1,213 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// failingVersion stamps the build TestUpgradeRollback fails to upgrade to.
+const failingVersion = "v99.0.0-rollback-test"
+
+// TestUpgradeRollback upgrades a server, as install.sh does (kelp.previous
+// beside kelp), to a kelp that fails once its apiserver has run on the
+// datastore. The service manager's restarts are the test's: after three
+// starts the new kelp rolls the node back by itself, restoring the snapshot
+// it took before the upgrade, and the previous kelp runs again with the
+// same data. Then the same by hand: one failed start and `kelp upgrade
+// rollback`, which is refused while a kelp runs.
+func TestUpgradeRollback(t *testing.T) {
+	t.Parallel()
+	n := testcluster.NewNode(t)
+	failing := buildFailing(t)
+	bin := filepath.Join(n.Dir, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kelp, previous := filepath.Join(bin, "kelp"), filepath.Join(bin, "kelp.previous")
+	copyBinary(t, testcluster.Binary(t), kelp)
+	original := readFile(t, kelp)
+	n.Bin = kelp
+	n.Start()
+	n.WaitReady(startTimeout)
+	c := n.Client()
+	ctx := context.Background()
+	kept := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "before-the-upgrade", Namespace: "default"}, Data: map[string]string{"kept": "yes"}}
+	if _, err := c.CoreV1().ConfigMaps("default").Create(ctx, kept, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Running: nothing to roll back, and no rollback while it runs.
+	if out, err := n.RunKelp(time.Minute, "upgrade", "rollback", "--data-dir", n.DataDir); err == nil || !strings.Contains(out, "in use by another kelp server (pid") {
+		t.Errorf("kelp upgrade rollback while the server runs: %v\n%s", err, out)
+	}
+	n.Stop()
+
+	install := func() {
+		t.Helper()
+		if err := os.Link(kelp, previous+".new"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(previous+".new", previous); err != nil {
+			t.Fatal(err)
+		}
+		copyBinary(t, failing, kelp+".new")
+		if err := os.Rename(kelp+".new", kelp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The service manager: the file at kelp, started again as it exits.
+	start := func() string {
+		t.Helper()
+		out, err := n.RunKelp(3*time.Minute, n.ServerArgs()...)
+		if err == nil {
+			t.Fatalf("the failing kelp exited 0:\n%s", tail(out))
+		}
+		return out
+	}
+	install()
+	var all string
+	for i := 1; i <= 3; i++ {
+		out := start()
+		all += out
+		if !strings.Contains(out, "fails once its apiserver runs") {
+			t.Fatalf("start %d of the failing kelp did not fail as built to:\n%s", i, tail(out))
+		}
+		if rolled := strings.Contains(out, "Rolled back the upgrade"); rolled != (i == 3) {
+			t.Fatalf("start %d of 3: rolled back %v:\n%s", i, rolled, tail(out))
+		}
+	}
+	for _, want := range []string{"Took a snapshot before the upgrade", "restored the snapshot taken before the upgrade, pre-upgrade-", "the kelp that was kelp.previous again"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("the three starts did not log %q:\n%s", want, tail(all))
+		}
+	}
+	checkRolledBack(t, kelp, previous, original)
+	snapshots := filepath.Join(n.DataDir, "server", "db", "snapshots")
+	names := preUpgradeSnapshots(t, snapshots)
+	if len(names) != 1 || !strings.Contains(names[0], "-"+failingVersion+"-"+n.Name+"-") {
+		t.Errorf("snapshots named for the upgrade in %s: %v, want one of kelp %s", snapshots, names, failingVersion)
+	}
+	if backups, _ := filepath.Glob(filepath.Join(n.DataDir, "server", "db", "state.db.before-restore-*")); len(backups) == 0 {
+		t.Error("no database the failing kelp used was kept beside the restored one")
+	}
+	startAndCheck := func() {
+		t.Helper()
+		n.Start()
+		n.WaitReady(startTimeout)
+		got, err := c.CoreV1().ConfigMaps("default").Get(ctx, kept.Name, metav1.GetOptions{})
+		if err != nil || got.Data["kept"] != "yes" {
+			t.Fatalf("the data after the rollback: %v %v", err, got)
+		}
+	}
+	startAndCheck()
+	n.Stop()
+
+	// By hand: one failed start, then kelp upgrade rollback on the
+	// stopped node.
+	install()
+	if out := start(); strings.Contains(out, "Rolled back") {
+		t.Fatalf("rolled back after one start:\n%s", tail(out))
+	}
+	out, err := n.RunKelp(time.Minute, "upgrade", "rollback", "--data-dir", n.DataDir)
+	if err != nil || !strings.Contains(out, "restored the snapshot taken before the upgrade") || !strings.Contains(out, "rolled the node of") {
+		t.Fatalf("kelp upgrade rollback: %v\n%s", err, out)
+	}
+	checkRolledBack(t, kelp, previous, original)
+	startAndCheck()
+	// The one snapshot per upgrade tried.
+	if names := preUpgradeSnapshots(t, snapshots); len(names) != 2 {
+		t.Errorf("snapshots named for the upgrades: %v, want two", names)
+	}
+}
+
+// checkRolledBack checks that kelp is the original binary again, and
+// kelp.previous is gone into its place.
+func checkRolledBack(t *testing.T, kelp, previous string, original []byte) {
+	t.Helper()
+	if !bytes.Equal(readFile(t, kelp), original) {
+		t.Errorf("%s is not the previous kelp after the rollback", kelp)
+	}
+	if _, err := os.Stat(previous); !os.IsNotExist(err) {
+		t.Errorf("%s after the rollback: %v, want it moved into place", previous, err)
+	}
+}
+
+// preUpgradeSnapshots are the complete snapshots named for an upgrade in
+// dir: each has its sidecar.
+func preUpgradeSnapshots(t *testing.T, dir string) []string {
+	t.Helper()
+	paths, _ := filepath.Glob(filepath.Join(dir, "pre-upgrade-*.json"))
+	var names []string
+	for _, p := range paths {
+		var meta struct{ Name string }
+		if err := json.Unmarshal(readFile(t, p), &meta); err != nil || meta.Name+".json" != filepath.Base(p) {
+			t.Errorf("sidecar %s: %v", p, err)
+		}
+		names = append(names, meta.Name)
+	}
+	return names
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func copyBinary(t *testing.T, from, to string) {
+	t.Helper()
+	if err := os.WriteFile(to, readFile(t, from), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// buildFailing builds kelp from this tree, stamped failingVersion, with
+// one change made for the test through go build -overlay: its server
+// fails once its apiserver runs, as a kelp whose new apiserver rejects a
+// flag of the old one would.
+func buildFailing(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	src, err := filepath.Abs("server.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const anchor = "if err := writeKubeconfigs(cfg, url, certs); err != nil {"
+	code := string(readFile(t, src))
+	if strings.Count(code, anchor) != 1 {
+		t.Fatalf("server.go has no single %q to make the failing kelp from: update buildFailing", anchor)
+	}
+	code = strings.Replace(code, anchor, `if err := errors.New("this build of kelp fails once its apiserver runs (TestUpgradeRollback)"); err != nil {`, 1)
+	changed := filepath.Join(dir, "server.go")
+	if err := os.WriteFile(changed, []byte(code), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {src: changed}})
+	if err := os.WriteFile(filepath.Join(dir, "overlay.json"), overlay, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "kelp")
+	cmd := exec.Command("go", "build", "-overlay", filepath.Join(dir, "overlay.json"), "-o", out, "-ldflags", "-s -w -X github.com/kelp-dev/kelp/internal/version.Version="+failingVersion, ".")
+	cmd.Dir = ".."
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	began := time.Now()
+	if log, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the failing kelp: %v\n%s", err, log)
+	}
+	t.Logf("built the failing kelp %s in %s", failingVersion, time.Since(began).Round(time.Second))
+	return out
+}
