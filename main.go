@@ -53,6 +53,9 @@ func main() {
 	if err == nil {
 		err = app.Run(args)
 	}
+	// A new kelp that refuses the flags or config file of the one before
+	// fails its start as surely as one whose apiserver does not run.
+	err = bootguard.Unstarted(os.Args, err)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kelp:", err)
 		os.Exit(1)

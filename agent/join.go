@@ -52,13 +52,14 @@ func Join(ctx context.Context, cfg config.Join) error {
 	return guard.Finish(err)
 }
 
-// beginGuard counts this start with the boot guard. A node that joined
-// before, but has no record of the kelp that became ready, ran a kelp
-// without the guard.
+// beginGuard counts this start with the boot guard.
 func beginGuard(node config.Node) (*bootguard.Guard, error) {
-	var before *version.Ran
-	if _, err := os.Stat(layout.Agent(node.DataDir).SavedJoin); err == nil {
-		before = &version.Ran{}
+	if err := CheckWritable(node.DataDir); err != nil {
+		return nil, err
+	}
+	before, err := bootguard.Before(node.DataDir, "agent")
+	if err != nil {
+		return nil, err
 	}
 	binary, err := os.Executable()
 	if err != nil {

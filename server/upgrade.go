@@ -8,10 +8,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/internal/bootguard"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/datastore"
-	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/snapshot"
 	"github.com/kelp-dev/kelp/internal/version"
 )
@@ -26,13 +26,12 @@ func beginGuard(cfg config.Server) (*bootguard.Guard, error) {
 	if os.Geteuid() != 0 {
 		return nil, errNotRoot
 	}
-	var before *version.Ran
-	last, ok, err := version.ReadDataDir(layout.Server(cfg.DataDir).Versions)
-	if err != nil {
+	if err := agent.CheckWritable(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	if ok {
-		before = &last
+	before, err := bootguard.Before(cfg.DataDir, "server")
+	if err != nil {
+		return nil, err
 	}
 	binary, err := os.Executable()
 	if err != nil {

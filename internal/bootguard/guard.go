@@ -57,7 +57,7 @@ func Begin(cfg Config) (*Guard, error) {
 	}
 	release, err := Lock(cfg.DataDir, cfg.Role)
 	if err != nil {
-		return nil, err
+		return nil, markCounted(err)
 	}
 	g := &Guard{cfg: cfg, path: layout.BootGuard(cfg.DataDir), release: release}
 	rec, err := load(g.path)
@@ -82,7 +82,7 @@ func Begin(cfg Config) (*Guard, error) {
 			return g, nil
 		}
 		release()
-		return nil, ErrRolledBack
+		return nil, markCounted(ErrRolledBack)
 	}
 	log.WithFields(logrus.Fields{"from": describe(up.From), "to": describe(up.To), "start": up.Starts, "of": g.cfg.Attempts}).
 		Info("Starting an upgraded kelp: it is rolled back to kelp.previous if it does not become ready within its starts")
@@ -141,6 +141,10 @@ func (g *Guard) Ready() error {
 // (err nil) is not counted. A failure of an upgrade's last start rolls
 // the node back.
 func (g *Guard) Finish(err error) error {
+	return markCounted(g.finish(err))
+}
+
+func (g *Guard) finish(err error) error {
 	if g == nil || g.ready {
 		return err
 	}

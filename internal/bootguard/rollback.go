@@ -123,6 +123,9 @@ func runs(path string) (string, error) {
 func restoreDatastore(dataDir string, up Upgrade) ([]string, error) {
 	s := up.Snapshot
 	switch {
+	case !up.Touched && datastore.LocalKind(dataDir) == "":
+		// An agent: no datastore.
+		return nil, nil
 	case !up.Touched:
 		return []string{"the new kelp had not opened the datastore, which is left as it was"}, nil
 	case up.Shared:
@@ -137,7 +140,7 @@ func restoreDatastore(dataDir string, up Upgrade) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("restore the snapshot taken before the upgrade, %s: %w; nothing was rolled back", s.Path, err)
 		}
-		step := fmt.Sprintf("restored the snapshot taken before the upgrade, %s", s.Name)
+		step := fmt.Sprintf("restored the SQLite datastore from the snapshot taken before the upgrade, %s", s.Name)
 		if res.Backup != "" {
 			step += fmt.Sprintf(" (the database the new kelp used is kept as %s)", res.Backup)
 		}

@@ -148,3 +148,30 @@ func ThisProcess() (Lookup, error) {
 	}
 	return Lookup{Getenv: os.Getenv, FS: os.DirFS("/"), Cwd: cwd}, nil
 }
+
+// ResolveFlag is, like ResolveDataDir, the value of flag name (without
+// dashes) of a command whose arguments kelp could not parse: given (its
+// value on the command line, "" if none), else its KELP_ variable, else
+// the last value the config files give it; "" when none sets it.
+func ResolveFlag(name, given string, args []string, l Lookup) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	for _, v := range env(name) {
+		if val := l.Getenv(v); val != "" {
+			return val, nil
+		}
+	}
+	path, explicit := configPath(args, l.Getenv)
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(l.Cwd, path)
+	}
+	settings, err := readConfigFiles(l.FS, filepath.Clean(path), explicit)
+	if err != nil {
+		return "", err
+	}
+	if v := settings[name].values; len(v) > 0 {
+		return v[len(v)-1], nil
+	}
+	return "", nil
+}
