@@ -20,7 +20,8 @@ import (
 // failingVersion stamps the build TestUpgradeRollback fails to upgrade to.
 const failingVersion = "v99.0.0-rollback-test"
 
-// TestUpgradeRollback upgrades a server, as install.sh does (kelp.previous
+// TestUpgradeRollback upgrades a server on SQLite, and one on embedded
+// etcd, as install.sh does (kelp.previous
 // beside kelp), to a kelp that fails once its apiserver has run on the
 // datastore. The service manager's restarts are the test's: after three
 // starts the new kelp rolls the node back by itself, restoring the snapshot
@@ -29,8 +30,16 @@ const failingVersion = "v99.0.0-rollback-test"
 // rollback`, which is refused while a kelp runs.
 func TestUpgradeRollback(t *testing.T) {
 	t.Parallel()
-	n := testcluster.NewNode(t)
 	failing := buildFailing(t)
+	// One after the other: each is a server's start, three times over.
+	t.Run("sqlite", func(t *testing.T) { testUpgradeRollback(t, failing, "state.db") })
+	t.Run("etcd", func(t *testing.T) { testUpgradeRollback(t, failing, "etcd", "--cluster-init") })
+}
+
+// testUpgradeRollback runs TestUpgradeRollback on a server with flags,
+// whose datastore is db in its db directory.
+func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
+	n := testcluster.NewNode(t)
 	bin := filepath.Join(n.Dir, "bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
@@ -39,7 +48,7 @@ func TestUpgradeRollback(t *testing.T) {
 	copyBinary(t, testcluster.Binary(t), kelp)
 	original := readFile(t, kelp)
 	n.Bin = kelp
-	n.Start()
+	n.Start(flags...)
 	n.WaitReady(startTimeout)
 	c := n.Client()
 	ctx := context.Background()
@@ -69,7 +78,7 @@ func TestUpgradeRollback(t *testing.T) {
 	// The service manager: the file at kelp, started again as it exits.
 	start := func() string {
 		t.Helper()
-		out, err := n.RunKelp(3*time.Minute, n.ServerArgs()...)
+		out, err := n.RunKelp(3*time.Minute, n.ServerArgs(flags...)...)
 		if err == nil {
 			t.Fatalf("the failing kelp exited 0:\n%s", tail(out))
 		}
@@ -87,7 +96,7 @@ func TestUpgradeRollback(t *testing.T) {
 			t.Fatalf("start %d of 3: rolled back %v:\n%s", i, rolled, tail(out))
 		}
 	}
-	for _, want := range []string{"Took a snapshot before the upgrade", "restored the snapshot taken before the upgrade, pre-upgrade-", "the kelp that was kelp.previous again"} {
+	for _, want := range []string{"Took a snapshot before the upgrade", "from the snapshot taken before the upgrade, pre-upgrade-", "the kelp that was kelp.previous again"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("the three starts did not log %q:\n%s", want, tail(all))
 		}
@@ -98,12 +107,12 @@ func TestUpgradeRollback(t *testing.T) {
 	if len(names) != 1 || !strings.Contains(names[0], "-"+failingVersion+"-"+n.Name+"-") {
 		t.Errorf("snapshots named for the upgrade in %s: %v, want one of kelp %s", snapshots, names, failingVersion)
 	}
-	if backups, _ := filepath.Glob(filepath.Join(n.DataDir, "server", "db", "state.db.before-restore-*")); len(backups) == 0 {
-		t.Error("no database the failing kelp used was kept beside the restored one")
+	if backups, _ := filepath.Glob(filepath.Join(n.DataDir, "server", "db", db+".before-restore-*")); len(backups) == 0 {
+		t.Errorf("no %s the failing kelp used was kept beside the restored one", db)
 	}
 	startAndCheck := func() {
 		t.Helper()
-		n.Start()
+		n.Start(flags...)
 		n.WaitReady(startTimeout)
 		got, err := c.CoreV1().ConfigMaps("default").Get(ctx, kept.Name, metav1.GetOptions{})
 		if err != nil || got.Data["kept"] != "yes" {
@@ -120,7 +129,7 @@ func TestUpgradeRollback(t *testing.T) {
 		t.Fatalf("rolled back after one start:\n%s", tail(out))
 	}
 	out, err := n.RunKelp(time.Minute, "upgrade", "rollback", "--data-dir", n.DataDir)
-	if err != nil || !strings.Contains(out, "restored the snapshot taken before the upgrade") || !strings.Contains(out, "rolled the node of") {
+	if err != nil || !strings.Contains(out, "from the snapshot taken before the upgrade") || !strings.Contains(out, "rolled the node of") {
 		t.Fatalf("kelp upgrade rollback: %v\n%s", err, out)
 	}
 	checkRolledBack(t, kelp, previous, original)
