@@ -774,3 +774,31 @@ func TestPruneOwnNodeOnly(t *testing.T) {
 		t.Errorf("after prune --all-nodes --retention 1, S3 holds %v, want only the newest of all, %v", got, theirs[2:])
 	}
 }
+
+// TestSaveOffsite checks the snapshot taken before an upgrade: with S3
+// down it is kept locally and nothing fails; with S3 up it is copied there.
+func TestSaveOffsite(t *testing.T) {
+	dataDir := sqliteDataDir(t)
+	d := Dir{DataDir: dataDir, Path: t.TempDir(), Node: "node-1"}
+	down := closedS3(t)
+	m, err := d.SaveOffsite(context.Background(), UpgradeName("v0.4.0", "v0.5.0"), &down)
+	if err != nil {
+		t.Fatalf("SaveOffsite with S3 down: %v", err)
+	}
+	if !savedAs(m.Name, "pre-upgrade-v0.4.0-v0.5.0-node-1") {
+		t.Errorf("named %s", m.Name)
+	}
+	if got := localNames(t, d); !slices.Equal(got, []string{m.Name}) {
+		t.Errorf("kept locally: %v, want %s", got, m.Name)
+	}
+	s3 := newFakeS3(t)
+	time.Sleep(time.Second) // names go by the second
+	m2, err := d.SaveOffsite(context.Background(), UpgradeName("v0.5.0", "v0.6.0"), &s3.cfg)
+	if err != nil {
+		t.Fatalf("SaveOffsite with S3 up: %v", err)
+	}
+	// The one S3 missed goes up with it.
+	if got := s3Names(t, openTestS3(t, s3.cfg)); !slices.Contains(got, m2.Name) || !slices.Contains(got, m.Name) {
+		t.Errorf("on S3: %v, want %s and %s", got, m.Name, m2.Name)
+	}
+}
