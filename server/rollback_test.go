@@ -40,14 +40,7 @@ func TestUpgradeRollback(t *testing.T) {
 // whose datastore is db in its db directory.
 func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
 	n := testcluster.NewNode(t)
-	bin := filepath.Join(n.Dir, "bin")
-	if err := os.MkdirAll(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	kelp, previous := filepath.Join(bin, "kelp"), filepath.Join(bin, "kelp.previous")
-	copyBinary(t, testcluster.Binary(t), kelp)
-	original := readFile(t, kelp)
-	n.Bin = kelp
+	b := newInstalled(t, n)
 	n.Start(flags...)
 	n.WaitReady(startTimeout)
 	c := n.Client()
@@ -62,19 +55,6 @@ func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
 	}
 	n.Stop()
 
-	install := func() {
-		t.Helper()
-		if err := os.Link(kelp, previous+".new"); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(previous+".new", previous); err != nil {
-			t.Fatal(err)
-		}
-		copyBinary(t, failing, kelp+".new")
-		if err := os.Rename(kelp+".new", kelp); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// The service manager: the file at kelp, started again as it exits.
 	start := func() string {
 		t.Helper()
@@ -84,7 +64,7 @@ func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
 		}
 		return out
 	}
-	install()
+	b.install(failing)
 	var all string
 	for i := 1; i <= 3; i++ {
 		out := start()
@@ -101,7 +81,7 @@ func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
 			t.Errorf("the three starts did not log %q:\n%s", want, tail(all))
 		}
 	}
-	checkRolledBack(t, kelp, previous, original)
+	b.checkRolledBack()
 	snapshots := filepath.Join(n.DataDir, "server", "db", "snapshots")
 	names := preUpgradeSnapshots(t, snapshots)
 	if len(names) != 1 || !strings.Contains(names[0], "-"+failingVersion+"-"+n.Name+"-") {
@@ -124,7 +104,7 @@ func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
 
 	// By hand: one failed start, then kelp upgrade rollback on the
 	// stopped node.
-	install()
+	b.install(failing)
 	if out := start(); strings.Contains(out, "Rolled back") {
 		t.Fatalf("rolled back after one start:\n%s", tail(out))
 	}
@@ -132,7 +112,7 @@ func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
 	if err != nil || !strings.Contains(out, "from the snapshot taken before the upgrade") || !strings.Contains(out, "rolled the node of") {
 		t.Fatalf("kelp upgrade rollback: %v\n%s", err, out)
 	}
-	checkRolledBack(t, kelp, previous, original)
+	b.checkRolledBack()
 	startAndCheck()
 	// The one snapshot per upgrade tried.
 	if names := preUpgradeSnapshots(t, snapshots); len(names) != 2 {
@@ -140,15 +120,94 @@ func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
 	}
 }
 
-// checkRolledBack checks that kelp is the original binary again, and
-// kelp.previous is gone into its place.
-func checkRolledBack(t *testing.T, kelp, previous string, original []byte) {
-	t.Helper()
-	if !bytes.Equal(readFile(t, kelp), original) {
-		t.Errorf("%s is not the previous kelp after the rollback", kelp)
+// TestAgentUpgradeRollback upgrades an agent, as install.sh does, to a
+// kelp that fails once its node runs: after three starts the new kelp puts
+// kelp.previous back, and the agent runs the earlier kelp again.
+func TestAgentUpgradeRollback(t *testing.T) {
+	t.Parallel()
+	failing := buildBroken(t, "agent/join.go", "follower, err := clientFor(p.ProxyKubeconfig)",
+		"follower, err := clientFor(p.ProxyKubeconfig)\n\terr = errors.New(\"this build of kelp fails once its node runs (TestAgentUpgradeRollback)\")")
+	lab := testcluster.NewLab(t)
+	srv := lab.NewNode("server", "10.99.0.2")
+	srv.Start()
+	srv.WaitReady(startTimeout)
+	a := lab.NewNode("agent-1", "10.99.0.3")
+	b := newInstalled(t, a)
+	a.StartAgent(srv.URL(), srv.TokenFile())
+	a.WaitLog("kelp node is running", startTimeout)
+	waitNodesReady(t, srv.Client(), 1)
+	a.Stop()
+
+	b.install(failing)
+	for i := 1; i <= 3; i++ {
+		out, err := a.RunKelp(3*time.Minute, a.AgentArgs(srv.URL(), srv.TokenFile())...)
+		if err == nil || !strings.Contains(out, "fails once its node runs") {
+			t.Fatalf("start %d of the failing kelp did not fail as built to: %v\n%s", i, err, tail(out))
+		}
+		if rolled := strings.Contains(out, "Rolled back the upgrade"); rolled != (i == 3) {
+			t.Fatalf("start %d of 3: rolled back %v:\n%s", i, rolled, tail(out))
+		}
+		if i < 3 {
+			continue
+		}
+		_, line, _ := strings.Cut(out, "Rolled back the upgrade")
+		line, _, _ = strings.Cut(line, "\n")
+		if strings.Contains(line, "datastore") || !strings.Contains(line, "the kelp that was kelp.previous again") {
+			t.Errorf("the agent's rollback: %s", line)
+		}
 	}
-	if _, err := os.Stat(previous); !os.IsNotExist(err) {
-		t.Errorf("%s after the rollback: %v, want it moved into place", previous, err)
+	b.checkRolledBack()
+	a.StartAgent(srv.URL(), srv.TokenFile())
+	a.WaitLog("kelp node is running", startTimeout)
+}
+
+// installed is a kelp installed as install.sh installs it, in a bin
+// directory of its own that a node runs it from.
+type installed struct {
+	t              *testing.T
+	kelp, previous string
+	original       []byte // the kelp installed first
+}
+
+// newInstalled installs the kelp under test for node n.
+func newInstalled(t *testing.T, n *testcluster.Node) installed {
+	t.Helper()
+	bin := filepath.Join(n.Dir, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := installed{t: t, kelp: filepath.Join(bin, "kelp"), previous: filepath.Join(bin, "kelp.previous")}
+	copyBinary(t, testcluster.Binary(t), b.kelp)
+	b.original = readFile(t, b.kelp)
+	n.Bin = b.kelp
+	return b
+}
+
+// install puts next in place as install.sh does: the kelp there stays as
+// kelp.previous, and next comes in with one rename.
+func (b installed) install(next string) {
+	b.t.Helper()
+	if err := os.Link(b.kelp, b.previous+".new"); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := os.Rename(b.previous+".new", b.previous); err != nil {
+		b.t.Fatal(err)
+	}
+	copyBinary(b.t, next, b.kelp+".new")
+	if err := os.Rename(b.kelp+".new", b.kelp); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// checkRolledBack checks that kelp is the one installed first again, and
+// kelp.previous is gone into its place.
+func (b installed) checkRolledBack() {
+	b.t.Helper()
+	if !bytes.Equal(readFile(b.t, b.kelp), b.original) {
+		b.t.Errorf("%s is not the previous kelp after the rollback", b.kelp)
+	}
+	if _, err := os.Stat(b.previous); !os.IsNotExist(err) {
+		b.t.Errorf("%s after the rollback: %v, want it moved into place", b.previous, err)
 	}
 }
 
@@ -184,25 +243,31 @@ func copyBinary(t *testing.T, from, to string) {
 	}
 }
 
-// buildFailing builds kelp from this tree, stamped failingVersion, with
-// one change made for the test through go build -overlay: its server
-// fails once its apiserver runs, as a kelp whose new apiserver rejects a
-// flag of the old one would.
+// buildFailing builds kelp from this tree, stamped failingVersion, whose
+// server fails once its apiserver runs, as a kelp whose new apiserver
+// rejects a flag of the old one would.
 func buildFailing(t *testing.T) string {
 	t.Helper()
+	return buildBroken(t, "server/server.go", "if err := writeKubeconfigs(cfg, url, certs); err != nil {",
+		`if err := errors.New("this build of kelp fails once its apiserver runs (TestUpgradeRollback)"); err != nil {`)
+}
+
+// buildBroken builds kelp from this tree, stamped failingVersion, with one
+// change made through go build -overlay: anchor, found once in file (from
+// the repository's root), replaced by with.
+func buildBroken(t *testing.T, file, anchor, with string) string {
+	t.Helper()
 	dir := t.TempDir()
-	src, err := filepath.Abs("server.go")
+	src, err := filepath.Abs(filepath.Join("..", file))
 	if err != nil {
 		t.Fatal(err)
 	}
-	const anchor = "if err := writeKubeconfigs(cfg, url, certs); err != nil {"
 	code := string(readFile(t, src))
 	if strings.Count(code, anchor) != 1 {
-		t.Fatalf("server.go has no single %q to make the failing kelp from: update buildFailing", anchor)
+		t.Fatalf("%s has no single %q to make the failing kelp from: update the test", file, anchor)
 	}
-	code = strings.Replace(code, anchor, `if err := errors.New("this build of kelp fails once its apiserver runs (TestUpgradeRollback)"); err != nil {`, 1)
-	changed := filepath.Join(dir, "server.go")
-	if err := os.WriteFile(changed, []byte(code), 0o600); err != nil {
+	changed := filepath.Join(dir, filepath.Base(file))
+	if err := os.WriteFile(changed, []byte(strings.Replace(code, anchor, with, 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {src: changed}})
@@ -217,6 +282,6 @@ func buildFailing(t *testing.T) string {
 	if log, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build the failing kelp: %v\n%s", err, log)
 	}
-	t.Logf("built the failing kelp %s in %s", failingVersion, time.Since(began).Round(time.Second))
+	t.Logf("built a kelp %s that fails in %s in %s", failingVersion, file, time.Since(began).Round(time.Second))
 	return out
 }

@@ -52,6 +52,7 @@ var log = logrus.WithField("component", "server")
 // Run starts the control plane and, unless disabled, the node beside it,
 // and blocks until ctx ends or a piece fails; then it stops everything in
 // reverse order.
+//
 // A kelp of another version than the one that last became ready on the
 // data dir is an upgrade on trial, which the boot guard rolls back if it
 // does not become ready within --upgrade-attempts starts (package
