@@ -161,6 +161,38 @@ func TestAgentUpgradeRollback(t *testing.T) {
 	a.WaitLog("kelp node is running", startTimeout)
 }
 
+// TestUpgradeRollbackRefusedFlag upgrades a server to a kelp that no
+// longer takes one of the flags it runs with: each start ends before the
+// server runs, and is counted all the same; the third rolls back, leaving
+// the datastore as it was, and the earlier kelp runs with the same flags.
+func TestUpgradeRollbackRefusedFlag(t *testing.T) {
+	t.Parallel()
+	failing := buildBroken(t, "internal/config/server.go", `Name: "service-node-port-range"`, `Name: "service-node-port-range-renamed"`)
+	n := testcluster.NewNode(t)
+	b := newInstalled(t, n)
+	flag := "--service-node-port-range=30000-32767"
+	n.Start(flag)
+	n.WaitReady(startTimeout)
+	n.Stop()
+
+	b.install(failing)
+	for i := 1; i <= 3; i++ {
+		out, err := n.RunKelp(time.Minute, n.ServerArgs(flag)...)
+		if err == nil || !strings.Contains(out, "flag provided but not defined: -service-node-port-range") {
+			t.Fatalf("start %d of the kelp without the flag: %v\n%s", i, err, tail(out))
+		}
+		if rolled := strings.Contains(out, "Rolled back the upgrade"); rolled != (i == 3) {
+			t.Fatalf("start %d of 3: rolled back %v:\n%s", i, rolled, tail(out))
+		}
+		if i == 3 && !strings.Contains(out, "the new kelp had not opened the datastore") {
+			t.Errorf("the rollback touched the datastore:\n%s", tail(out))
+		}
+	}
+	b.checkRolledBack()
+	n.Start(flag)
+	n.WaitReady(startTimeout)
+}
+
 // installed is a kelp installed as install.sh installs it, in a bin
 // directory of its own that a node runs it from.
 type installed struct {
