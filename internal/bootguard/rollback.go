@@ -49,6 +49,14 @@ func Rollback(dataDir, binary string, up Upgrade) (Done, error) {
 	if err != nil {
 		return done, err
 	}
+	// The rename comes last; a directory it cannot be made in would
+	// leave a restored datastore to the new kelp.
+	probe, err := os.CreateTemp(filepath.Dir(target), ".kelp-rollback-*")
+	if err != nil {
+		return done, fmt.Errorf("%s cannot be put in place of %s (%w), so nothing was rolled back: install the earlier kelp yourself", previous, target, err)
+	}
+	probe.Close()
+	os.Remove(probe.Name())
 	steps, err := restoreDatastore(dataDir, up)
 	done.Steps = steps
 	if err != nil {
