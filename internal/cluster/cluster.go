@@ -227,10 +227,12 @@ func writeNodeConfig(dir string, s *State, n *Node, secret string) error {
 		"node-name: " + n.Name,
 		"node-ip: " + n.IP.String(),
 		"token-file: " + nodeTokenFile,
-		"write-kubeconfig: " + nodeKubeconfig,
 		// The nodes run the machine's kelp, which is not theirs to swap
 		// for kelp.previous when an upgraded node fails to start.
 		"upgrade-attempts: 0",
+	}
+	if n.Role == "server" {
+		lines = append(lines, "write-kubeconfig: "+nodeKubeconfig)
 	}
 	first := s.Nodes[0]
 	switch {
