@@ -23,7 +23,6 @@ import (
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/profiling"
 	"github.com/kelp-dev/kelp/internal/token"
-	"github.com/kelp-dev/kelp/internal/version"
 )
 
 // Join makes this machine a node of the cluster at cfg.Server and runs it
@@ -57,22 +56,7 @@ func beginGuard(node config.Node) (*bootguard.Guard, error) {
 	if err := CheckWritable(node.DataDir); err != nil {
 		return nil, err
 	}
-	before, err := bootguard.Before(node.DataDir, "agent")
-	if err != nil {
-		return nil, err
-	}
-	binary, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("find this kelp's file: %w", err)
-	}
-	return bootguard.Begin(bootguard.Config{
-		DataDir:  node.DataDir,
-		Role:     "agent",
-		Running:  version.Current(),
-		Before:   before,
-		Attempts: node.UpgradeAttempts,
-		Binary:   binary,
-	})
+	return bootguard.BeginHere(node.DataDir, "agent", node.UpgradeAttempts)
 }
 
 func join(ctx context.Context, g *component.Group, cfg config.Join) error {

@@ -29,22 +29,7 @@ func beginGuard(cfg config.Server) (*bootguard.Guard, error) {
 	if err := agent.CheckWritable(cfg.DataDir); err != nil {
 		return nil, err
 	}
-	before, err := bootguard.Before(cfg.DataDir, "server")
-	if err != nil {
-		return nil, err
-	}
-	binary, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("find this kelp's file: %w", err)
-	}
-	return bootguard.Begin(bootguard.Config{
-		DataDir:  cfg.DataDir,
-		Role:     "server",
-		Running:  version.Current(),
-		Before:   before,
-		Attempts: cfg.UpgradeAttempts,
-		Binary:   binary,
-	})
+	return bootguard.BeginHere(cfg.DataDir, "server", cfg.UpgradeAttempts)
 }
 
 // An upgrade's snapshot is taken where the datastore can be read and the

@@ -48,6 +48,21 @@ type Guard struct {
 // ErrRolledBack is returned once the node was rolled back.
 var ErrRolledBack = errors.New("the upgrade was rolled back (logged above): exiting so that the service manager starts the previous kelp")
 
+// BeginHere is Begin for this kelp process, as role on dataDir with
+// attempts: the kelp that runs is this one, in this file, and what ran
+// the data dir before is what Before finds.
+func BeginHere(dataDir, role string, attempts int) (*Guard, error) {
+	before, err := Before(dataDir, role)
+	if err != nil {
+		return nil, err
+	}
+	binary, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find this kelp's file: %w", err)
+	}
+	return Begin(Config{DataDir: dataDir, Role: role, Running: version.Current(), Before: before, Attempts: attempts, Binary: binary})
+}
+
 // Begin counts this start. If the upgrade it tries already had its
 // starts, the last of them killed before it could roll back, it rolls
 // back now and returns ErrRolledBack: the caller exits non-zero.

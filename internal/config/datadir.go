@@ -67,22 +67,9 @@ type Lookup struct {
 // else /var/lib/kelp. The config files are read only when they decide.
 // The result is absolute and clean.
 func ResolveDataDir(given string, args []string, l Lookup) (string, error) {
-	dir := given
-	if dir == "" {
-		dir = l.Getenv(dataDirEnv)
-	}
-	if dir == "" {
-		path, explicit := configPath(args, l.Getenv)
-		if !filepath.IsAbs(path) {
-			path = filepath.Join(l.Cwd, path)
-		}
-		settings, err := readConfigFiles(l.FS, filepath.Clean(path), explicit)
-		if err != nil {
-			return "", err
-		}
-		if v := settings["data-dir"].values; len(v) > 0 {
-			dir = v[len(v)-1]
-		}
+	dir, err := ResolveFlag("data-dir", given, args, l)
+	if err != nil {
+		return "", err
 	}
 	if dir == "" {
 		dir = layout.DefaultDataDir
