@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/procstat"
 )
 
 // readProcesses reads the process table from /proc. A process that ends
@@ -155,30 +156,12 @@ func resolveSymlinks(path string) string {
 }
 
 func parentOf(pid int) (int, bool) {
-	f, ok := statFields(pid)
-	if !ok || len(f) < 2 {
-		return 0, false
-	}
-	ppid, err := strconv.Atoi(f[1])
-	return ppid, err == nil
+	st, err := procstat.Read(pid)
+	return st.PPid, err == nil
 }
 
 // alive is true while pid exists and is not a zombie.
 func alive(pid int) bool {
-	f, ok := statFields(pid)
-	return ok && len(f) > 0 && f[0] != "Z"
-}
-
-// statFields are the fields of /proc/PID/stat after the command name,
-// which may hold spaces: the state first, then the parent.
-func statFields(pid int) ([]string, bool) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil, false
-	}
-	end := bytes.LastIndexByte(data, ')')
-	if end < 0 {
-		return nil, false
-	}
-	return strings.Fields(string(data[end+1:])), true
+	st, err := procstat.Read(pid)
+	return err == nil && st.Alive()
 }

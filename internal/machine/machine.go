@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kelp-dev/kelp/internal/procstat"
 )
 
 // Spec describes a machine to make.
@@ -54,11 +56,14 @@ type Process struct {
 
 // ProcessOf names the running process pid.
 func ProcessOf(pid int) (Process, error) {
-	start, err := startTime(pid)
+	st, err := procstat.Read(pid)
+	if err == nil && !st.Alive() {
+		err = fmt.Errorf("process %d has exited", pid)
+	}
 	if err != nil {
 		return Process{}, err
 	}
-	return Process{Pid: pid, Start: start}, nil
+	return Process{Pid: pid, Start: st.StartTime}, nil
 }
 
 // Alive says whether the process still runs (and is no zombie).
@@ -66,8 +71,8 @@ func (p Process) Alive() bool {
 	if p.Pid <= 0 {
 		return false
 	}
-	start, err := startTime(p.Pid)
-	return err == nil && start == p.Start
+	st, err := procstat.Read(p.Pid)
+	return err == nil && st.Alive() && st.StartTime == p.Start
 }
 
 // Kill kills the process, if it still runs, and waits until it is dead.
@@ -86,28 +91,6 @@ func (p Process) Kill() error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return nil
-}
-
-// startTime reads the start time of a live process; a zombie has none.
-func startTime(pid int) (uint64, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	s := string(data)
-	end := strings.LastIndexByte(s, ')')
-	if end < 0 {
-		return 0, fmt.Errorf("process %d: malformed stat", pid)
-	}
-	// After the command: state is field 3, start time field 22.
-	fields := strings.Fields(s[end+1:])
-	if len(fields) < 20 {
-		return 0, fmt.Errorf("process %d: malformed stat", pid)
-	}
-	if fields[0] == "Z" || fields[0] == "X" {
-		return 0, fmt.Errorf("process %d has exited", pid)
-	}
-	return strconv.ParseUint(fields[19], 10, 64)
 }
 
 // Tools are the host programs a machine is made and entered with
@@ -355,16 +338,9 @@ func (m *Machine) Processes() ([]string, error) {
 		if other, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); other != ns {
 			continue
 		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
+		if st, err := procstat.Read(pid); err == nil && st.Alive() {
+			out = append(out, fmt.Sprintf("%d %s", pid, st.Comm))
 		}
-		s := string(stat)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open || strings.HasPrefix(strings.TrimSpace(s[end+1:]), "Z") {
-			continue
-		}
-		out = append(out, fmt.Sprintf("%d %s", pid, s[open+1:end]))
 	}
 	return out, nil
 }
