@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
@@ -97,15 +98,16 @@ func (r Registries) Auth() map[string]containerd.RegistryAuth {
 }
 
 // WriteHosts replaces dir with one <registry>/hosts.toml per registry that
-// has mirrors or TLS settings.
-func (r Registries) WriteHosts(dir string) error {
+// has mirrors or TLS settings. With a localMirror (the embedded registry
+// mirror's URL), every registry of mirrors tries it first.
+func (r Registries) WriteHosts(dir, localMirror string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("registries: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("registries: %w", err)
 	}
-	for name, data := range r.hostsFiles() {
+	for name, data := range r.hostsFiles(localMirror) {
 		sub := filepath.Join(dir, name)
 		if err := os.MkdirAll(sub, 0o700); err != nil {
 			return fmt.Errorf("registries: %w", err)
@@ -119,7 +121,7 @@ func (r Registries) WriteHosts(dir string) error {
 
 // hostsFiles renders hosts.toml per registry name. A mirror named "*"
 // applies to every registry without its own entry (containerd's _default).
-func (r Registries) hostsFiles() map[string][]byte {
+func (r Registries) hostsFiles(localMirror string) map[string][]byte {
 	names := map[string]bool{}
 	for name := range r.Mirrors {
 		names[name] = true
@@ -142,7 +144,11 @@ func (r Registries) hostsFiles() map[string][]byte {
 		var b bytes.Buffer
 		_ = toml.NewEncoder(&b).Encode(top) // maps of strings and bools always encode
 		// containerd tries the hosts in file order: the endpoints' order.
-		for _, e := range r.Mirrors[name].Endpoints {
+		endpoints := r.Mirrors[name].Endpoints
+		if _, mirrored := r.Mirrors[name]; mirrored && localMirror != "" {
+			endpoints = append([]string{localMirror}, endpoints...)
+		}
+		for _, e := range endpoints {
 			h := map[string]any{"capabilities": []string{"pull", "resolve"}}
 			if u, err := url.Parse(e); err == nil {
 				maps.Copy(h, r.tlsFields(u.Host))
@@ -171,6 +177,12 @@ func (r Registries) tlsFields(host string) map[string]any {
 		f["skip_verify"] = true
 	}
 	return f
+}
+
+// Mirrored lists the registries of mirrors, those the embedded registry
+// mirror shares between nodes; "*" is every registry.
+func (r Registries) Mirrored() []string {
+	return slices.Sorted(maps.Keys(r.Mirrors))
 }
 
 // upstream is the registry's own address; Docker Hub's API lives on

@@ -126,10 +126,11 @@ func TestWriteHosts(t *testing.T) {
 	type table = map[string]any
 	pullResolve := []any{"pull", "resolve"}
 	tests := []struct {
-		name  string
-		r     Registries
-		want  map[string]table // directory → decoded hosts.toml
-		order map[string][]string
+		name        string
+		r           Registries
+		localMirror string
+		want        map[string]table // directory → decoded hosts.toml
+		order       map[string][]string
 	}{
 		{
 			name: "mirror order and mirror TLS",
@@ -183,6 +184,33 @@ func TestWriteHosts(t *testing.T) {
 			want: map[string]table{"registry.example.com": {"server": "https://registry.example.com", "ca": "/ca.pem"}},
 		},
 		{name: "nothing", r: Registries{}, want: map[string]table{}},
+		{
+			// k3s's syntax: a mirror without endpoints opts the registry
+			// in; the embedded mirror comes first, then the endpoints,
+			// then the registry (server).
+			name: "embedded mirror first",
+			r: Registries{
+				Mirrors: map[string]Mirror{"registry.example.com": {}, "docker.io": {Endpoints: []string{"https://mirror1"}}},
+				Configs: map[string]Config{"tls.example.com": {TLS: &TLS{CAFile: "/ca.pem"}}},
+			},
+			localMirror: "http://127.0.0.1:5001",
+			want: map[string]table{
+				"registry.example.com": {"server": "https://registry.example.com", "host": table{"http://127.0.0.1:5001": table{"capabilities": pullResolve}}},
+				"docker.io": {"server": "https://registry-1.docker.io", "host": table{
+					"http://127.0.0.1:5001": table{"capabilities": pullResolve},
+					"https://mirror1":       table{"capabilities": pullResolve},
+				}},
+				// Not a mirror: not shared.
+				"tls.example.com": {"server": "https://tls.example.com", "ca": "/ca.pem"},
+			},
+			order: map[string][]string{"docker.io": {`[host."http://127.0.0.1:5001"]`, `[host."https://mirror1"]`}},
+		},
+		{
+			name:        "embedded mirror for every registry",
+			r:           Registries{Mirrors: map[string]Mirror{"*": {}}},
+			localMirror: "http://127.0.0.1:5001",
+			want:        map[string]table{"_default": {"host": table{"http://127.0.0.1:5001": table{"capabilities": pullResolve}}}},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -191,7 +219,7 @@ func TestWriteHosts(t *testing.T) {
 			if err := os.MkdirAll(filepath.Join(dir, "stale.example.com"), 0o700); err != nil {
 				t.Fatal(err)
 			}
-			if err := tt.r.WriteHosts(dir); err != nil {
+			if err := tt.r.WriteHosts(dir, tt.localMirror); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := os.Stat(filepath.Join(dir, "stale.example.com")); !os.IsNotExist(err) {
@@ -221,6 +249,16 @@ func TestWriteHosts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestLoadMirrorWithoutEndpoints(t *testing.T) {
+	r, err := Load(writeFile(t, "mirrors:\n  docker.io:\n  \"*\":\n  registry.example.com: {}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Mirrored(), []string{"*", "docker.io", "registry.example.com"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Mirrored() = %q, want %q", got, want)
 	}
 }
 

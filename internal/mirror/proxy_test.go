@@ -1,0 +1,192 @@
+package mirror
+
+import (
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// servePeer serves h to the cluster's nodes as a node with id does.
+func servePeer(t *testing.T, id Identity, h http.Handler) netip.AddrPort {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, TLSConfig: id.ServerTLS()}
+	go func() { _ = srv.ServeTLS(l, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return netip.MustParseAddrPort(l.Addr().String())
+}
+
+func shareAll(string) bool { return true }
+
+func TestMirror(t *testing.T) {
+	ca := newTestCA(t, "client-ca")
+	f := newFixture(t)
+	// node-a has the image, node-b nothing, node-c does not answer, and
+	// at node-d's address answers node-a, whose certificate is not
+	// node-d's.
+	a := servePeer(t, ca.node("node-a"), Registry{Store: f.store, Shares: shareAll})
+	b := servePeer(t, ca.node("node-b"), Registry{Store: fakeStore{}, Shares: shareAll})
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := netip.MustParseAddrPort(closed.Addr().String())
+	closed.Close()
+	peers := []Peer{{"node-c", c}, {"node-b", b}, {"node-a", a}}
+	local := ca.node("local")
+	mirrorOf := func(peers []Peer) *httptest.Server {
+		list := func() []Peer { return peers }
+		srv := httptest.NewServer(Mirror{Peers: list, Transport: NewTransport(local, list), AskTimeout: 2 * time.Second})
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	m := mirrorOf(peers)
+	get := func(srv *httptest.Server, method, path string, header ...string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequest(method, srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, body
+	}
+	const ns = "?ns=registry.example.com"
+
+	t.Run("manifest by tag from the node that has it", func(t *testing.T) {
+		resp, _ := get(m, "HEAD", "/v2/app/manifests/1.0"+ns)
+		if resp.StatusCode != 200 || resp.Header.Get("Docker-Content-Digest") != f.indexD.String() || resp.ContentLength != int64(len(f.index)) {
+			t.Errorf("HEAD: %s %v", resp.Status, resp.Header)
+		}
+		resp, body := get(m, "GET", "/v2/app/manifests/1.0"+ns)
+		if resp.StatusCode != 200 || string(body) != string(f.index) || resp.Header.Get("Content-Type") != "application/vnd.oci.image.index.v1+json" {
+			t.Errorf("GET: %s %v %q", resp.Status, resp.Header, body)
+		}
+	})
+	t.Run("blob, whole and a range", func(t *testing.T) {
+		resp, body := get(m, "GET", "/v2/app/blobs/"+f.layD.String()+ns)
+		if resp.StatusCode != 200 || digest.FromBytes(body) != f.layD {
+			t.Errorf("GET: %s, %d bytes", resp.Status, len(body))
+		}
+		resp, body = get(m, "GET", "/v2/app/blobs/"+f.layD.String()+ns, "Range", "bytes=100-")
+		if resp.StatusCode != 206 || string(body) != string(f.layer[100:]) {
+			t.Errorf("GET of a range: %s, %d bytes", resp.Status, len(body))
+		}
+	})
+	t.Run("nobody has it: 404 for containerd to try the registry", func(t *testing.T) {
+		for _, path := range []string{"/v2/app/manifests/2.0" + ns, "/v2/app/blobs/sha256:" + strings.Repeat("1", 64) + ns} {
+			if resp, _ := get(m, "GET", path); resp.StatusCode != 404 {
+				t.Errorf("%s: %s", path, resp.Status)
+			}
+		}
+	})
+	t.Run("latest is the registry's", func(t *testing.T) {
+		f.store.images["registry.example.com/app:latest"] = f.store.images["registry.example.com/app:1.0"]
+		if resp, _ := get(m, "HEAD", "/v2/app/manifests/latest"+ns); resp.StatusCode != 404 {
+			t.Errorf("HEAD: %s", resp.Status)
+		}
+	})
+	t.Run("no registry named", func(t *testing.T) {
+		if resp, _ := get(m, "HEAD", "/v2/app/manifests/1.0"); resp.StatusCode != 404 {
+			t.Errorf("HEAD: %s", resp.Status)
+		}
+	})
+	t.Run("a peer that is not the node it should be is not asked", func(t *testing.T) {
+		impostor := mirrorOf([]Peer{{"node-d", a}})
+		if resp, _ := get(impostor, "HEAD", "/v2/app/manifests/1.0"+ns); resp.StatusCode != 404 {
+			t.Errorf("HEAD: %s", resp.Status)
+		}
+	})
+	t.Run("a peer of another cluster is not asked", func(t *testing.T) {
+		other := newTestCA(t, "other-ca").node("node-e")
+		e := servePeer(t, other, Registry{Store: f.store, Shares: shareAll})
+		if resp, _ := get(mirrorOf([]Peer{{"node-e", e}}), "HEAD", "/v2/app/manifests/1.0"+ns); resp.StatusCode != 404 {
+			t.Errorf("HEAD: %s", resp.Status)
+		}
+	})
+}
+
+// TestPeerRefusesOutsiders: the peer endpoint serves the cluster's nodes
+// only.
+func TestPeerRefusesOutsiders(t *testing.T) {
+	ca := newTestCA(t, "client-ca")
+	f := newFixture(t)
+	addr := servePeer(t, ca.node("node-a"), Registry{Store: f.store, Shares: shareAll})
+	url := "https://" + addr.String() + "/v2/app/manifests/1.0?ns=registry.example.com"
+	tests := []struct {
+		name string
+		cert *Identity // nil: no certificate
+		ok   bool
+	}{
+		{name: "no certificate"},
+		{name: "a node's certificate of another CA", cert: &Identity{Cert: newTestCA(t, "other").issue("system:node:node-b", "system:nodes")}},
+		{name: "a cluster admin", cert: &Identity{Cert: ca.issue("system:admin", "system:masters")}},
+		{name: "kube-proxy", cert: &Identity{Cert: ca.issue("system:kube-proxy")}},
+		{name: "system:node: without the nodes group", cert: &Identity{Cert: ca.issue("system:node:node-b")}},
+		{name: "a kubelet", cert: &Identity{Cert: ca.issue("system:node:node-b", "system:nodes")}, ok: true},
+		{name: "a node's controllers", cert: &Identity{Cert: ca.issue("system:kelp-controller:node-b", "system:kelp-controllers")}, ok: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := &tls.Config{InsecureSkipVerify: true} // the client's trust is not what is tested
+			if tt.cert != nil {
+				cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return tt.cert.load() }
+			}
+			client := http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 5 * time.Second}
+			resp, err := client.Head(url)
+			if tt.ok {
+				if err != nil || resp.StatusCode != 200 {
+					t.Errorf("refused: %v %v", resp, err)
+				}
+				return
+			}
+			if err == nil {
+				resp.Body.Close()
+				t.Fatalf("served: %s", resp.Status)
+			}
+			if !strings.Contains(err.Error(), "certificate") {
+				t.Errorf("refused for another reason: %v", err)
+			}
+		})
+	}
+}
+
+func TestNodeOf(t *testing.T) {
+	for _, tt := range []struct {
+		cn     string
+		groups []string
+		want   string
+	}{
+		{"system:node:a", []string{"system:nodes"}, "a"},
+		{"system:kelp-controller:b", []string{"system:kelp-controllers"}, "b"},
+		{"system:kelp-controller", []string{"system:kelp-controllers"}, ""},
+		{"system:node:", []string{"system:nodes"}, ""},
+		{"system:node:a", []string{"system:masters"}, ""},
+		{"admin", []string{"system:nodes"}, ""},
+	} {
+		if got, ok := NodeOf(tt.cn, tt.groups); got != tt.want || ok != (tt.want != "") {
+			t.Errorf("NodeOf(%q, %q) = %q, %v; want %q", tt.cn, tt.groups, got, ok, tt.want)
+		}
+	}
+}
