@@ -23,6 +23,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/kubelet"
 	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/mirror"
 	"github.com/kelp-dev/kelp/internal/netpol"
 	"github.com/kelp-dev/kelp/internal/nft"
 	"github.com/kelp-dev/kelp/internal/nodepaths"
@@ -64,7 +65,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		return nil, err
 	}
 	systemd := systemdCgroups(host)
-	ccfg, err := containerdConfig(cfg, p, staged, systemd)
+	ccfg, mirrored, err := containerdConfig(cfg, p, staged, systemd)
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +95,18 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	clients, err := writeClients(p, creds)
 	if err != nil {
 		return nil, err
+	}
+	if len(mirrored) > 0 {
+		m, err := mirror.Start(mirror.Config{
+			NodeName:   cfg.NodeName,
+			NodeIP:     cfg.NodeIPs[0],
+			Registries: mirrored,
+			Identity:   mirror.Identity{Cert: creds.Files.Controller, ClientCA: creds.Files.ClientCA},
+			Containerd: layout.ContainerdAddress,
+		}, clients.controller)
+		if err := g.Start(m, err); err != nil {
+			return nil, err
+		}
 	}
 	// Services work before the kubelet starts pods that use them.
 	if err := g.Go("service proxy", func(ctx context.Context) error {
@@ -248,14 +261,25 @@ func startImages(ctx context.Context, ccfg containerd.Config, staged embed.Stage
 }
 
 // containerdConfig decides containerd's settings for this host and writes
-// the registry hosts files they point at.
-func containerdConfig(cfg config.Agent, p layout.AgentPaths, staged embed.Staged, systemd bool) (containerd.Config, error) {
+// the registry hosts files they point at. It returns the registries the
+// node shares with the others by the embedded registry mirror, if on.
+func containerdConfig(cfg config.Agent, p layout.AgentPaths, staged embed.Staged, systemd bool) (containerd.Config, []string, error) {
 	reg, err := registries.Load(cfg.PrivateRegistry)
 	if err != nil {
-		return containerd.Config{}, err
+		return containerd.Config{}, nil, err
 	}
-	if err := reg.WriteHosts(p.RegistryDir); err != nil {
-		return containerd.Config{}, err
+	var mirrored []string
+	localMirror := ""
+	if cfg.EmbeddedRegistry {
+		mirrored = reg.Mirrored()
+		if len(mirrored) == 0 {
+			log.WithField("file", cfg.PrivateRegistry).Info("the cluster runs the embedded registry mirror, but this node mirrors no registry: list them under mirrors in its registries.yaml (\"*\" for all) to share their images with the other nodes")
+		} else {
+			localMirror = mirror.LocalEndpoint
+		}
+	}
+	if err := reg.WriteHosts(p.RegistryDir, localMirror); err != nil {
+		return containerd.Config{}, nil, err
 	}
 	snapshotter := "overlayfs"
 	if err := containerd.OverlaySupported(p.ContainerdRoot); err != nil {
@@ -279,7 +303,7 @@ func containerdConfig(cfg config.Agent, p layout.AgentPaths, staged embed.Staged
 		Snapshotter:         snapshotter,
 		SystemdCgroup:       systemd,
 		RestrictOOMScoreAdj: restrictOOM,
-	}, nil
+	}, mirrored, nil
 }
 
 // CheckHost runs `kelp check-config`'s checks: a failure is an error that

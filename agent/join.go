@@ -224,6 +224,7 @@ func nodeConfig(node config.Node, cluster joinapi.AgentConfig) (config.Agent, er
 		Overlay:              cluster.Overlay,
 		DisableDNS:           cluster.DisableDNS,
 		DisableNetworkPolicy: cluster.DisableNetworkPolicy,
+		EmbeddedRegistry:     cluster.EmbeddedRegistry,
 	}
 	var err error
 	if a.ClusterCIDR, err = netip.ParsePrefix(cluster.ClusterCIDR); err != nil {

@@ -76,5 +76,6 @@ func agentConfig(cfg config.Server) joinapi.AgentConfig {
 		Overlay:              cfg.Overlay,
 		DisableDNS:           cfg.Disable.CoreDNS,
 		DisableNetworkPolicy: cfg.Disable.NetworkPolicy,
+		EmbeddedRegistry:     cfg.EmbeddedRegistry,
 	}
 }

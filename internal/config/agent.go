@@ -24,6 +24,9 @@ type Agent struct {
 	DisableDNS    bool
 	// DisableNetworkPolicy leaves NetworkPolicies to another controller.
 	DisableNetworkPolicy bool
+	// EmbeddedRegistry runs the registry mirror that nodes share images
+	// by, for the registries of the node's registries.yaml mirrors.
+	EmbeddedRegistry bool
 }
 
 // Agent is the configuration of the server's own node.
@@ -36,6 +39,7 @@ func (s Server) Agent() Agent {
 		Overlay:              s.Overlay,
 		DisableDNS:           s.Disable.CoreDNS,
 		DisableNetworkPolicy: s.Disable.NetworkPolicy,
+		EmbeddedRegistry:     s.EmbeddedRegistry,
 	}
 }
 

@@ -223,6 +223,12 @@ func TestDisable(t *testing.T) {
 	if !s.Disable.CoreDNS || !s.Disable.ServiceLB || !s.Disable.NetworkPolicy || !s.Agent().DisableDNS || !s.Agent().DisableNetworkPolicy {
 		t.Errorf("disable = %+v", s.Disable)
 	}
+	if s.EmbeddedRegistry || s.Agent().EmbeddedRegistry {
+		t.Error("the embedded registry mirror is on by default")
+	}
+	if s, err = runServer(t, "--embedded-registry"); err != nil || !s.Agent().EmbeddedRegistry {
+		t.Errorf("--embedded-registry does not reach the server's node: %v", err)
+	}
 	if _, err := runServer(t, "--disable", "traefik"); err == nil || !strings.Contains(err.Error(), "want coredns, servicelb, local-storage, metrics-server or helm-controller") {
 		t.Errorf("unknown part: %v", err)
 	}

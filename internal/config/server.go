@@ -68,6 +68,10 @@ type Server struct {
 	// set it (flag, environment or config file), not the default: then it
 	// also encrypts a cluster made without.
 	SecretsEncryption, SecretsEncryptionGiven bool
+	// EmbeddedRegistry is --embedded-registry: every node of the cluster
+	// shares the images of the registries in its registries.yaml mirrors
+	// with the others (package mirror).
+	EmbeddedRegistry bool
 	// PodSecurityDefault is the Pod Security level of namespaces without
 	// their own: privileged (upstream's), baseline or restricted.
 	PodSecurityDefault string
@@ -137,6 +141,7 @@ type ServerInput struct {
 	secretsEncryptionGiven                                                           bool
 	disableRAMStore                                                                  bool
 	helmAllowLocalRepos                                                              bool
+	embeddedRegistry                                                                 bool
 	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable                           cli.StringSlice
 }
 
@@ -171,6 +176,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "overlay", EnvVars: env("overlay"), Value: "vxlan", Destination: &in.overlay, Usage: "pod network between nodes: vxlan, host-gw (nodes on one L2 network) or none (bring your own CNI)"},
 		&cli.BoolFlag{Name: "helm-allow-local-repos", EnvVars: env("helm-allow-local-repos"), Destination: &in.helmAllowLocalRepos, Usage: "let HelmCharts fetch charts from loopback and link-local addresses (refused by default)"},
 		&cli.BoolFlag{Name: "disable-ram-store", EnvVars: env("disable-ram-store"), Destination: &in.disableRAMStore, Usage: "on SQLite, keep Leases and Events on disk in the datastore instead of in RAM under /run/kelp"},
+		&cli.BoolFlag{Name: "embedded-registry", EnvVars: env("embedded-registry"), Destination: &in.embeddedRegistry, Usage: "nodes pull images from each other before the registry, for the registries listed under mirrors in their registries.yaml (port 5001 between nodes)"},
 		&cli.BoolFlag{Name: "disable-network-policy", EnvVars: env("disable-network-policy"), Destination: &in.disableNetworkPolicy, Usage: "do not enforce NetworkPolicies on the nodes"},
 		&cli.StringFlag{Name: "audit-log-path", EnvVars: env("audit-log-path"), Destination: &in.audit.LogPath, Usage: "log the apiserver's requests to this file (default: no audit log)"},
 		&cli.StringFlag{Name: "audit-policy-file", EnvVars: env("audit-policy-file"), Destination: &in.audit.PolicyFile, Usage: "audit policy (default: kelp's, who did what to which object, no bodies)"},
@@ -212,6 +218,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		DisableAgent:            in.disableAgent,
 		DisableRAMStore:         in.disableRAMStore,
 		HelmAllowLocalRepos:     in.helmAllowLocalRepos,
+		EmbeddedRegistry:        in.embeddedRegistry,
 		Disable:                 Disable{NetworkPolicy: in.disableNetworkPolicy},
 		JoinServer:              strings.TrimRight(in.joinServer, "/"),
 		ClusterReset:            in.clusterReset,

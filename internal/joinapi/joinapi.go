@@ -81,6 +81,7 @@ type AgentConfig struct {
 	Overlay              string   `json:"overlay"`
 	DisableDNS           bool     `json:"disableDNS"`
 	DisableNetworkPolicy bool     `json:"disableNetworkPolicy"`
+	EmbeddedRegistry     bool     `json:"embeddedRegistry"`
 }
 
 // JoinRequest is what a node sends to join.
