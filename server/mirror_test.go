@@ -1,0 +1,116 @@
+package server_test
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kelp-dev/kelp/internal/layout"
+	"github.com/kelp-dev/kelp/internal/pki"
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// sharedImage is in no registry: its registry's name resolves to nothing.
+const sharedImage = "registry.invalid/kelp-test/shared:1.0"
+
+// sharedPods run sharedImage on the server's node and on agent-2, whose
+// airgap dirs lack it.
+const sharedPods = `
+apiVersion: v1
+kind: Pod
+metadata: {name: shared-on-agent-2}
+spec:
+  nodeName: agent-2
+  terminationGracePeriodSeconds: 0
+  containers:
+  - {name: app, image: ` + sharedImage + `, args: [serve]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: shared-on-server}
+spec:
+  nodeName: server
+  terminationGracePeriodSeconds: 0
+  containers:
+  - {name: app, image: ` + sharedImage + `, args: [serve]}
+`
+
+// TestEmbeddedRegistry: with --embedded-registry and the image's registry
+// among the mirrors of every node's registries.yaml, an image only agent-1
+// has (from its airgap dir) runs on agent-2 and on the server's node, with
+// no registry reachable at all; agent-1's mirror serves nodes of the
+// cluster only.
+func TestEmbeddedRegistry(t *testing.T) {
+	t.Parallel()
+	lab := testcluster.NewLab(t)
+	registries := filepath.Join(t.TempDir(), "registries.yaml")
+	if err := os.WriteFile(registries, []byte("mirrors:\n  registry.invalid:\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := lab.NewNode("server", "10.99.0.2")
+	srv.Agent = true
+	srv.Start("--embedded-registry", "--private-registry", registries)
+	srv.WaitReady(startTimeout)
+	agent1, agent2 := lab.NewNode("agent-1", "10.99.0.3"), lab.NewNode("agent-2", "10.99.0.4")
+	agent1.AddImage(testcluster.BuildTestImage(t, sharedImage))
+	for _, a := range []*testcluster.Node{agent1, agent2} {
+		a.StartAgent(srv.URL(), srv.TokenFile(), "--private-registry", registries)
+	}
+	for _, n := range []*testcluster.Node{srv, agent1, agent2} {
+		n.WaitLog("registry mirror serving", startTimeout)
+		n.WaitLog("kelp node is running", startTimeout)
+	}
+	c := srv.Client()
+	waitNodesReady(t, c, 3)
+	waitServiceAccount(t, c, "default")
+	apply(t, srv, sharedPods)
+	kubectl(t, srv, "wait", "--for=condition=Ready", "pod/shared-on-agent-2", "pod/shared-on-server", "--timeout=90s")
+	if out, err := agent2.RunKelp(time.Minute, "crictl", "images"); err != nil || !strings.Contains(out, "registry.invalid/kelp-test/shared") {
+		t.Errorf("agent-2 lacks the image it pulled from agent-1: %v\n%s", err, out)
+	}
+
+	t.Run("agent-1 serves nodes of the cluster only", func(t *testing.T) {
+		url := "https://10.99.0.3:5001/v2/kelp-test/shared/manifests/1.0?ns=registry.invalid"
+		head := func(cert *tls.Certificate) (*http.Response, error) {
+			cfg := &tls.Config{InsecureSkipVerify: true} // what is tested is agent-1's check of the client
+			if cert != nil {
+				cfg.Certificates = []tls.Certificate{*cert}
+			}
+			client := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DialContext: srv.DialContext}}
+			req, err := http.NewRequestWithContext(context.Background(), http.MethodHead, url, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return client.Do(req)
+		}
+		rc := srv.RestConfig()
+		admin, err := tls.X509KeyPair(rc.CertData, rc.KeyData)
+		if len(rc.CertData) == 0 {
+			admin, err = tls.LoadX509KeyPair(rc.CertFile, rc.KeyFile)
+		}
+		if err != nil {
+			t.Fatalf("the admin kubeconfig's certificate: %v", err)
+		}
+		node := pki.NodeFilesIn(layout.Agent(agent2.DataDir).TLS).Controller
+		agent2Cert, err := tls.LoadX509KeyPair(node.Cert, node.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for what, cert := range map[string]*tls.Certificate{"no certificate": nil, "the cluster admin's certificate": &admin} {
+			if resp, err := head(cert); err == nil {
+				resp.Body.Close()
+				t.Errorf("%s: served, %s", what, resp.Status)
+			} else if !strings.Contains(err.Error(), "certificate") {
+				t.Errorf("%s: refused for another reason: %v", what, err)
+			}
+		}
+		if resp, err := head(&agent2Cert); err != nil || resp.StatusCode != http.StatusOK {
+			t.Errorf("agent-2's certificate: %v %v", resp, err)
+		}
+	})
+}
