@@ -69,7 +69,7 @@ func TestEmbeddedRegistry(t *testing.T) {
 	waitNodesReady(t, c, 3)
 	waitServiceAccount(t, c, "default")
 	apply(t, srv, sharedPods)
-	kubectl(t, srv, "wait", "--for=condition=Ready", "pod/shared-on-agent-2", "pod/shared-on-server", "--timeout=90s")
+	kubectl(t, srv, "wait", "--for=condition=Ready", "pod/shared-on-agent-2", "pod/shared-on-server", "--timeout=55s")
 	if out, err := agent2.RunKelp(time.Minute, "crictl", "images"); err != nil || !strings.Contains(out, "registry.invalid/kelp-test/shared") {
 		t.Errorf("agent-2 lacks the image it pulled from agent-1: %v\n%s", err, out)
 	}

@@ -70,7 +70,7 @@ func Start(cfg Config, nodes kubernetes.Interface) (*component.Running, error) {
 				l.Close()
 			}
 			c.Close()
-			return nil, fmt.Errorf("the registry mirror's port %d on %s is not free (%w): `ss -ltnp 'sport = %d'` shows who holds it", Port, addr, err, Port)
+			return nil, fmt.Errorf("the registry mirror cannot listen on %s (%w): another program holds port %d (`ss -ltnp 'sport = %d'` shows which), or the node IP is not an address of this machine (--node-ip)", addr, err, Port, Port)
 		}
 		listeners = append(listeners, l)
 	}
@@ -93,7 +93,7 @@ func Start(cfg Config, nodes kubernetes.Interface) (*component.Running, error) {
 		errc := make(chan error, len(servers))
 		go func() { errc <- servers[0].ServeTLS(listeners[0], "", "") }()
 		go func() { errc <- servers[1].Serve(listeners[1]) }()
-		log.WithFields(logrus.Fields{"peers": peerAddr, "containerd": localAddr, "registries": cfg.Registries}).Info("registry mirror serving")
+		log.WithFields(logrus.Fields{"nodes": peerAddr, "containerd": localAddr, "registries": cfg.Registries}).Info("registry mirror serving")
 		var err error
 		select {
 		case <-ctx.Done():
