@@ -98,14 +98,14 @@ func newFixture(t *testing.T) fixture {
 
 // testCA signs certificates into files in dir.
 type testCA struct {
-	t    *testing.T
+	t    testing.TB
 	dir  string
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
 	file string
 }
 
-func newTestCA(t *testing.T, name string) *testCA {
+func newTestCA(t testing.TB, name string) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -160,7 +160,7 @@ func (ca *testCA) node(name string) Identity {
 	return Identity{Cert: ca.issue(pki.ControllerUser(name), pki.ControllerGroup), ClientCA: ca.file}
 }
 
-func writePEM(t *testing.T, path, typ string, der []byte) {
+func writePEM(t testing.TB, path, typ string, der []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)

@@ -190,3 +190,49 @@ func TestNodeOf(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkMirrorBlob streams a 64 MiB layer from a peer, directly (as a
+// node's mirror fetches it) and through the local mirror (as containerd
+// gets it), all on loopback: the ratio is the local mirror's cost.
+func BenchmarkMirrorBlob(b *testing.B) {
+	ca := newTestCA(b, "client-ca")
+	layer := make([]byte, 64<<20)
+	d := digest.FromBytes(layer)
+	store := fakeStore{blobs: map[digest.Digest][]byte{d: layer}}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: Registry{Store: store, Shares: shareAll}, TLSConfig: ca.node("node-a").ServerTLS()}
+	go func() { _ = srv.ServeTLS(l, "", "") }()
+	defer srv.Close()
+	peers := func() []Peer { return []Peer{{"node-a", netip.MustParseAddrPort(l.Addr().String())}} }
+	transport := NewTransport(ca.node("local"), peers)
+	m := httptest.NewServer(Mirror{Peers: peers, Transport: transport, AskTimeout: 2 * time.Second})
+	defer m.Close()
+	path := "/v2/app/blobs/" + d.String() + "?ns=registry.example.com"
+	for _, c := range []struct {
+		name   string
+		client *http.Client
+		url    string
+	}{
+		// The transport dials node-a at the address peers gives.
+		{"direct", &http.Client{Transport: transport}, "https://node-a:5001" + path},
+		{"through the mirror", http.DefaultClient, m.URL + path},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(layer)))
+			for b.Loop() {
+				resp, err := c.client.Get(c.url)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, _ := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || n != int64(len(layer)) {
+					b.Fatalf("%s, %d bytes", resp.Status, n)
+				}
+			}
+		})
+	}
+}
