@@ -426,6 +426,13 @@ func switchOver(db, staging, stamp, fromKind, toKind, snap string, member EtcdMe
 	defer lock.release()
 	switch toKind {
 	case KindSQLite:
+		// Only the database file moves: its WAL must hold nothing.
+		ctx, cancel := context.WithTimeout(context.Background(), migrateStopTimeout)
+		err := checkpoint(ctx, filepath.Join(staging, stateDBName))
+		cancel()
+		if err != nil {
+			return "", fmt.Errorf("%w: the migration was not put in place; nothing was changed", err)
+		}
 		if err := os.Rename(filepath.Join(staging, stateDBName), filepath.Join(db, stateDBName)); err != nil {
 			return "", fmt.Errorf("put the new SQLite datastore in place: %w; nothing was changed", err)
 		}

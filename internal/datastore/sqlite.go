@@ -118,3 +118,33 @@ func exists(path string) bool {
 	_, err := os.Lstat(path)
 	return err == nil
 }
+
+// checkpoint writes everything the WAL of the SQLite database at path holds
+// into the database file and empties the WAL, so that the file alone holds
+// the data and can be moved without its -wal. Closing the last connection
+// usually does that, but not when a connection was left open or its close
+// failed; a database that never reached an automatic checkpoint then has
+// an empty file and all of its data in the WAL.
+func checkpoint(ctx context.Context, path string) error {
+	dsn := (&url.URL{Scheme: "file", Path: path, RawQuery: "_pragma=busy_timeout(10000)"}).String()
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return fmt.Errorf("checkpoint SQLite database %s: %w", path, err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	var busy, walPages, checkpointed int
+	if err := db.QueryRowContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &walPages, &checkpointed); err != nil {
+		return fmt.Errorf("checkpoint SQLite database %s: %w", path, err)
+	}
+	if busy != 0 {
+		return fmt.Errorf("checkpoint SQLite database %s: another connection holds it", path)
+	}
+	if err := db.Close(); err != nil {
+		return fmt.Errorf("checkpoint SQLite database %s: %w", path, err)
+	}
+	if nonEmpty(path + "-wal") {
+		return fmt.Errorf("checkpoint SQLite database %s: its WAL is not empty after the checkpoint", path)
+	}
+	return nil
+}

@@ -487,3 +487,43 @@ func TestSQLiteWatchNeedsNoPoll(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointLeavesTheDataInTheFile: a migration to SQLite moves only
+// state.db; after checkpoint the file alone holds what the WAL held.
+func TestCheckpointLeavesTheDataInTheFile(t *testing.T) {
+	src := t.TempDir()
+	d := startReady(t, Config{DataDir: src})
+	put(t, d.Backend(), "/registry/test/moved", "whole")
+
+	// The files of a datastore whose WAL was not checkpointed at close.
+	dataDir := t.TempDir()
+	dbDir := filepath.Join(dataDir, "server", "db")
+	if err := os.MkdirAll(dbDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"state.db", "state.db-wal"} {
+		b, err := os.ReadFile(filepath.Join(src, "server", "db", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "state.db-wal" && len(b) == 0 {
+			t.Fatal("no WAL content while running; the test does not test anything")
+		}
+		if err := os.WriteFile(filepath.Join(dbDir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dbDir, "state.db")
+	if err := checkpoint(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	d2 := startReady(t, Config{DataDir: dataDir})
+	if got := get(t, d2.Backend(), "/registry/test/moved"); got != "whole" {
+		t.Errorf("got %q from the database file alone, want %q", got, "whole")
+	}
+}
