@@ -35,7 +35,7 @@
 #                kubectl does; one figure per whole list), quorum
 #                (one LIST, resourceVersion ""), cache (resourceVersion "0"),
 #                and GETS GETs of one ConfigMap (resourceVersion "": they
-#                always read the datastore). Kubernetes 1.36 serves these
+#                always read the datastore). Kubernetes (1.36 on) serves these
 #                LISTs from the apiserver's watch cache, consistent ones after
 #                asking the datastore for its current revision, so these
 #                figures are the apiserver's more than the datastore's. The

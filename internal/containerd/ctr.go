@@ -1,8 +1,10 @@
 package containerd
 
 import (
+	"context"
+
 	ctrapp "github.com/containerd/containerd/v2/cmd/ctr/app"
-	"github.com/urfave/cli/v2"
+	"github.com/urfave/cli/v3"
 
 	"github.com/kelp-dev/kelp/internal/config"
 )
@@ -19,20 +21,20 @@ func CtrMain(args []string) error {
 	}
 	app := ctrapp.New()
 	before := app.Before
-	app.Before = func(c *cli.Context) error {
+	app.Before = func(ctx context.Context, c *cli.Command) (context.Context, error) {
 		if !c.IsSet("address") {
 			node, err := Find(dataDir)
 			if err != nil {
-				return err
+				return ctx, err
 			}
 			if err := c.Set("address", node.Address()); err != nil {
-				return err
+				return ctx, err
 			}
 		}
 		if before != nil {
-			return before(c)
+			return before(ctx, c)
 		}
-		return nil
+		return ctx, nil
 	}
-	return app.Run(append([]string{args[0]}, rest...))
+	return app.Run(context.Background(), append([]string{args[0]}, rest...))
 }

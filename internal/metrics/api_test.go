@@ -202,7 +202,7 @@ func TestAPIDiscovery(t *testing.T) {
 	}
 
 	// What the aggregator asks for, and how it tells the answer's format.
-	w := get(t, h, "/apis", "Accept", discoveryclient.AcceptV2+","+discoveryclient.AcceptV2Beta1)
+	w := get(t, h, "/apis", "Accept", discoveryclient.AcceptV2+","+discoveryclient.AcceptV1)
 	var aggregated apidiscoveryv2.APIGroupDiscoveryList
 	decode(t, w, http.StatusOK, &aggregated)
 	if ok, err := discoveryclient.ContentTypeIsGVK(w.Header().Get("Content-Type"), apidiscoveryv2.SchemeGroupVersion.WithKind("APIGroupDiscoveryList")); !ok || err != nil {
