@@ -50,6 +50,9 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitCommit=$commit -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
 done
 
+# The Gateway API CRDs kelp applies (embed/gateway-crds/).
+scripts/gateway-crds.sh
+
 # kelp's patches to upstream modules (scripts/patches/).
 modfile=$(scripts/patches.sh .cache/patched)
 
