@@ -18,6 +18,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/containerd"
 	"github.com/kelp-dev/kelp/internal/dns"
+	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/images"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
@@ -135,6 +136,13 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		return netpol.Run(ctx, clients.controller, netpol.Config{NodeName: cfg.NodeName})
 	}); err != nil {
 		return nil, err
+	}
+	if !cfg.DisableGateway {
+		if err := g.Go("gateway", func(ctx context.Context) error {
+			return gateway.Serve(ctx, clients.controller, gateway.ServeConfig{NodeName: cfg.NodeName})
+		}); err != nil {
+			return nil, err
+		}
 	}
 	if err := startLocalStorage(g, cfg, clients.controller); err != nil {
 		return nil, err

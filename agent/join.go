@@ -225,6 +225,7 @@ func nodeConfig(node config.Node, cluster joinapi.AgentConfig) (config.Agent, er
 		DisableDNS:           cluster.DisableDNS,
 		DisableNetworkPolicy: cluster.DisableNetworkPolicy,
 		EmbeddedRegistry:     cluster.EmbeddedRegistry,
+		DisableGateway:       cluster.DisableGateway,
 	}
 	var err error
 	if a.ClusterCIDR, err = netip.ParsePrefix(cluster.ClusterCIDR); err != nil {

@@ -77,5 +77,6 @@ func agentConfig(cfg config.Server) joinapi.AgentConfig {
 		DisableDNS:           cfg.Disable.CoreDNS,
 		DisableNetworkPolicy: cfg.Disable.NetworkPolicy,
 		EmbeddedRegistry:     cfg.EmbeddedRegistry,
+		DisableGateway:       cfg.Disable.Gateway,
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/controllermanager"
 	"github.com/kelp-dev/kelp/internal/datastore"
 	"github.com/kelp-dev/kelp/internal/etcdmembers"
+	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/helmchart"
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
@@ -283,6 +284,12 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 	}
 	if !cfg.Disable.HelmController {
 		if err := startHelmController(g, cfg, !single); err != nil {
+			return err
+		}
+	}
+	if !cfg.Disable.Gateway {
+		gc := gateway.ControllerConfig{Kubeconfig: paths.AdminKubeconfig, CRDs: embed.GatewayCRDs(), LeaderElection: !single}
+		if err := g.Go("gateway controller", func(ctx context.Context) error { return gateway.RunController(ctx, gc) }); err != nil {
 			return err
 		}
 	}

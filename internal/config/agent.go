@@ -27,6 +27,8 @@ type Agent struct {
 	// EmbeddedRegistry runs the registry mirror that nodes share images
 	// by, for the registries of the node's registries.yaml mirrors.
 	EmbeddedRegistry bool
+	// DisableGateway runs no Gateway API data path on the node.
+	DisableGateway bool
 }
 
 // Agent is the configuration of the server's own node.
@@ -40,6 +42,7 @@ func (s Server) Agent() Agent {
 		DisableDNS:           s.Disable.CoreDNS,
 		DisableNetworkPolicy: s.Disable.NetworkPolicy,
 		EmbeddedRegistry:     s.EmbeddedRegistry,
+		DisableGateway:       s.Disable.Gateway,
 	}
 }
 

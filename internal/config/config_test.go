@@ -229,7 +229,7 @@ func TestDisable(t *testing.T) {
 	if s, err = runServer(t, "--embedded-registry"); err != nil || !s.Agent().EmbeddedRegistry {
 		t.Errorf("--embedded-registry does not reach the server's node: %v", err)
 	}
-	if _, err := runServer(t, "--disable", "traefik"); err == nil || !strings.Contains(err.Error(), "want coredns, servicelb, local-storage, metrics-server or helm-controller") {
+	if _, err := runServer(t, "--disable", "traefik"); err == nil || !strings.Contains(err.Error(), "want coredns, servicelb, local-storage, metrics-server, helm-controller or gateway") {
 		t.Errorf("unknown part: %v", err)
 	}
 }

@@ -107,6 +107,9 @@ type Disable struct {
 	MetricsServer bool
 	// HelmController installs the charts of HelmChart objects.
 	HelmController bool
+	// Gateway is the Gateway API: its CRDs, the GatewayClass kelp, the
+	// controller and every node's data path.
+	Gateway bool
 	// NetworkPolicy is --disable-network-policy: no enforcement on the
 	// nodes, for a NetworkPolicy controller of the user's own.
 	NetworkPolicy bool
@@ -168,7 +171,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "datastore-certfile", EnvVars: env("datastore-certfile"), Destination: &in.datastoreCert, Usage: "client certificate for the external datastore"},
 		&cli.StringFlag{Name: "datastore-keyfile", EnvVars: env("datastore-keyfile"), Destination: &in.datastoreKey, Usage: "client key for the external datastore"},
 		&cli.BoolFlag{Name: "disable-agent", EnvVars: env("disable-agent"), Destination: &in.disableAgent, Usage: "run the control plane only, no node"},
-		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns, servicelb, local-storage, metrics-server or helm-controller; repeatable"},
+		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns, servicelb, local-storage, metrics-server, helm-controller or gateway; repeatable"},
 		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "secret nodes join with (default: made at first start, kept in <data-dir>/server/token)"},
 		&cli.StringFlag{Name: "agent-token", EnvVars: env("agent-token"), Destination: &in.agentToken, Usage: "secret that joins agents only (written to <data-dir>/server/agent-token)"},
 		&cli.StringFlag{Name: "token-file", EnvVars: env("token-file"), Destination: &in.tokenFile, Usage: "file holding --token's secret (or, with --server, the join token)"},
@@ -258,8 +261,10 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 			s.Disable.MetricsServer = true
 		case "helm-controller":
 			s.Disable.HelmController = true
+		case "gateway":
+			s.Disable.Gateway = true
 		default:
-			check(fmt.Errorf("--disable %q: want coredns, servicelb, local-storage, metrics-server or helm-controller", d))
+			check(fmt.Errorf("--disable %q: want coredns, servicelb, local-storage, metrics-server, helm-controller or gateway", d))
 		}
 	}
 	check(checkOverlay(in.overlay))

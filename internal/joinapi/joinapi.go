@@ -82,6 +82,7 @@ type AgentConfig struct {
 	DisableDNS           bool     `json:"disableDNS"`
 	DisableNetworkPolicy bool     `json:"disableNetworkPolicy"`
 	EmbeddedRegistry     bool     `json:"embeddedRegistry"`
+	DisableGateway       bool     `json:"disableGateway"`
 }
 
 // JoinRequest is what a node sends to join.

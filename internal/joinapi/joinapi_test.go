@@ -134,7 +134,7 @@ func TestJoinResponseWire(t *testing.T) {
 		Config: AgentConfig{
 			Servers: []string{"https://10.0.0.1:6443"}, ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16",
 			ClusterDNS: "10.43.0.10", ClusterDomain: "cluster.local", Overlay: "vxlan", DisableDNS: true, DisableNetworkPolicy: true,
-			EmbeddedRegistry: true,
+			EmbeddedRegistry: true, DisableGateway: true,
 		},
 		ServerCA: []byte("server-ca"),
 		ClientCA: []byte("client-ca"),
@@ -149,7 +149,7 @@ func TestJoinResponseWire(t *testing.T) {
 	want := `{
 		"config": {"servers": ["https://10.0.0.1:6443"], "clusterCIDR": "10.42.0.0/16", "serviceCIDR": "10.43.0.0/16",
 			"clusterDNS": "10.43.0.10", "clusterDomain": "cluster.local", "overlay": "vxlan", "disableDNS": true, "disableNetworkPolicy": true,
-			"embeddedRegistry": true},
+			"embeddedRegistry": true, "disableGateway": true},
 		"serverCA": "c2VydmVyLWNh",
 		"clientCA": "Y2xpZW50LWNh",
 		"certs": {

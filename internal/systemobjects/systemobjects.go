@@ -12,6 +12,7 @@ import (
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
@@ -66,7 +67,7 @@ func Apply(ctx context.Context, c kubernetes.Interface, cfg Config) error {
 			return err
 		}
 	}
-	return nil
+	return gatewayConfigAccess().apply(ctx, c)
 }
 
 // CheckDNSService fails when the kube-dns Service exists with an address
@@ -121,8 +122,9 @@ func joinAPIAccess() boundClusterRole {
 	}
 }
 
-// controllerAccess lets the nodes' controllers (overlay, NetworkPolicy)
-// read what decides who may talk to whom, and publish their overlay
+// controllerAccess lets the nodes' controllers (overlay, NetworkPolicy,
+// the gateway data path) read what decides who may talk to whom and where
+// Services' endpoints are, and publish their overlay
 // addresses on their Nodes (a node's kubelet identity may not list the
 // others). It grants every node's identity, the group pki issues them in;
 // the nodes policy (nodeadmission.go) keeps each to its own Node.
@@ -133,6 +135,7 @@ func controllerAccess() boundClusterRole {
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("pods", "namespaces").WithVerbs("list", "watch"),
 			rbacv1ac.PolicyRule().WithAPIGroups("networking.k8s.io").WithResources("networkpolicies").WithVerbs("list", "watch"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("nodes").WithVerbs("get", "list", "watch", "patch"),
+			rbacv1ac.PolicyRule().WithAPIGroups("discovery.k8s.io").WithResources("endpointslices").WithVerbs("list", "watch"),
 		},
 		subjects: []*rbacv1ac.SubjectApplyConfiguration{group(pki.ControllerGroup)},
 	}
@@ -154,4 +157,41 @@ func (r boundClusterRole) apply(ctx context.Context, c kubernetes.Interface) err
 
 func group(name string) *rbacv1ac.SubjectApplyConfiguration {
 	return rbacv1ac.Subject().WithAPIGroup(rbacv1.GroupName).WithKind(rbacv1.GroupKind).WithName(name)
+}
+
+// boundRole is a Role and the RoleBinding of the same name that grants it,
+// in one namespace.
+type boundRole struct {
+	namespace, name string
+	rules           []*rbacv1ac.PolicyRuleApplyConfiguration
+	subjects        []*rbacv1ac.SubjectApplyConfiguration
+}
+
+// gatewayConfigAccess lets every node's data path read the gateway's
+// configuration, and no other Secret: it holds the listeners' TLS keys,
+// which every node serves. A list or watch passes only with a field
+// selector on that one name.
+func gatewayConfigAccess() boundRole {
+	return boundRole{
+		namespace: metav1.NamespaceSystem,
+		name:      controllerRole + ":gateway",
+		rules: []*rbacv1ac.PolicyRuleApplyConfiguration{
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").WithResourceNames(gateway.ConfigSecret).WithVerbs("get", "list", "watch"),
+		},
+		subjects: []*rbacv1ac.SubjectApplyConfiguration{group(pki.ControllerGroup)},
+	}
+}
+
+func (r boundRole) apply(ctx context.Context, c kubernetes.Interface) error {
+	role := rbacv1ac.Role(r.name, r.namespace).WithRules(r.rules...)
+	if _, err := c.RbacV1().Roles(r.namespace).Apply(ctx, role, applyOptions()); err != nil {
+		return fmt.Errorf("apply Role %s/%s: %w", r.namespace, r.name, err)
+	}
+	binding := rbacv1ac.RoleBinding(r.name, r.namespace).
+		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(r.name)).
+		WithSubjects(r.subjects...)
+	if _, err := c.RbacV1().RoleBindings(r.namespace).Apply(ctx, binding, applyOptions()); err != nil {
+		return fmt.Errorf("apply RoleBinding %s/%s: %w", r.namespace, r.name, err)
+	}
+	return nil
 }

@@ -131,8 +131,8 @@ func TestApplyUpgradesAnOlderClusterRole(t *testing.T) {
 	if !slices.ContainsFunc(got.Rules, func(r rbacv1.PolicyRule) bool { return reflect.DeepEqual(r, nodesRule) }) {
 		t.Errorf("ClusterRole %s after Apply has rules %+v, without %+v", controllerRole, got.Rules, nodesRule)
 	}
-	if len(got.Rules) != 3 {
-		t.Errorf("ClusterRole %s after Apply has %d rules, want 3: %+v", controllerRole, len(got.Rules), got.Rules)
+	if len(got.Rules) != 4 {
+		t.Errorf("ClusterRole %s after Apply has %d rules, want 4: %+v", controllerRole, len(got.Rules), got.Rules)
 	}
 }
 
@@ -169,6 +169,8 @@ func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
 		"ClusterRole /system:kelp-controller",
 		"ClusterRoleBinding /kelp:supervisor",
 		"ClusterRoleBinding /system:kelp-controller",
+		"Role kube-system/system:kelp-controller:gateway",
+		"RoleBinding kube-system/system:kelp-controller:gateway",
 		"ValidatingAdmissionPolicy /" + NodesPolicy,
 		"ValidatingAdmissionPolicy /" + VolumesPolicy,
 		"ValidatingAdmissionPolicyBinding /" + NodesPolicy,
@@ -189,6 +191,11 @@ func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
 	join := got["ClusterRoleBinding /kelp:supervisor"].(*rbacv1.ClusterRoleBinding)
 	if len(join.Subjects) != 2 || join.Subjects[0].Name != "system:unauthenticated" || join.Subjects[1].Name != "system:authenticated" {
 		t.Errorf("kelp:supervisor is bound to %+v, want everyone", join.Subjects)
+	}
+	gatewayRole := got["Role kube-system/system:kelp-controller:gateway"].(*rbacv1.Role)
+	wantRules := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"kelp-gateway"}, Verbs: []string{"get", "list", "watch"}}}
+	if !reflect.DeepEqual(gatewayRole.Rules, wantRules) {
+		t.Errorf("the nodes' gateway Role grants %+v, want the one Secret: %+v", gatewayRole.Rules, wantRules)
 	}
 	controllers := got["ClusterRoleBinding /system:kelp-controller"].(*rbacv1.ClusterRoleBinding)
 	wantSubjects := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:kelp-controllers"}}
@@ -225,8 +232,8 @@ func TestApplyAcceptsKubeDNSAtTheClusterDNSAddress(t *testing.T) {
 		if err := Apply(context.Background(), c, withDNS); err != nil {
 			t.Errorf("Apply with kube-dns %v: %v", existing, err)
 		}
-		if got := len(objects(t, c)); got != 9+len(existing) {
-			t.Errorf("Apply with kube-dns %v left %d objects, want kelp's 9 and the Service", existing, got)
+		if got := len(objects(t, c)); got != 11+len(existing) {
+			t.Errorf("Apply with kube-dns %v left %d objects, want kelp's 11 and the Service", existing, got)
 		}
 	}
 }

@@ -1,0 +1,321 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"reflect"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gatewayinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+)
+
+// fieldManager is systemobjects.FieldManager, kelp's, which that package
+// cannot export to this one: it grants the nodes this package's Secret.
+const fieldManager = "kelp"
+
+// syncKey is the one key of the controller's queue: every change
+// recompiles everything, which at a homelab's scale costs less than
+// tracking what depends on what.
+const syncKey = "sync"
+
+// Controller compiles the cluster's Gateway API objects, writes their
+// status and publishes the data path's Config.
+type Controller struct {
+	kube    kubernetes.Interface
+	gateway gatewayclient.Interface
+
+	kubeInformers    informers.SharedInformerFactory
+	gatewayInformers gatewayinformers.SharedInformerFactory
+	queue            workqueue.TypedRateLimitingInterface[string]
+	// published is the Config last written to the Secret.
+	published []byte
+}
+
+// Run writes status and the data path's Config until ctx ends.
+func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interface) error {
+	c := &Controller{
+		kube:             kube,
+		gateway:          gw,
+		kubeInformers:    informers.NewSharedInformerFactory(kube, 0),
+		gatewayInformers: gatewayinformers.NewSharedInformerFactory(gw, 0),
+		queue:            workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+	}
+	defer c.queue.ShutDown()
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.queue.Add(syncKey) },
+		UpdateFunc: func(any, any) { c.queue.Add(syncKey) },
+		DeleteFunc: func(any) { c.queue.Add(syncKey) },
+	}
+	var synced []cache.InformerSynced
+	for _, i := range []cache.SharedIndexInformer{
+		c.gatewayInformers.Gateway().V1().GatewayClasses().Informer(),
+		c.gatewayInformers.Gateway().V1().Gateways().Informer(),
+		c.gatewayInformers.Gateway().V1().HTTPRoutes().Informer(),
+		c.gatewayInformers.Gateway().V1beta1().ReferenceGrants().Informer(),
+		c.kubeInformers.Core().V1().Services().Informer(),
+		c.kubeInformers.Core().V1().Secrets().Informer(),
+		c.kubeInformers.Core().V1().Namespaces().Informer(),
+		c.kubeInformers.Core().V1().Nodes().Informer(),
+	} {
+		if _, err := i.AddEventHandler(handler); err != nil {
+			return err
+		}
+		synced = append(synced, i.HasSynced)
+	}
+	c.kubeInformers.Start(ctx.Done())
+	c.gatewayInformers.Start(ctx.Done())
+	defer c.kubeInformers.Shutdown()
+	defer c.gatewayInformers.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return nil
+	}
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	c.queue.Add(syncKey)
+	for {
+		key, shutdown := c.queue.Get()
+		if shutdown {
+			return nil
+		}
+		if err := c.sync(ctx); err != nil && ctx.Err() == nil {
+			log.WithError(err).Warn("gateway status; trying again")
+			c.queue.AddRateLimited(key)
+		} else {
+			c.queue.Forget(key)
+		}
+		c.queue.Done(key)
+	}
+}
+
+func (c *Controller) objects() (Objects, error) {
+	var o Objects
+	var err error
+	everything := labels.Everything()
+	gw := c.gatewayInformers.Gateway()
+	if o.GatewayClasses, err = gw.V1().GatewayClasses().Lister().List(everything); err != nil {
+		return o, err
+	}
+	if o.Gateways, err = gw.V1().Gateways().Lister().List(everything); err != nil {
+		return o, err
+	}
+	if o.HTTPRoutes, err = gw.V1().HTTPRoutes().Lister().List(everything); err != nil {
+		return o, err
+	}
+	if o.ReferenceGrants, err = gw.V1beta1().ReferenceGrants().Lister().List(everything); err != nil {
+		return o, err
+	}
+	core := c.kubeInformers.Core().V1()
+	if o.Services, err = core.Services().Lister().List(everything); err != nil {
+		return o, err
+	}
+	secrets, err := core.Secrets().Lister().List(everything)
+	if err != nil {
+		return o, err
+	}
+	for _, s := range secrets {
+		if s.Type == corev1.SecretTypeTLS || s.Data[corev1.TLSCertKey] != nil {
+			o.Secrets = append(o.Secrets, s)
+		}
+	}
+	if o.Namespaces, err = core.Namespaces().Lister().List(everything); err != nil {
+		return o, err
+	}
+	if o.Nodes, err = core.Nodes().Lister().List(everything); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+func (c *Controller) sync(ctx context.Context) error {
+	objs, err := c.objects()
+	if err != nil {
+		return err
+	}
+	cfg, st := Compile(objs)
+	if err := c.publish(ctx, cfg); err != nil {
+		return err
+	}
+	var firstErr error
+	keep := func(err error) {
+		if err != nil && firstErr == nil && !apierrors.IsNotFound(err) {
+			firstErr = err
+		}
+	}
+	for _, gc := range objs.GatewayClasses {
+		if s, ok := st.GatewayClasses[gc.Name]; ok {
+			keep(c.writeClass(ctx, gc, s))
+		}
+	}
+	for _, gw := range objs.Gateways {
+		if s, ok := st.Gateways[nameOf(gw)]; ok {
+			keep(c.writeGateway(ctx, gw, s))
+		}
+	}
+	for _, r := range objs.HTTPRoutes {
+		keep(c.writeRoute(ctx, r, st.HTTPRoutes[nameOf(r)]))
+	}
+	return firstErr
+}
+
+// publish writes cfg to the Secret the nodes read, when it changed.
+func (c *Controller) publish(ctx context.Context, cfg Config) error {
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	if string(data) == string(c.published) {
+		return nil
+	}
+	secret := corev1ac.Secret(ConfigSecret, metav1.NamespaceSystem).
+		WithType(corev1.SecretTypeOpaque).
+		WithData(map[string][]byte{ConfigKey: data})
+	if _, err := c.kube.CoreV1().Secrets(metav1.NamespaceSystem).Apply(ctx, secret, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+		return fmt.Errorf("publish the gateway configuration in the Secret %s/%s: %w", metav1.NamespaceSystem, ConfigSecret, err)
+	}
+	c.published = data
+	return nil
+}
+
+// mergeConditions returns want with the LastTransitionTime of old
+// conditions whose status did not change, and now for the others.
+func mergeConditions(old, want []metav1.Condition) []metav1.Condition {
+	out := make([]metav1.Condition, 0, len(want))
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	for _, w := range want {
+		w.LastTransitionTime = now
+		if o := apimeta.FindStatusCondition(old, w.Type); o != nil && o.Status == w.Status {
+			w.LastTransitionTime = o.LastTransitionTime
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+func (c *Controller) writeClass(ctx context.Context, gc *gatewayv1.GatewayClass, want gatewayv1.GatewayClassStatus) error {
+	want.Conditions = mergeConditions(gc.Status.Conditions, want.Conditions)
+	want.SupportedFeatures = gc.Status.SupportedFeatures
+	if reflect.DeepEqual(gc.Status, want) {
+		return nil
+	}
+	gc = gc.DeepCopy()
+	gc.Status = want
+	_, err := c.gateway.GatewayV1().GatewayClasses().UpdateStatus(ctx, gc, metav1.UpdateOptions{})
+	return err
+}
+
+func (c *Controller) writeGateway(ctx context.Context, gw *gatewayv1.Gateway, want gatewayv1.GatewayStatus) error {
+	want.Conditions = mergeConditions(gw.Status.Conditions, want.Conditions)
+	for i := range want.Listeners {
+		var old []metav1.Condition
+		for _, l := range gw.Status.Listeners {
+			if l.Name == want.Listeners[i].Name {
+				old = l.Conditions
+			}
+		}
+		want.Listeners[i].Conditions = mergeConditions(old, want.Listeners[i].Conditions)
+	}
+	if reflect.DeepEqual(gw.Status, want) {
+		return nil
+	}
+	gw = gw.DeepCopy()
+	gw.Status = want
+	_, err := c.gateway.GatewayV1().Gateways(gw.Namespace).UpdateStatus(ctx, gw, metav1.UpdateOptions{})
+	return err
+}
+
+// writeRoute sets kelp's entries of the route's status.parents, keeping
+// those of other controllers.
+func (c *Controller) writeRoute(ctx context.Context, r *gatewayv1.HTTPRoute, want []gatewayv1.RouteParentStatus) error {
+	var parents []gatewayv1.RouteParentStatus
+	for _, p := range r.Status.Parents {
+		if p.ControllerName != ControllerName {
+			parents = append(parents, p)
+		}
+	}
+	for _, w := range want {
+		var old []metav1.Condition
+		for _, p := range r.Status.Parents {
+			if p.ControllerName == ControllerName && reflect.DeepEqual(p.ParentRef, w.ParentRef) {
+				old = p.Conditions
+			}
+		}
+		w.Conditions = mergeConditions(old, w.Conditions)
+		parents = append(parents, w)
+	}
+	if parents == nil {
+		parents = []gatewayv1.RouteParentStatus{}
+	}
+	if equalParents(r.Status.Parents, parents) {
+		return nil
+	}
+	r = r.DeepCopy()
+	r.Status.Parents = parents
+	_, err := c.gateway.GatewayV1().HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
+	return err
+}
+
+func equalParents(a, b []gatewayv1.RouteParentStatus) bool {
+	if len(a) == 0 && len(b) == 0 {
+		return true
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+// ControllerConfig is what the server's controller needs.
+type ControllerConfig struct {
+	// Kubeconfig is the admin's: status of any namespace's objects, and
+	// the Secrets that hold listeners' certificates.
+	Kubeconfig string
+	// CRDs are the Gateway API CRDs to apply first (embed.GatewayCRDs).
+	CRDs fs.FS
+	// LeaderElection makes the servers that share a datastore take turns.
+	LeaderElection bool
+}
+
+// RunController applies the CRDs and the GatewayClass kelp, then runs the
+// controller until ctx ends (while this server leads, with
+// LeaderElection).
+func RunController(ctx context.Context, cfg ControllerConfig) error {
+	rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("load %s: %w", cfg.Kubeconfig, err)
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	ext, err := apiextensionsclient.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	gw, err := gatewayclient.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	if err := Install(ctx, ext, gw, cfg.CRDs); err != nil {
+		return err
+	}
+	run := func(ctx context.Context) error { return Run(ctx, kube, gw) }
+	if !cfg.LeaderElection {
+		return run(ctx)
+	}
+	return lead(ctx, kube, run)
+}

@@ -1,0 +1,83 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	gatewayv1ac "sigs.k8s.io/gateway-api/applyconfiguration/apis/v1"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	"sigs.k8s.io/yaml"
+)
+
+// Install applies the Gateway API CRDs (one YAML file each in crds), waits
+// until the apiserver serves them, and applies the GatewayClass kelp: a
+// newer kelp's CRDs and class reach an older cluster at its first start.
+func Install(ctx context.Context, ext apiextensionsclient.Interface, gw gatewayclient.Interface, crds fs.FS) error {
+	files, err := fs.Glob(crds, "*.yaml")
+	if err != nil {
+		return err
+	}
+	if len(files) == 0 {
+		return fmt.Errorf("kelp carries no Gateway API CRDs: it was built without scripts/gateway-crds.sh (scripts/build.sh runs it)")
+	}
+	force := true
+	var names []string
+	for _, f := range files {
+		raw, err := fs.ReadFile(crds, f)
+		if err != nil {
+			return err
+		}
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := yaml.Unmarshal(raw, &crd); err != nil {
+			return fmt.Errorf("Gateway API CRD %s: %w", f, err)
+		}
+		body, err := yaml.YAMLToJSON(raw)
+		if err != nil {
+			return fmt.Errorf("Gateway API CRD %s: %w", f, err)
+		}
+		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Patch(ctx, crd.Name, types.ApplyPatchType, body,
+			metav1.PatchOptions{FieldManager: fieldManager, Force: &force}); err != nil {
+			return fmt.Errorf("apply the CustomResourceDefinition %s: %w", crd.Name, err)
+		}
+		names = append(names, crd.Name)
+	}
+	for _, name := range names {
+		if err := waitEstablished(ctx, ext, name); err != nil {
+			return err
+		}
+	}
+	class := gatewayv1ac.GatewayClass(ClassName).
+		WithSpec(gatewayv1ac.GatewayClassSpec().
+			WithControllerName(ControllerName).
+			WithDescription("kelp's built-in Gateway, served by every node"))
+	if _, err := gw.GatewayV1().GatewayClasses().Apply(ctx, class, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+		return fmt.Errorf("apply the GatewayClass %s: %w", ClassName, err)
+	}
+	return nil
+}
+
+func waitEstablished(ctx context.Context, c apiextensionsclient.Interface, name string) error {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		crd, err := c.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cond := range crd.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the CustomResourceDefinition %s is not established: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,445 @@
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	stdlog "log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// ConfigSecret is the Secret (in kube-system) the controller publishes the
+// data path's Config in, under ConfigKey.
+const (
+	ConfigSecret = "kelp-gateway"
+	ConfigKey    = "config.json"
+)
+
+var log = logrus.WithField("component", "gateway")
+
+// retryListen is how often the data path tries again a port it could not
+// listen on.
+const retryListen = 30 * time.Second
+
+// serviceIndex indexes EndpointSlices by namespace/service.
+const serviceIndex = "service"
+
+// ServeConfig is what a node's data path needs.
+type ServeConfig struct {
+	// NodeName is the node's: it reports the ports it cannot listen on in
+	// an annotation of its own Node.
+	NodeName string
+	// ListenHost is the address listeners bind; empty: every address.
+	ListenHost string
+}
+
+// Serve runs the node's data path until ctx ends: it reads the Secret
+// ConfigSecret and EndpointSlices with client (the node's controller
+// identity), listens on each port of the config and proxies requests as
+// it says.
+func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) error {
+	d := &dataPath{client: client, cfg: cfg, servers: map[int32]*portServer{}, changed: make(chan struct{}, 1)}
+	d.transport = &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	d.current.Store(&compiled{regexps: newRegexpCache(Config{})})
+	// The servers' own errors (a client's failed TLS handshake) are
+	// nothing an operator acts on.
+	errWriter := log.WriterLevel(logrus.DebugLevel)
+	defer errWriter.Close()
+	d.errorLog = stdlog.New(errWriter, "", 0)
+
+	secrets := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(metav1.NamespaceSystem),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigSecret).String()
+		}))
+	si := secrets.Core().V1().Secrets().Informer()
+	notify := func() {
+		select {
+		case d.changed <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := si.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { notify() },
+		UpdateFunc: func(any, any) { notify() },
+		DeleteFunc: func(any) { notify() },
+	}); err != nil {
+		return err
+	}
+	endpointSlices := informers.NewSharedInformerFactory(client, 0)
+	ei := endpointSlices.Discovery().V1().EndpointSlices().Informer()
+	if err := ei.AddIndexers(cache.Indexers{serviceIndex: func(obj any) ([]string, error) {
+		s, ok := obj.(*discoveryv1.EndpointSlice)
+		if !ok || s.Labels[discoveryv1.LabelServiceName] == "" {
+			return nil, nil
+		}
+		return []string{s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]}, nil
+	}}); err != nil {
+		return err
+	}
+	d.endpoints = ei.GetIndexer()
+	secrets.Start(ctx.Done())
+	endpointSlices.Start(ctx.Done())
+	defer secrets.Shutdown()
+	defer endpointSlices.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), si.HasSynced, ei.HasSynced) {
+		return nil
+	}
+	d.secrets = si.GetStore()
+	defer d.closeAll()
+	tick := time.NewTicker(retryListen)
+	defer tick.Stop()
+	notify()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-d.changed:
+			d.load()
+		case <-tick.C:
+		}
+		d.listen(ctx)
+	}
+}
+
+// compiled is a Config ready to serve.
+type compiled struct {
+	cfg     Config
+	ports   map[int32]*Port
+	certs   map[int32]map[string]*tls.Certificate // by host name
+	regexps *regexpCache
+}
+
+type dataPath struct {
+	client    kubernetes.Interface
+	cfg       ServeConfig
+	transport http.RoundTripper
+	errorLog  *stdlog.Logger
+	secrets   cache.Store
+	endpoints cache.Indexer
+	current   atomic.Pointer[compiled]
+	changed   chan struct{}
+
+	mu      sync.Mutex
+	servers map[int32]*portServer
+	// reported is the value of the unavailable-ports annotation last
+	// written; nil before the first write.
+	reported *string
+	failed   map[int32]string
+}
+
+type portServer struct {
+	protocol string
+	srv      *http.Server
+}
+
+// load reads the Secret into d.current.
+func (d *dataPath) load() {
+	var cfg Config
+	obj, ok, _ := d.secrets.GetByKey(metav1.NamespaceSystem + "/" + ConfigSecret)
+	if ok {
+		s := obj.(*corev1.Secret)
+		if err := json.Unmarshal(s.Data[ConfigKey], &cfg); err != nil {
+			log.WithError(err).Warn("the gateway configuration in the Secret kube-system/kelp-gateway is not valid; keeping the last one")
+			return
+		}
+	}
+	c := &compiled{cfg: cfg, ports: map[int32]*Port{}, certs: map[int32]map[string]*tls.Certificate{}, regexps: newRegexpCache(cfg)}
+	for i := range cfg.Ports {
+		p := &cfg.Ports[i]
+		c.ports[p.Port] = p
+		c.certs[p.Port] = map[string]*tls.Certificate{}
+		for _, h := range p.Hosts {
+			if h.Cert == nil {
+				continue
+			}
+			pair, err := tls.X509KeyPair(h.Cert.Cert, h.Cert.Key)
+			if err != nil {
+				log.WithError(err).WithField("port", p.Port).Warnf("certificate of host %q", h.Hostname)
+				continue
+			}
+			c.certs[p.Port][h.Hostname] = &pair
+		}
+	}
+	d.current.Store(c)
+}
+
+// listen makes the listening ports those of the current config.
+func (d *dataPath) listen(ctx context.Context) {
+	c := d.current.Load()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for port, s := range d.servers {
+		if p, ok := c.ports[port]; !ok || p.Protocol != s.protocol {
+			_ = s.srv.Close()
+			delete(d.servers, port)
+		}
+	}
+	failed := map[int32]string{}
+	for port, p := range c.ports {
+		if _, ok := d.servers[port]; ok {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(d.cfg.ListenHost, strconv.Itoa(int(port))))
+		if err != nil {
+			failed[port] = err.Error()
+			if _, was := d.failed[port]; !was {
+				log.WithError(err).Errorf("cannot listen on port %d for the Gateway API: its listeners are not served on this node until the port is free", port)
+			}
+			continue
+		}
+		if _, was := d.failed[port]; was {
+			log.Infof("listening on port %d for the Gateway API", port)
+		}
+		srv := &http.Server{Handler: d.handler(port, p.Protocol == "HTTPS"), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.errorLog}
+		if p.Protocol == "HTTPS" {
+			srv.TLSConfig = &tls.Config{GetCertificate: d.certificate(port), MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
+			ln = tls.NewListener(ln, srv.TLSConfig)
+		}
+		d.servers[port] = &portServer{protocol: p.Protocol, srv: srv}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.WithError(err).Warnf("port %d stopped serving", port)
+			}
+		}()
+	}
+	d.failed = failed
+	d.report(ctx, failed)
+}
+
+// report publishes the ports this node cannot listen on, for the
+// controller to show in the listeners' status.
+func (d *dataPath) report(ctx context.Context, failed map[int32]string) {
+	var ports []string
+	for p := range failed {
+		ports = append(ports, strconv.Itoa(int(p)))
+	}
+	slices.Sort(ports)
+	value := strings.Join(ports, ",")
+	if d.reported != nil && *d.reported == value {
+		return
+	}
+	var v any = value
+	if value == "" {
+		v = nil
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{UnavailablePortsAnnotation: v}}})
+	if _, err := d.client.CoreV1().Nodes().Patch(ctx, d.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "kelp-gateway"}); err != nil {
+		log.WithError(err).Warn("could not report the ports this node cannot listen on; trying again")
+		return
+	}
+	d.reported = &value
+}
+
+func (d *dataPath) closeAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for port, s := range d.servers {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = s.srv.Shutdown(ctx)
+		cancel()
+		delete(d.servers, port)
+	}
+}
+
+// certificate chooses the certificate of an HTTPS port by SNI, from the
+// current config: a Secret's update reaches new connections at once and
+// leaves open ones as they are.
+func (d *dataPath) certificate(port int32) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		c := d.current.Load()
+		p := c.ports[port]
+		if p == nil {
+			return nil, fmt.Errorf("port %d is not served", port)
+		}
+		h := matchHost(p.Hosts, strings.ToLower(hello.ServerName))
+		if h != nil {
+			if cert := c.certs[port][h.Hostname]; cert != nil {
+				return cert, nil
+			}
+		}
+		// No listener for the name: any certificate of the port, so that
+		// the client can tell what it reached.
+		for _, h := range p.Hosts {
+			if cert := c.certs[port][h.Hostname]; cert != nil {
+				return cert, nil
+			}
+		}
+		return nil, fmt.Errorf("no certificate on port %d for %q", port, hello.ServerName)
+	}
+}
+
+// handler routes the requests of one port.
+func (d *dataPath) handler(port int32, https bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := d.current.Load()
+		p := c.ports[port]
+		host := strings.ToLower(r.Host)
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		var h *Host
+		if p != nil {
+			h = matchHost(p.Hosts, host)
+		}
+		if h == nil {
+			http.Error(w, "no listener for this host", http.StatusNotFound)
+			return
+		}
+		rt := matchRoute(h.Routes, r, host, c.regexps)
+		if rt == nil {
+			http.Error(w, "no route matches this request", http.StatusNotFound)
+			return
+		}
+		if rt.Redirect != nil {
+			redirectTo(w, r, rt, port, https, host)
+			return
+		}
+		b := pickBackend(rt.Backends)
+		if b == nil || b.Invalid {
+			http.Error(w, "the route's backend is not valid: see the HTTPRoute's status", http.StatusInternalServerError)
+			return
+		}
+		addr := d.endpoint(b)
+		if addr == "" {
+			http.Error(w, "no ready endpoint for the route's backend", http.StatusServiceUnavailable)
+			return
+		}
+		d.proxy(w, r, rt, b, addr, https)
+	})
+}
+
+// endpoint picks one ready endpoint of the backend, host:port.
+func (d *dataPath) endpoint(b *Backend) string {
+	objs, _ := d.endpoints.ByIndex(serviceIndex, b.Namespace+"/"+b.Service)
+	var addrs []string
+	for _, o := range objs {
+		s := o.(*discoveryv1.EndpointSlice)
+		var port int32
+		found := false
+		for _, p := range s.Ports {
+			if p.Port != nil && ptrOr(p.Name, "") == b.PortName {
+				port, found = *p.Port, true
+			}
+		}
+		if !found {
+			continue
+		}
+		for _, e := range s.Endpoints {
+			if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+				continue
+			}
+			for _, a := range e.Addresses {
+				addrs = append(addrs, net.JoinHostPort(a, strconv.Itoa(int(port))))
+			}
+		}
+	}
+	if len(addrs) == 0 {
+		return ""
+	}
+	return addrs[randN(len(addrs))]
+}
+
+func (d *dataPath) proxy(w http.ResponseWriter, r *http.Request, rt *Route, b *Backend, addr string, https bool) {
+	rp := &httputil.ReverseProxy{
+		Transport: d.transport,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = addr
+			pr.Out.Host = pr.In.Host
+			if rt.Rewrite != nil {
+				if rt.Rewrite.Hostname != "" {
+					pr.Out.Host = rt.Rewrite.Hostname
+				}
+				if m := rt.Rewrite.Path; m != nil {
+					pr.Out.URL.Path = modifyPath(m, rt.Path, pr.In.URL.Path)
+					pr.Out.URL.RawPath = ""
+				}
+			}
+			pr.SetXForwarded()
+			applyHeaders(pr.Out.Header, rt.Request)
+			applyHeaders(pr.Out.Header, b.Request)
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			applyHeaders(resp.Header, rt.Response)
+			applyHeaders(resp.Header, b.Response)
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.WithError(err).WithField("route", rt.Name).Debug("proxy")
+			http.Error(w, "the backend did not answer", http.StatusBadGateway)
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+func modifyPath(m *PathModifier, match PathMatch, path string) string {
+	switch {
+	case m.Full != nil:
+		return *m.Full
+	case m.Prefix != nil && match.Type == PathPrefix:
+		return replacePrefix(path, match.Value, *m.Prefix)
+	}
+	return path
+}
+
+func redirectTo(w http.ResponseWriter, r *http.Request, rt *Route, port int32, https bool, host string) {
+	rd := rt.Redirect
+	scheme := "http"
+	if https {
+		scheme = "https"
+	}
+	redirectPort := port
+	if rd.Scheme != "" {
+		scheme = rd.Scheme
+		redirectPort = 0
+		if rd.Scheme == "https" {
+			redirectPort = 443
+		} else if rd.Scheme == "http" {
+			redirectPort = 80
+		}
+	}
+	if rd.Port != 0 {
+		redirectPort = rd.Port
+	}
+	if rd.Hostname != "" {
+		host = rd.Hostname
+	}
+	hostPort := host
+	if redirectPort != 0 && !(scheme == "http" && redirectPort == 80) && !(scheme == "https" && redirectPort == 443) {
+		hostPort = net.JoinHostPort(host, strconv.Itoa(int(redirectPort)))
+	}
+	path := r.URL.Path
+	if rd.Path != nil {
+		path = modifyPath(rd.Path, rt.Path, path)
+	}
+	u := url.URL{Scheme: scheme, Host: hostPort, Path: path, RawQuery: r.URL.RawQuery}
+	applyHeaders(w.Header(), rt.Response)
+	w.Header().Set("Location", u.String())
+	w.WriteHeader(rd.Status)
+}

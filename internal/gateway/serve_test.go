@@ -1,0 +1,123 @@
+package gateway
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// testDataPath serves cfg with the backend Service app/svc (port name web)
+// at addr.
+func testDataPath(t *testing.T, cfg Config, addr string) *dataPath {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	p, _ := strconv.Atoi(port)
+	endpoints := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{serviceIndex: func(obj any) ([]string, error) {
+		s := obj.(*discoveryv1.EndpointSlice)
+		return []string{s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]}, nil
+	}})
+	if err := endpoints.Add(&discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "svc-1", Labels: map[string]string{discoveryv1.LabelServiceName: "svc"}},
+		Ports:      []discoveryv1.EndpointPort{{Name: ptr("web"), Port: ptr(int32(p))}},
+		Endpoints:  []discoveryv1.Endpoint{{Addresses: []string{host}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	_ = secrets.Add(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: ConfigSecret}, Data: map[string][]byte{ConfigKey: data}})
+	d := &dataPath{secrets: secrets, endpoints: endpoints, transport: http.DefaultTransport}
+	d.load()
+	return d
+}
+
+func TestHandler(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Path", r.URL.Path)
+		w.Header().Set("X-Host", r.Host)
+		w.Header().Set("X-Req-A", r.Header.Get("A"))
+		w.Header().Set("X-Req-Gone", r.Header.Get("Gone"))
+		w.Header().Set("Drop-Me", "1")
+		_, _ = io.WriteString(w, "backend")
+	}))
+	defer backend.Close()
+	u, _ := url.Parse(backend.URL)
+	svc := Backend{Weight: 1, Namespace: "app", Service: "svc", PortName: "web", Port: 80}
+	cfg := Config{Ports: []Port{{Port: 80, Protocol: "HTTP", Hosts: []Host{{Routes: []Route{
+		{Name: "app/redirect", Path: PathMatch{Type: PathPrefix, Value: "/old"}, Redirect: &Redirect{Scheme: "https", Path: &PathModifier{Prefix: ptr("/new")}, Status: 301}},
+		{Name: "app/redirect-port", Path: PathMatch{Type: PathPrefix, Value: "/port"}, Redirect: &Redirect{Hostname: "other.example", Port: 8443, Status: 302}},
+		{Name: "app/rewrite", Path: PathMatch{Type: PathPrefix, Value: "/api"}, Rewrite: &Rewrite{Hostname: "internal", Path: &PathModifier{Prefix: ptr("/v1")}}, Backends: []Backend{svc}},
+		{Name: "app/invalid", Path: PathMatch{Type: PathPrefix, Value: "/broken"}, Backends: []Backend{{Weight: 1, Invalid: true}}},
+		{Name: "app/none", Path: PathMatch{Type: PathPrefix, Value: "/nobackend"}},
+		{Name: "app/root", Path: PathMatch{Type: PathPrefix, Value: "/"},
+			Request:  &HeaderFilter{Set: []Header{{Name: "A", Value: "set"}}, Remove: []string{"Gone"}},
+			Response: &HeaderFilter{Add: []Header{{Name: "X-Added", Value: "yes"}}, Remove: []string{"Drop-Me"}},
+			Backends: []Backend{svc}},
+	}}}}}}
+	d := testDataPath(t, cfg, u.Host)
+	h := d.handler(80, false)
+	do := func(target string, hdr map[string]string) *http.Response {
+		r := httptest.NewRequest("GET", target, nil)
+		for k, v := range hdr {
+			r.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Result()
+	}
+	for _, tt := range []struct {
+		target   string
+		hdr      map[string]string
+		code     int
+		location string
+		headers  map[string]string
+	}{
+		{"http://example.com/old/page?x=1", nil, 301, "https://example.com/new/page?x=1", nil},
+		{"http://example.com:80/port/a", nil, 302, "http://other.example:8443/port/a", nil},
+		{"http://example.com/api/users", nil, 200, "", map[string]string{"X-Path": "/v1/users", "X-Host": "internal"}},
+		{"http://example.com/broken", nil, 500, "", nil},
+		{"http://example.com/nobackend", nil, 500, "", nil},
+		{"http://example.com/x", map[string]string{"A": "client", "Gone": "1"}, 200, "", map[string]string{"X-Req-A": "set", "X-Req-Gone": "", "X-Added": "yes", "Drop-Me": "", "X-Path": "/x"}},
+	} {
+		resp := do(tt.target, tt.hdr)
+		if resp.StatusCode != tt.code {
+			t.Errorf("%s: %d, want %d", tt.target, resp.StatusCode, tt.code)
+			continue
+		}
+		if got := resp.Header.Get("Location"); got != tt.location {
+			t.Errorf("%s: Location %q, want %q", tt.target, got, tt.location)
+		}
+		for k, v := range tt.headers {
+			if got := resp.Header.Get(k); got != v {
+				t.Errorf("%s: %s = %q, want %q", tt.target, k, got, v)
+			}
+		}
+	}
+}
+
+func TestPickBackendWeights(t *testing.T) {
+	backends := []Backend{{Service: "a", Weight: 3}, {Service: "b", Weight: 1}, {Service: "zero", Weight: 0}}
+	seen := map[string]int{}
+	for range 4000 {
+		seen[pickBackend(backends).Service]++
+	}
+	if seen["zero"] != 0 || seen["a"] < 2700 || seen["a"] > 3300 {
+		t.Errorf("picked %v of 4000, want about 3000 a, 1000 b, no zero", seen)
+	}
+	if pickBackend(nil) != nil {
+		t.Error("a backend out of none")
+	}
+}
