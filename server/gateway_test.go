@@ -116,14 +116,25 @@ spec:
     - type: ResponseHeaderModifier
       responseHeaderModifier: {set: [{name: X-Gateway, value: alt}]}
     backendRefs: [{name: app, port: 80}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: app}
+spec:
+  ingressClassName: kelp
+  rules:
+  - host: ingress.example.test
+    http:
+      paths: [{path: /, pathType: Prefix, backend: {service: {name: app, port: {name: web}}}}]
 `
 
 // TestGateway runs a server with its node and reaches an app through the
 // Gateway API from outside the node: by hostname over HTTP and HTTPS, on
 // a second Gateway's port, a route to a missing Service answering 500
 // with BackendNotFound in its status while the others serve, a port
-// already in use reported on its listener, and a TLS Secret rotated: new
-// connections get the new certificate, an open one keeps working.
+// already in use reported on its listener, an Ingress of the class kelp,
+// and a TLS Secret rotated: new connections get the new certificate, an
+// open one keeps working.
 func TestGateway(t *testing.T) {
 	t.Parallel()
 	n := testcluster.NewNode(t)
@@ -202,6 +213,16 @@ func TestGateway(t *testing.T) {
 		if code, _, _, err := get("http://"+net.JoinHostPort(addr, "80")+"/", "other.example.test"); err != nil || code != http.StatusNotFound {
 			t.Errorf("another host: %d %v, want 404", code, err)
 		}
+	})
+	t.Run("Ingress of the class kelp", func(t *testing.T) {
+		eventually(t, "the app through the Ingress", func() (bool, error) {
+			code, _, body, err := get("http://"+net.JoinHostPort(addr, "80")+"/", "ingress.example.test")
+			return err == nil && code == http.StatusOK && strings.HasPrefix(body, "app-"), nil
+		})
+		eventually(t, "the Ingress's address", func() (bool, error) {
+			ing, err := c.NetworkingV1().Ingresses("default").Get(context.Background(), "app", metav1.GetOptions{})
+			return err == nil && len(ing.Status.LoadBalancer.Ingress) == 1 && ing.Status.LoadBalancer.Ingress[0].IP == addr, nil
+		})
 	})
 	t.Run("missing Service answers 500", func(t *testing.T) {
 		code, _, _, err := get("http://"+net.JoinHostPort(addr, "80")+"/missing/x", "app.example.test")

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -52,6 +53,8 @@ type Objects struct {
 	Services        []*corev1.Service
 	Secrets         []*corev1.Secret
 	Namespaces      []*corev1.Namespace
+	// Ingresses of the class kelp are served beside the Gateways.
+	Ingresses []*networkingv1.Ingress
 	// Nodes serve every Gateway: their addresses are the Gateways'
 	// addresses, and a port one of them cannot listen on is unavailable.
 	Nodes []*corev1.Node
@@ -65,6 +68,8 @@ type Status struct {
 	Gateways       map[types.NamespacedName]gatewayv1.GatewayStatus
 	// HTTPRoutes hold kelp's entries of each route's status.parents.
 	HTTPRoutes map[types.NamespacedName][]gatewayv1.RouteParentStatus
+	// Ingresses hold the addresses of the Ingresses of the class kelp.
+	Ingresses map[types.NamespacedName][]networkingv1.IngressLoadBalancerIngress
 }
 
 // listener is one listener of a Gateway as Compile sees it.
@@ -139,6 +144,7 @@ func Compile(objs Objects) (Config, Status) {
 		GatewayClasses: map[string]gatewayv1.GatewayClassStatus{},
 		Gateways:       map[types.NamespacedName]gatewayv1.GatewayStatus{},
 		HTTPRoutes:     map[types.NamespacedName][]gatewayv1.RouteParentStatus{},
+		Ingresses:      map[types.NamespacedName][]networkingv1.IngressLoadBalancerIngress{},
 	}
 	ours := map[string]bool{}
 	for _, gc := range objs.GatewayClasses {
@@ -146,9 +152,12 @@ func Compile(objs Objects) (Config, Status) {
 			continue
 		}
 		ours[gc.Name] = true
-		st.GatewayClasses[gc.Name] = gatewayv1.GatewayClassStatus{Conditions: []metav1.Condition{
-			cond(gatewayv1.GatewayClassConditionStatusAccepted, true, string(gatewayv1.GatewayClassReasonAccepted), "kelp serves Gateways of this class on every node", gc.Generation),
-		}}
+		st.GatewayClasses[gc.Name] = gatewayv1.GatewayClassStatus{
+			Conditions: []metav1.Condition{
+				cond(gatewayv1.GatewayClassConditionStatusAccepted, true, string(gatewayv1.GatewayClassReasonAccepted), "kelp serves Gateways of this class on every node", gc.Generation),
+			},
+			SupportedFeatures: supportedFeatures(),
+		}
 	}
 
 	var gateways []*gatewayv1.Gateway
@@ -165,6 +174,7 @@ func Compile(objs Objects) (Config, Status) {
 		byGateway[nameOf(gw)] = ls
 		all = append(all, ls...)
 	}
+	all = append(all, c.ingressListeners(objs.Ingresses)...)
 	conflicts(all)
 	for _, l := range all {
 		if nodes := c.unavailable[l.spec.Port]; len(nodes) > 0 && l.accepted {
@@ -186,7 +196,35 @@ func Compile(objs Objects) (Config, Status) {
 	for _, gw := range gateways {
 		st.Gateways[nameOf(gw)] = c.gatewayStatus(gw, byGateway[nameOf(gw)])
 	}
+	for _, ing := range objs.Ingresses {
+		if isKelpIngress(ing) {
+			var lb []networkingv1.IngressLoadBalancerIngress
+			for _, a := range c.addresses() {
+				lb = append(lb, networkingv1.IngressLoadBalancerIngress{IP: a.Value})
+			}
+			st.Ingresses[nameOf(ing)] = lb
+		}
+	}
 	return config(all), st
+}
+
+// supportedFeatures are the conformance features kelp implements (names
+// of sigs.k8s.io/gateway-api/pkg/features), in alphabetical order.
+func supportedFeatures() []gatewayv1.SupportedFeature {
+	names := []gatewayv1.FeatureName{
+		"Gateway", "GatewayHTTPListenerIsolation", "GatewayPort8080",
+		"HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+		"HTTPRouteBackendRequestHeaderModification", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
+		"HTTPRouteParentRefPort", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
+		"HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect",
+		"ReferenceGrant",
+	}
+	slices.Sort(names)
+	out := make([]gatewayv1.SupportedFeature, len(names))
+	for i, n := range names {
+		out[i] = gatewayv1.SupportedFeature{Name: n}
+	}
+	return out
 }
 
 // olderFirst orders objects as the spec's tie-breaks do: the oldest, then
@@ -301,7 +339,7 @@ func (c *compiler) tls(l *listener) {
 	}
 	s := c.secrets[types.NamespacedName{Namespace: ns, Name: string(ref.Name)}]
 	if s == nil {
-		fail(string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("the Secret %s/%s does not exist", ns, ref.Name))
+		fail(string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("no Secret %s/%s of type kubernetes.io/tls: make one with kubectl -n %[1]s create secret tls %[2]s --cert=... --key=...", ns, ref.Name))
 		return
 	}
 	if err := checkCert(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {

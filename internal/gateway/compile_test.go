@@ -13,11 +13,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
+	"sigs.k8s.io/gateway-api/pkg/features"
 )
 
 func meta(ns, name string, age time.Duration) metav1.ObjectMeta {
@@ -528,5 +530,79 @@ func TestIntersect(t *testing.T) {
 		if ok != tt.ok || len(got) != len(tt.want) || (len(got) > 0 && got[0] != tt.want[0]) {
 			t.Errorf("intersect(%q, %v) = %v %v, want %v %v", tt.listener, tt.route, got, ok, tt.want, tt.ok)
 		}
+	}
+}
+
+// The GatewayClass lists features by names the conformance suite knows.
+func TestSupportedFeatures(t *testing.T) {
+	known := features.SetsToNamesSet(features.AllFeatures)
+	for _, f := range supportedFeatures() {
+		if !known.Has(features.FeatureName(f.Name)) {
+			t.Errorf("feature %s is not one of the conformance suite's", f.Name)
+		}
+	}
+}
+
+// An Ingress of the class kelp is served on 80 and, for its tls hosts,
+// 443; one of another class is not.
+func TestCompileIngress(t *testing.T) {
+	cert, key := tlsPair(t)
+	prefixType, exactType := networkingv1.PathTypePrefix, networkingv1.PathTypeExact
+	backend := func(name string, port int32) networkingv1.IngressBackend {
+		return networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: name, Port: networkingv1.ServiceBackendPort{Number: port}}}
+	}
+	ing := &networkingv1.Ingress{ObjectMeta: meta("app", "web", 0), Spec: networkingv1.IngressSpec{
+		IngressClassName: ptr(IngressClassName),
+		DefaultBackend:   ptr(backend("root", 80)),
+		TLS:              []networkingv1.IngressTLS{{Hosts: []string{"a.example.com"}, SecretName: "a-tls"}},
+		Rules: []networkingv1.IngressRule{{Host: "a.example.com", IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{
+			{Path: "/api", PathType: &prefixType, Backend: backend("api", 80)},
+			{Path: "/exact", PathType: &exactType, Backend: backend("missing", 80)},
+		}}}}},
+	}}
+	other := &networkingv1.Ingress{ObjectMeta: meta("app", "other", 0), Spec: networkingv1.IngressSpec{IngressClassName: ptr("nginx"), DefaultBackend: ptr(backend("api", 80))}}
+	cfg, st := Compile(Objects{
+		Ingresses: []*networkingv1.Ingress{ing, other},
+		Services:  []*corev1.Service{service("app", "root"), service("app", "api")},
+		Secrets:   []*corev1.Secret{tlsSecret("app", "a-tls", cert, key)},
+		Nodes:     []*corev1.Node{node("n1", "192.0.2.1", "")},
+	})
+	if got := st.Ingresses[types.NamespacedName{Namespace: "app", Name: "web"}]; len(got) != 1 || got[0].IP != "192.0.2.1" {
+		t.Errorf("Ingress addresses %+v, want the node's", got)
+	}
+	if _, ok := st.Ingresses[types.NamespacedName{Namespace: "app", Name: "other"}]; ok {
+		t.Error("status for an Ingress of another class")
+	}
+	if len(cfg.Ports) != 2 || cfg.Ports[0].Port != 80 || cfg.Ports[1].Port != 443 || cfg.Ports[1].Protocol != "HTTPS" {
+		t.Fatalf("ports %+v, want 80 HTTP and 443 HTTPS", cfg.Ports)
+	}
+	regexps := newRegexpCache(cfg)
+	for _, tt := range []struct {
+		port       int
+		host, path string
+		want       string
+	}{
+		{0, "a.example.com", "/api/x", "api"},
+		{0, "a.example.com", "/exact", "!"},
+		{0, "a.example.com", "/other", "root"},
+		{0, "b.example.com", "/api", "root"},
+		{1, "a.example.com", "/api", "api"},
+	} {
+		p := cfg.Ports[tt.port]
+		got := ""
+		if h := matchHost(p.Hosts, tt.host); h != nil {
+			if rt := matchRoute(h.Routes, httptest.NewRequest("GET", "http://"+tt.host+tt.path, nil), tt.host, regexps); rt != nil {
+				got = rt.Backends[0].Service
+				if rt.Backends[0].Invalid {
+					got = "!"
+				}
+			}
+		}
+		if got != tt.want {
+			t.Errorf("port %d %s%s: routed to %q, want %q", p.Port, tt.host, tt.path, got, tt.want)
+		}
+	}
+	if h := matchHost(cfg.Ports[1].Hosts, "a.example.com"); h == nil || h.Cert == nil {
+		t.Error("no certificate for a.example.com on 443")
 	}
 }

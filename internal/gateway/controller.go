@@ -9,10 +9,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/informers"
@@ -40,7 +42,11 @@ type Controller struct {
 	kube    kubernetes.Interface
 	gateway gatewayclient.Interface
 
-	kubeInformers    informers.SharedInformerFactory
+	kubeInformers informers.SharedInformerFactory
+	// tlsInformers hold only Secrets of type kubernetes.io/tls: a
+	// cluster's other Secrets are no certificates and would only cost
+	// memory here.
+	tlsInformers     informers.SharedInformerFactory
 	gatewayInformers gatewayinformers.SharedInformerFactory
 	queue            workqueue.TypedRateLimitingInterface[string]
 	// published is the Config last written to the Secret.
@@ -50,9 +56,12 @@ type Controller struct {
 // Run writes status and the data path's Config until ctx ends.
 func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interface) error {
 	c := &Controller{
-		kube:             kube,
-		gateway:          gw,
-		kubeInformers:    informers.NewSharedInformerFactory(kube, 0),
+		kube:          kube,
+		gateway:       gw,
+		kubeInformers: informers.NewSharedInformerFactory(kube, 0),
+		tlsInformers: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)).String()
+		})),
 		gatewayInformers: gatewayinformers.NewSharedInformerFactory(gw, 0),
 		queue:            workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 	}
@@ -69,9 +78,10 @@ func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interf
 		c.gatewayInformers.Gateway().V1().HTTPRoutes().Informer(),
 		c.gatewayInformers.Gateway().V1beta1().ReferenceGrants().Informer(),
 		c.kubeInformers.Core().V1().Services().Informer(),
-		c.kubeInformers.Core().V1().Secrets().Informer(),
+		c.tlsInformers.Core().V1().Secrets().Informer(),
 		c.kubeInformers.Core().V1().Namespaces().Informer(),
 		c.kubeInformers.Core().V1().Nodes().Informer(),
+		c.kubeInformers.Networking().V1().Ingresses().Informer(),
 	} {
 		if _, err := i.AddEventHandler(handler); err != nil {
 			return err
@@ -79,6 +89,8 @@ func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interf
 		synced = append(synced, i.HasSynced)
 	}
 	c.kubeInformers.Start(ctx.Done())
+	c.tlsInformers.Start(ctx.Done())
+	defer c.tlsInformers.Shutdown()
 	c.gatewayInformers.Start(ctx.Done())
 	defer c.kubeInformers.Shutdown()
 	defer c.gatewayInformers.Shutdown()
@@ -126,19 +138,16 @@ func (c *Controller) objects() (Objects, error) {
 	if o.Services, err = core.Services().Lister().List(everything); err != nil {
 		return o, err
 	}
-	secrets, err := core.Secrets().Lister().List(everything)
-	if err != nil {
+	if o.Secrets, err = c.tlsInformers.Core().V1().Secrets().Lister().List(everything); err != nil {
 		return o, err
-	}
-	for _, s := range secrets {
-		if s.Type == corev1.SecretTypeTLS || s.Data[corev1.TLSCertKey] != nil {
-			o.Secrets = append(o.Secrets, s)
-		}
 	}
 	if o.Namespaces, err = core.Namespaces().Lister().List(everything); err != nil {
 		return o, err
 	}
 	if o.Nodes, err = core.Nodes().Lister().List(everything); err != nil {
+		return o, err
+	}
+	if o.Ingresses, err = c.kubeInformers.Networking().V1().Ingresses().Lister().List(everything); err != nil {
 		return o, err
 	}
 	return o, nil
@@ -171,6 +180,11 @@ func (c *Controller) sync(ctx context.Context) error {
 	}
 	for _, r := range objs.HTTPRoutes {
 		keep(c.writeRoute(ctx, r, st.HTTPRoutes[nameOf(r)]))
+	}
+	for _, ing := range objs.Ingresses {
+		if lb, ok := st.Ingresses[nameOf(ing)]; ok {
+			keep(c.writeIngress(ctx, ing, lb))
+		}
 	}
 	return firstErr
 }
@@ -211,7 +225,6 @@ func mergeConditions(old, want []metav1.Condition) []metav1.Condition {
 
 func (c *Controller) writeClass(ctx context.Context, gc *gatewayv1.GatewayClass, want gatewayv1.GatewayClassStatus) error {
 	want.Conditions = mergeConditions(gc.Status.Conditions, want.Conditions)
-	want.SupportedFeatures = gc.Status.SupportedFeatures
 	if reflect.DeepEqual(gc.Status, want) {
 		return nil
 	}
@@ -310,7 +323,7 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := Install(ctx, ext, gw, cfg.CRDs); err != nil {
+	if err := Install(ctx, kube, ext, gw, cfg.CRDs); err != nil {
 		return err
 	}
 	run := func(ctx context.Context) error { return Run(ctx, kube, gw) }
@@ -318,4 +331,14 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 		return run(ctx)
 	}
 	return lead(ctx, kube, run)
+}
+
+func (c *Controller) writeIngress(ctx context.Context, ing *networkingv1.Ingress, lb []networkingv1.IngressLoadBalancerIngress) error {
+	if reflect.DeepEqual(ing.Status.LoadBalancer.Ingress, lb) || (len(lb) == 0 && len(ing.Status.LoadBalancer.Ingress) == 0) {
+		return nil
+	}
+	ing = ing.DeepCopy()
+	ing.Status.LoadBalancer.Ingress = lb
+	_, err := c.kube.NetworkingV1().Ingresses(ing.Namespace).UpdateStatus(ctx, ing, metav1.UpdateOptions{})
+	return err
 }

@@ -11,15 +11,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
+	"k8s.io/client-go/kubernetes"
 	gatewayv1ac "sigs.k8s.io/gateway-api/applyconfiguration/apis/v1"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	"sigs.k8s.io/yaml"
 )
 
 // Install applies the Gateway API CRDs (one YAML file each in crds), waits
-// until the apiserver serves them, and applies the GatewayClass kelp: a
-// newer kelp's CRDs and class reach an older cluster at its first start.
-func Install(ctx context.Context, ext apiextensionsclient.Interface, gw gatewayclient.Interface, crds fs.FS) error {
+// until the apiserver serves them, and applies the GatewayClass kelp and
+// the IngressClass kelp: a newer kelp's CRDs and classes reach an older
+// cluster at its first start.
+func Install(ctx context.Context, kube kubernetes.Interface, ext apiextensionsclient.Interface, gw gatewayclient.Interface, crds fs.FS) error {
 	files, err := fs.Glob(crds, "*.yaml")
 	if err != nil {
 		return err
@@ -59,6 +62,11 @@ func Install(ctx context.Context, ext apiextensionsclient.Interface, gw gatewayc
 			WithDescription("kelp's built-in Gateway, served by every node"))
 	if _, err := gw.GatewayV1().GatewayClasses().Apply(ctx, class, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
 		return fmt.Errorf("apply the GatewayClass %s: %w", ClassName, err)
+	}
+	ingressClass := networkingv1ac.IngressClass(IngressClassName).
+		WithSpec(networkingv1ac.IngressClassSpec().WithController(string(ControllerName)))
+	if _, err := kube.NetworkingV1().IngressClasses().Apply(ctx, ingressClass, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+		return fmt.Errorf("apply the IngressClass %s: %w", IngressClassName, err)
 	}
 	return nil
 }
