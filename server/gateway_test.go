@@ -230,6 +230,24 @@ func TestGateway(t *testing.T) {
 			t.Errorf("/missing/x: %d %v, want 500", code, err)
 		}
 	})
+	t.Run("a new route serves", func(t *testing.T) {
+		began := time.Now()
+		apply(t, n, `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: late}
+spec:
+  parentRefs: [{name: web, sectionName: http}]
+  hostnames: [late.example.test]
+  rules:
+  - backendRefs: [{name: app, port: 80}]
+`)
+		eventually(t, "the new route", func() (bool, error) {
+			code, _, _, err := get("http://"+net.JoinHostPort(addr, "80")+"/", "late.example.test")
+			return err == nil && code == http.StatusOK, nil
+		})
+		t.Logf("from kubectl apply of an HTTPRoute to its first answer: %s", time.Since(began).Round(10*time.Millisecond))
+	})
 	t.Run("second Gateway on 8080", func(t *testing.T) {
 		eventually(t, "the app on 8080", func() (bool, error) {
 			code, h, body, err := get("http://"+net.JoinHostPort(addr, "8080")+"/", "anything")

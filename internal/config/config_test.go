@@ -229,6 +229,13 @@ func TestDisable(t *testing.T) {
 	if s, err = runServer(t, "--embedded-registry"); err != nil || !s.Agent().EmbeddedRegistry {
 		t.Errorf("--embedded-registry does not reach the server's node: %v", err)
 	}
+	s, err = runServer(t, "--disable", "gateway")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Disable.Gateway || !s.Agent().DisableGateway || s.Disable.CoreDNS {
+		t.Errorf("--disable gateway: disable = %+v, agent's DisableGateway %v", s.Disable, s.Agent().DisableGateway)
+	}
 	if _, err := runServer(t, "--disable", "traefik"); err == nil || !strings.Contains(err.Error(), "want coredns, servicelb, local-storage, metrics-server, helm-controller or gateway") {
 		t.Errorf("unknown part: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -187,8 +188,14 @@ func applyHeaders(h http.Header, f *HeaderFilter) {
 	for _, x := range f.Set {
 		h.Set(x.Name, x.Value)
 	}
+	// Added to what is there, in one line: "my-header: foo,bar", as the
+	// spec's example has it.
 	for _, x := range f.Add {
-		h.Add(x.Name, x.Value)
+		if old := h.Values(x.Name); len(old) > 0 {
+			h.Set(x.Name, strings.Join(append(slices.Clone(old), x.Value), ","))
+		} else {
+			h.Set(x.Name, x.Value)
+		}
 	}
 	for _, x := range f.Remove {
 		h.Del(x)

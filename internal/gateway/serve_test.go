@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,7 +19,7 @@ import (
 
 // testDataPath serves cfg with the backend Service app/svc (port name web)
 // at addr.
-func testDataPath(t *testing.T, cfg Config, addr string) *dataPath {
+func testDataPath(t testing.TB, cfg Config, addr string) *dataPath {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(addr)
 	p, _ := strconv.Atoi(port)
@@ -50,6 +51,7 @@ func TestHandler(t *testing.T) {
 		w.Header().Set("X-Host", r.Host)
 		w.Header().Set("X-Req-A", r.Header.Get("A"))
 		w.Header().Set("X-Req-Gone", r.Header.Get("Gone"))
+		w.Header().Set("X-Req-B", strings.Join(r.Header.Values("B"), "|"))
 		w.Header().Set("Drop-Me", "1")
 		_, _ = io.WriteString(w, "backend")
 	}))
@@ -63,7 +65,7 @@ func TestHandler(t *testing.T) {
 		{Name: "app/invalid", Path: PathMatch{Type: PathPrefix, Value: "/broken"}, Backends: []Backend{{Weight: 1, Invalid: true}}},
 		{Name: "app/none", Path: PathMatch{Type: PathPrefix, Value: "/nobackend"}},
 		{Name: "app/root", Path: PathMatch{Type: PathPrefix, Value: "/"},
-			Request:  &HeaderFilter{Set: []Header{{Name: "A", Value: "set"}}, Remove: []string{"Gone"}},
+			Request:  &HeaderFilter{Set: []Header{{Name: "A", Value: "set"}}, Add: []Header{{Name: "B", Value: "added"}}, Remove: []string{"Gone"}},
 			Response: &HeaderFilter{Add: []Header{{Name: "X-Added", Value: "yes"}}, Remove: []string{"Drop-Me"}},
 			Backends: []Backend{svc}},
 	}}}}}}
@@ -90,7 +92,7 @@ func TestHandler(t *testing.T) {
 		{"http://example.com/api/users", nil, 200, "", map[string]string{"X-Path": "/v1/users", "X-Host": "internal"}},
 		{"http://example.com/broken", nil, 500, "", nil},
 		{"http://example.com/nobackend", nil, 500, "", nil},
-		{"http://example.com/x", map[string]string{"A": "client", "Gone": "1"}, 200, "", map[string]string{"X-Req-A": "set", "X-Req-Gone": "", "X-Added": "yes", "Drop-Me": "", "X-Path": "/x"}},
+		{"http://example.com/x", map[string]string{"A": "client", "Gone": "1", "B": "first"}, 200, "", map[string]string{"X-Req-A": "set", "X-Req-B": "first,added", "X-Req-Gone": "", "X-Added": "yes", "Drop-Me": "", "X-Path": "/x"}},
 	} {
 		resp := do(tt.target, tt.hdr)
 		if resp.StatusCode != tt.code {
