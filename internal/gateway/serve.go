@@ -21,6 +21,7 @@ import (
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -250,7 +251,13 @@ func (d *dataPath) report(ctx context.Context, failed map[int32]string) {
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{UnavailablePortsAnnotation: v}}})
 	if _, err := d.client.CoreV1().Nodes().Patch(ctx, d.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "kelp-gateway"}); err != nil {
-		log.WithError(err).Warn("could not report the ports this node cannot listen on; trying again")
+		entry := log.WithError(err)
+		if apierrors.IsNotFound(err) {
+			// The kubelet has not registered the node yet.
+			entry.Debug("could not report the ports this node cannot listen on; trying again")
+		} else {
+			entry.Warn("could not report the ports this node cannot listen on; trying again")
+		}
 		return
 	}
 	d.reported = &value
