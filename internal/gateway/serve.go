@@ -263,15 +263,23 @@ func (d *dataPath) report(ctx context.Context, failed map[int32]string) {
 	d.reported = &value
 }
 
+// closeAll stops every port, letting requests in flight finish for a
+// moment: the node's stop has a deadline.
 func (d *dataPath) closeAll() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
 	for port, s := range d.servers {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = s.srv.Shutdown(ctx)
-		cancel()
+		wg.Go(func() {
+			if s.srv.Shutdown(ctx) != nil {
+				_ = s.srv.Close()
+			}
+		})
 		delete(d.servers, port)
 	}
+	wg.Wait()
 }
 
 // certificate chooses the certificate of an HTTPS port by SNI, from the

@@ -1,7 +1,12 @@
 package gateway
 
 import (
+	"bytes"
+	"context"
+	"crypto/tls"
 	"encoding/json"
+	"encoding/pem"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -121,5 +127,96 @@ func TestPickBackendWeights(t *testing.T) {
 	}
 	if pickBackend(nil) != nil {
 		t.Error("a backend out of none")
+	}
+}
+
+// A port another program holds is reported on the node's Node and served
+// once it is free; the other ports serve meanwhile.
+func TestListenPortInUse(t *testing.T) {
+	ctx := context.Background()
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldPort, freePort := held.Addr().(*net.TCPAddr).Port, free.Addr().(*net.TCPAddr).Port
+	free.Close()
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	cfg := Config{Ports: []Port{{Port: int32(heldPort), Protocol: "HTTP"}, {Port: int32(freePort), Protocol: "HTTP"}}}
+	d := testDataPath(t, cfg, "127.0.0.1:1")
+	d.client = client
+	d.cfg = ServeConfig{NodeName: "n1", ListenHost: "127.0.0.1"}
+	d.servers = map[int32]*portServer{}
+	defer d.closeAll()
+	annotation := func() string {
+		n, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Annotations[UnavailablePortsAnnotation]
+	}
+
+	d.listen(ctx)
+	if got := annotation(); got != strconv.Itoa(heldPort) {
+		t.Errorf("annotation %q, want the held port %d", got, heldPort)
+	}
+	if _, ok := d.servers[int32(freePort)]; !ok {
+		t.Errorf("port %d not served while %d is held", freePort, heldPort)
+	}
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", freePort))
+	if err != nil {
+		t.Fatalf("the free port does not answer: %v", err)
+	}
+	resp.Body.Close()
+
+	held.Close()
+	d.listen(ctx)
+	if got := annotation(); got != "" {
+		t.Errorf("annotation %q once the port is free, want none", got)
+	}
+	if _, ok := d.servers[int32(heldPort)]; !ok {
+		t.Errorf("port %d not served once free", heldPort)
+	}
+}
+
+// The certificate follows SNI, and a new config changes it for the next
+// handshake.
+func TestCertificateBySNI(t *testing.T) {
+	certA, keyA := tlsPair(t)
+	certB, keyB := tlsPair(t)
+	certC, keyC := tlsPair(t)
+	cfg := func(a Cert) Config {
+		return Config{Ports: []Port{{Port: 443, Protocol: "HTTPS", Hosts: []Host{
+			{Hostname: "a.example.com", Cert: &a},
+			{Hostname: "*.example.com", Cert: &Cert{Cert: certB, Key: keyB}},
+		}}}}
+	}
+	d := testDataPath(t, cfg(Cert{Cert: certA, Key: keyA}), "127.0.0.1:1")
+	get := d.certificate(443)
+	leaf := func(name string) []byte {
+		c, err := get(&tls.ClientHelloInfo{ServerName: name})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return c.Certificate[0]
+	}
+	der := func(p []byte) []byte {
+		b, _ := pem.Decode(p)
+		return b.Bytes
+	}
+	if !bytes.Equal(leaf("a.example.com"), der(certA)) || !bytes.Equal(leaf("b.example.com"), der(certB)) {
+		t.Fatal("certificates not chosen by SNI")
+	}
+	if !bytes.Equal(leaf("other.org"), der(certA)) && !bytes.Equal(leaf("other.org"), der(certB)) {
+		t.Error("no certificate for an unknown name")
+	}
+	data, _ := json.Marshal(cfg(Cert{Cert: certC, Key: keyC}))
+	_ = d.secrets.Update(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: ConfigSecret}, Data: map[string][]byte{ConfigKey: data}})
+	d.load()
+	if !bytes.Equal(leaf("a.example.com"), der(certC)) {
+		t.Error("the new certificate is not served after the config changed")
 	}
 }
