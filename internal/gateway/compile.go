@@ -212,7 +212,7 @@ func Compile(objs Objects) (Config, Status) {
 // of sigs.k8s.io/gateway-api/pkg/features), in alphabetical order.
 func supportedFeatures() []gatewayv1.SupportedFeature {
 	names := []gatewayv1.FeatureName{
-		"Gateway", "GatewayHTTPListenerIsolation", "GatewayPort8080",
+		"Gateway", "GatewayHTTPListenerIsolation", "GatewayHTTPSListenerDetectMisdirectedRequests", "GatewayPort8080",
 		"HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
 		"HTTPRouteBackendRequestHeaderModification", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching",
 		"HTTPRouteParentRefPort", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",

@@ -326,6 +326,13 @@ func (d *dataPath) handler(port int32, https bool) http.Handler {
 			http.Error(w, "no listener for this host", http.StatusNotFound)
 			return
 		}
+		// A connection made for one listener (by SNI) does not carry
+		// requests for another: a client that reuses connections across
+		// host names must open one for this host.
+		if https && r.TLS != nil && r.TLS.ServerName != "" && matchHost(p.Hosts, strings.ToLower(r.TLS.ServerName)) != h {
+			http.Error(w, "this connection was made for another host name", http.StatusMisdirectedRequest)
+			return
+		}
 		rt := matchRoute(h.Routes, r, host, c.regexps)
 		if rt == nil {
 			http.Error(w, "no route matches this request", http.StatusNotFound)

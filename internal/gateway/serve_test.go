@@ -220,3 +220,64 @@ func TestCertificateBySNI(t *testing.T) {
 		t.Error("the new certificate is not served after the config changed")
 	}
 }
+
+// Over HTTP/2 and TLS, a request goes to the listener its connection was
+// made for (SNI) or is answered 421, as the conformance test of
+// GatewayHTTPSListenerDetectMisdirectedRequests has it.
+func TestMisdirectedRequests(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	defer backend.Close()
+	u, _ := url.Parse(backend.URL)
+	cert, key := tlsPair(t)
+	svc := []Backend{{Weight: 1, Namespace: "app", Service: "svc", PortName: "web", Port: 80}}
+	host := func(name string) Host {
+		h := Host{Hostname: name, Cert: &Cert{Cert: cert, Key: key}, Routes: []Route{{Name: "app/r", Path: PathMatch{Type: PathPrefix, Value: "/"}, Backends: svc}}}
+		if name != "" {
+			h.Routes[0].Hostnames = []string{name}
+		} else {
+			h.Routes[0].Hostnames = []string{"example.org"}
+		}
+		return h
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cfg := Config{Ports: []Port{{Port: int32(port), Protocol: "HTTPS", Hosts: []Host{host(""), host("second-example.org"), host("*.wildcard.org"), host("fourth-example.wildcard.org")}}}}
+	d := testDataPath(t, cfg, u.Host)
+	d.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	d.cfg = ServeConfig{NodeName: "n1", ListenHost: "127.0.0.1"}
+	d.servers = map[int32]*portServer{}
+	defer d.closeAll()
+	d.listen(context.Background())
+
+	for _, tt := range []struct {
+		sni, host string
+		code      int
+	}{
+		{"example.org", "example.org", 200},
+		{"example.org", "second-example.org", 421},
+		{"example.org", "unknown-example.org", 404},
+		{"second-example.org", "second-example.org", 200},
+		{"second-example.org", "unknown-example.org", 421},
+		{"third-example.wildcard.org", "fith-example.wildcard.org", 200},
+		{"third-example.wildcard.org", "fourth-example.wildcard.org", 421},
+		{"unknown-example.org", "example.org", 200},
+	} {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{ServerName: tt.sni, InsecureSkipVerify: true}, ForceAttemptHTTP2: true}
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/", port), nil)
+		req.Host = tt.host
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Errorf("SNI %s, host %s: %v", tt.sni, tt.host, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tt.code || resp.ProtoMajor != 2 {
+			t.Errorf("SNI %s, host %s: %d over HTTP/%d, want %d over HTTP/2", tt.sni, tt.host, resp.StatusCode, resp.ProtoMajor, tt.code)
+		}
+		tr.CloseIdleConnections()
+	}
+}
