@@ -232,6 +232,30 @@ func TestNodeControllerIdentity(t *testing.T) {
 		t.Errorf("the shared system:kelp-controller identity may still patch Nodes: %+v", sar.Status)
 	}
 
+	// Each node's gateway data path reads the one Secret that holds its
+	// config, and no other.
+	for _, tc := range []struct {
+		verb, name string
+		allowed    bool
+	}{
+		{"get", "kelp-gateway", true},
+		{"watch", "kelp-gateway", true},
+		{"get", "kelp-gateway-other", false},
+		{"list", "", false},
+	} {
+		sar, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               "system:kelp-controller:agent-1",
+			Groups:             []string{"system:kelp-controllers", "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: tc.verb, Resource: "secrets", Namespace: "kube-system", Name: tc.name},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != tc.allowed {
+			t.Errorf("agent-1's controllers may %s Secret kube-system/%s: %v, want %v", tc.verb, tc.name, sar.Status.Allowed, tc.allowed)
+		}
+	}
+
 	// The controller-manager type-checks the policies against the Node and
 	// PersistentVolume schemas: a mistyped field would fail every request.
 	for _, name := range []string{systemobjects.NodesPolicy, systemobjects.VolumesPolicy} {
