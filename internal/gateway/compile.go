@@ -35,12 +35,12 @@ const UnavailablePortsAnnotation = AnnotationPrefix + "unavailable-ports"
 const AnnotationPrefix = "gateway.kelp.io/"
 
 const (
-	kindGateway        = "Gateway"
-	kindHTTPRoute      = "HTTPRoute"
-	kindService        = "Service"
-	kindSecret         = "Secret"
-	defaultRedirectRC  = 302
-	defaultBackendRate = 1
+	kindGateway           = "Gateway"
+	kindHTTPRoute         = "HTTPRoute"
+	kindService           = "Service"
+	kindSecret            = "Secret"
+	defaultRedirectStatus = 302
+	defaultWeight         = 1
 )
 
 // Objects are what Compile reads: the API objects that decide the data
@@ -78,30 +78,29 @@ type listener struct {
 	spec     gatewayv1.Listener
 	hostname string
 	// accepted: the listener is usable; with programmed, it serves.
-	accepted, programmed          bool
-	acceptedReason, acceptedMsg   string
-	resolved                      bool
-	resolvedReason, resolvedMsg   string
-	conflicted                    string // the reason, or empty
-	programmedReason, programmMsg string
-	kinds                         []gatewayv1.RouteGroupKind
-	cert                          *Cert
-	attached                      int32
-	routes                        []Route
-	order                         []routeOrder
+	accepted, programmed        bool
+	acceptedReason, acceptedMsg string
+	resolved                    bool
+	resolvedReason, resolvedMsg string
+	conflicted                  string // the reason, or empty
+	kinds                       []gatewayv1.RouteGroupKind
+	cert                        *Cert
+	attached                    int32
+	routes                      []Route
+	order                       []routeOrder
 }
 
 // routeOrder is what orders a Route among others on a host: the spec's
 // precedence rules after the hostname.
 type routeOrder struct {
-	exact      bool
-	pathLen    int
-	method     bool
-	headers    int
-	query      int
-	created    metav1.Time
-	key        string
-	rule, matc int
+	exact       bool
+	pathLen     int
+	method      bool
+	headers     int
+	query       int
+	created     metav1.Time
+	key         string
+	rule, match int
 }
 
 type compiler struct {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -54,14 +55,14 @@ func (c *compiler) ingressListeners(ings []*networkingv1.Ingress) []*listener {
 			}
 			rt := Route{Name: ing.Namespace + "/" + ing.Name, Path: path, Backends: []Backend{c.ingressBackend(ing.Namespace, backend)}}
 			byHost[host] = append(byHost[host], rt)
-			orders[host] = append(orders[host], routeOrder{exact: path.Type == PathExact, pathLen: len(path.Value), created: ing.CreationTimestamp, key: rt.Name, rule: ri, matc: pi})
+			orders[host] = append(orders[host], routeOrder{exact: path.Type == PathExact, pathLen: len(path.Value), created: ing.CreationTimestamp, key: rt.Name, rule: ri, match: pi})
 		}
 		for ri, rule := range ing.Spec.Rules {
 			if rule.HTTP == nil {
 				continue
 			}
 			for pi, p := range rule.HTTP.Paths {
-				path := PathMatch{Type: PathPrefix, Value: cmpOr(p.Path, "/")}
+				path := PathMatch{Type: PathPrefix, Value: cmp.Or(p.Path, "/")}
 				if p.PathType != nil && *p.PathType == networkingv1.PathTypeExact {
 					path.Type = PathExact
 				}
@@ -149,11 +150,4 @@ func (c *compiler) ingressBackend(ns string, b *networkingv1.IngressBackend) Bac
 		return out
 	}
 	return Backend{Weight: 1, Namespace: ns, Service: svc.Name, PortName: svc.Spec.Ports[i].Name, Port: svc.Spec.Ports[i].Port}
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }

@@ -99,7 +99,7 @@ func (c *compiler) backends(r *gatewayv1.HTTPRoute, rule gatewayv1.HTTPRouteRule
 	}
 	var out []Backend
 	for _, ref := range rule.BackendRefs {
-		b := Backend{Weight: defaultBackendRate, Invalid: true}
+		b := Backend{Weight: defaultWeight, Invalid: true}
 		if ref.Weight != nil {
 			b.Weight = *ref.Weight
 		}
@@ -266,13 +266,13 @@ func (l *listener) addRule(r *gatewayv1.HTTPRoute, ri int, rule gatewayv1.HTTPRo
 			created: r.CreationTimestamp,
 			key:     rt.Name,
 			rule:    ri,
-			matc:    mi,
+			match:   mi,
 		})
 	}
 }
 
 func redirect(f *gatewayv1.HTTPRequestRedirectFilter) *Redirect {
-	out := &Redirect{Status: defaultRedirectRC, Path: pathModifier(f.Path)}
+	out := &Redirect{Status: defaultRedirectStatus, Path: pathModifier(f.Path)}
 	if f.Scheme != nil {
 		out.Scheme = *f.Scheme
 	}
@@ -420,7 +420,7 @@ func sortRoutes(routes []Route, order []routeOrder) []Route {
 			}
 			return 1
 		}
-		return cmp.Or(cmp.Compare(x.key, y.key), cmp.Compare(x.rule, y.rule), cmp.Compare(x.matc, y.matc))
+		return cmp.Or(cmp.Compare(x.key, y.key), cmp.Compare(x.rule, y.rule), cmp.Compare(x.match, y.match))
 	})
 	out := make([]Route, 0, len(routes))
 	var last *routeOrder
