@@ -39,11 +39,11 @@ func Install(ctx context.Context, kube kubernetes.Interface, ext apiextensionscl
 		}
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := yaml.Unmarshal(raw, &crd); err != nil {
-			return fmt.Errorf("Gateway API CRD %s: %w", f, err)
+			return fmt.Errorf("read the embedded Gateway API CRD %s: %w", f, err)
 		}
 		body, err := yaml.YAMLToJSON(raw)
 		if err != nil {
-			return fmt.Errorf("Gateway API CRD %s: %w", f, err)
+			return fmt.Errorf("read the embedded Gateway API CRD %s: %w", f, err)
 		}
 		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Patch(ctx, crd.Name, types.ApplyPatchType, body,
 			metav1.PatchOptions{FieldManager: fieldManager, Force: &force}); err != nil {
