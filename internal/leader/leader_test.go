@@ -1,4 +1,4 @@
-package helmchart
+package leader
 
 import (
 	"context"
@@ -10,13 +10,15 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-func TestLeadRunsWhileLeading(t *testing.T) {
+const leaseName = "kelp-test"
+
+func TestRunWhileLeading(t *testing.T) {
 	client := fake.NewClientset()
 	ctx, cancel := context.WithCancel(context.Background())
 	running := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- lead(ctx, client, func(ctx context.Context) error {
+		done <- Run(ctx, client, leaseName, "runs the test", func(ctx context.Context) error {
 			close(running)
 			<-ctx.Done()
 			return nil
@@ -40,11 +42,11 @@ func TestLeadRunsWhileLeading(t *testing.T) {
 	}
 }
 
-func TestLeadReturnsRunsFailure(t *testing.T) {
+func TestRunReturnsRunsFailure(t *testing.T) {
 	boom := errors.New("boom")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := lead(ctx, fake.NewClientset(), func(context.Context) error { return boom }); !errors.Is(err, boom) {
+	if err := Run(ctx, fake.NewClientset(), leaseName, "runs the test", func(context.Context) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("lead returned %v, want run's failure", err)
 	}
 }
