@@ -148,7 +148,7 @@ func (g *Guard) Ready() error {
 	if up := g.rec.Upgrade; up != nil {
 		log.WithFields(logrus.Fields{"from": describe(up.From), "to": describe(up.To), "starts": up.Starts}).Info("The upgraded kelp is ready: the boot guard keeps it")
 	}
-	return g.set(g.rec, Record{Ready: &running})
+	return g.set(g.rec, Record{Ready: &running, RolledBack: g.rec.RolledBack})
 }
 
 // Finish is told how the start that Begin counted ended: err is what
@@ -196,6 +196,12 @@ func (g *Guard) rollBack(reason string) error {
 		return err
 	}
 	g.rec = done.Record
+	if rb := g.rec.RolledBack; rb != nil {
+		rb.Reason = reason
+		if err := g.rec.save(g.path); err != nil {
+			log.WithError(err).Warn("The boot guard's record does not say why it rolled back")
+		}
+	}
 	log.Errorf("Rolled back the upgrade from %s to %s, because %s: %s", describe(done.Upgrade.From), describe(done.Upgrade.To), reason, strings.Join(done.Steps, "; "))
 	return nil
 }

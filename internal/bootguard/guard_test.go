@@ -113,7 +113,16 @@ func TestRollbackAfterFailedStarts(t *testing.T) {
 	if g.Upgrade() != nil {
 		t.Errorf("the previous kelp is on trial: %+v", g.Upgrade())
 	}
+	if err := g.Ready(); err != nil {
+		t.Fatal(err)
+	}
 	g.Close()
+	// What the rollback did and why stays for the node to report.
+	rb, err := LastRollback(n.dataDir)
+	if err != nil || rb == nil || rb.To != v2 || !strings.Contains(rb.String(), "because its 3 starts ended before it became ready, the last with: the apiserver exited") ||
+		!strings.Contains(rb.String(), "kelp.previous again") {
+		t.Errorf("LastRollback = %v, %v", rb, err)
+	}
 }
 
 func TestRollbackAfterKilledStarts(t *testing.T) {

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/version"
 )
 
@@ -19,6 +21,43 @@ type Record struct {
 	// Upgrade is the kelp on trial: one other than Ready that has not
 	// become ready yet.
 	Upgrade *Upgrade `json:"upgrade,omitempty"`
+	// RolledBack is the last rollback, kept for the node to report
+	// (internal/fleet reads it with LastRollback).
+	RolledBack *RolledBack `json:"rolledBack,omitempty"`
+}
+
+// RolledBack is what a rollback left behind.
+type RolledBack struct {
+	From version.Ran `json:"from"`
+	To   version.Ran `json:"to"`
+	At   time.Time   `json:"at"`
+	// Reason is why the boot guard rolled back; empty when done by hand.
+	Reason string   `json:"reason,omitempty"`
+	Steps  []string `json:"steps,omitempty"`
+}
+
+// String says what the rollback did and why, plainly.
+func (r RolledBack) String() string {
+	s := fmt.Sprintf("rolled back from %s to %s", describe(r.To), describe(r.From))
+	if r.Reason != "" {
+		s += " because " + r.Reason
+	} else {
+		s += " by hand (kelp upgrade rollback)"
+	}
+	if len(r.Steps) > 0 {
+		s += ": " + strings.Join(r.Steps, "; ")
+	}
+	return s
+}
+
+// LastRollback is the last rollback of the node of dataDir; nil when
+// there was none.
+func LastRollback(dataDir string) (*RolledBack, error) {
+	rec, err := load(layout.BootGuard(dataDir))
+	if err != nil {
+		return nil, err
+	}
+	return rec.RolledBack, nil
 }
 
 // Upgrade is a kelp on trial.
@@ -115,4 +154,12 @@ func (r Record) start(running version.Ran, before *version.Ran, limit int, now t
 func jsonOf(r Record) (string, error) {
 	b, err := json.Marshal(r)
 	return string(b), err
+}
+
+// OnTrial says that an upgrade of the node of dataDir is on trial: the
+// kelp that runs it has not become ready yet, and may still be rolled
+// back.
+func OnTrial(dataDir string) (bool, error) {
+	rec, err := load(layout.BootGuard(dataDir))
+	return rec.Upgrade != nil, err
 }

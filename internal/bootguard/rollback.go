@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -78,6 +79,7 @@ func Rollback(dataDir, binary string, up Upgrade) (Done, error) {
 		from := up.From
 		rec.Ready = &from
 	}
+	rec.RolledBack = &RolledBack{From: up.From, To: up.To, At: time.Now().UTC(), Steps: append(slices.Clone(done.Steps), fmt.Sprintf("%s is the kelp that was %s again (%s)", target, PreviousName, said))}
 	if err := rec.save(path); err != nil {
 		return done, err
 	}
