@@ -22,6 +22,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/containerinit"
 	"github.com/kelp-dev/kelp/internal/crictl"
 	"github.com/kelp-dev/kelp/internal/etcdctl"
+	"github.com/kelp-dev/kelp/internal/fleet"
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/killall"
 	"github.com/kelp-dev/kelp/internal/kubectl"
@@ -52,6 +53,16 @@ func main() {
 	args, err := config.WithFileArgs(app, os.Args)
 	if err == nil {
 		err = app.Run(args)
+	}
+	// An upgrade from the cluster put a new kelp in place of this one.
+	var restart *fleet.RestartError
+	if errors.As(err, &restart) {
+		if err := fleet.Restart(restart); err != nil {
+			fmt.Fprintln(os.Stderr, "kelp:", err)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "kelp:", restart.Error()+": exiting for the service manager to start it")
+		os.Exit(1)
 	}
 	// A new kelp that refuses the flags or config file of the one before
 	// fails its start as surely as one whose apiserver does not run.

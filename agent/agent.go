@@ -214,6 +214,9 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	if err := g.Start(k, err); err != nil {
 		return nil, err
 	}
+	if err := startUpgrades(g, cfg, p, self, clients.controller); err != nil {
+		return nil, err
+	}
 	return k, nil
 }
 

@@ -293,6 +293,9 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 			return err
 		}
 	}
+	if err := startUpgradeController(g, cfg, !single); err != nil {
+		return err
+	}
 	if !cfg.Snapshots.Disabled && cfg.Datastore.Endpoint == "" {
 		if err := g.Go("snapshots", func(ctx context.Context) error {
 			return snapshot.Schedule(ctx, snapshot.ScheduleConfig{Snapshots: cfg.Snapshots, DataDir: cfg.DataDir, Node: cfg.NodeName, Events: admin})

@@ -530,3 +530,19 @@ func (s *joinAPI) response(name string, ips []net.IP) (JoinResponse, error) {
 	}
 	return JoinResponse{Config: s.cfg.Agent, ServerCA: serverCA, ClientCA: clientCA, Certs: certs}, nil
 }
+
+// ServerNodes are the names of the nodes that servers run, as they
+// claimed them (ClaimServerNode); the others are agents'.
+func ServerNodes(ctx context.Context, c kubernetes.Interface) (map[string]bool, error) {
+	list, err := c.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{LabelSelector: serverNodeLabel + "=true"})
+	if err != nil {
+		return nil, fmt.Errorf("list the servers' node passwords: %w", err)
+	}
+	servers := map[string]bool{}
+	for _, s := range list.Items {
+		if node := s.Labels["kelp.io/node-password"]; node != "" {
+			servers[node] = true
+		}
+	}
+	return servers, nil
+}

@@ -149,6 +149,10 @@ type AgentPaths struct {
 	NodePaths, PodLogs                  string
 	Kubeconfig, ProxyKubeconfig         string
 	DNSKubeconfig, ControllerKubeconfig string
+	// Upgrades holds the kelp binaries an Upgrade's path names (airgap);
+	// UpgradePending records the upgrade this node swapped its kelp for,
+	// which the next start reports.
+	Upgrades, UpgradePending string
 }
 
 // Agent lays out <data-dir>/agent.
@@ -173,6 +177,8 @@ func Agent(dataDir string) AgentPaths {
 		TLS:                  filepath.Join(dir, "tls"),
 		NodePassword:         filepath.Join(dir, "node-password"),
 		SavedJoin:            filepath.Join(dir, "join.json"),
+		Upgrades:             filepath.Join(dir, "upgrades"),
+		UpgradePending:       filepath.Join(dir, "upgrade-pending.json"),
 		NodePaths:            filepath.Join(dir, "node-paths.json"),
 		PodLogs:              filepath.Join(dir, "pod-logs"),
 		Kubeconfig:           filepath.Join(dir, "kubelet.kubeconfig"),

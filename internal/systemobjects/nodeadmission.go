@@ -10,6 +10,7 @@ import (
 	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/fleet"
 	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/localstorage"
 	"github.com/kelp-dev/kelp/internal/overlay"
@@ -25,13 +26,15 @@ const (
 )
 
 // ownNodeAnnotationPrefixes are the Node annotations a node's controllers
-// write on their own Node: the overlay's (internal/overlay) and the
-// gateway data path's (internal/gateway). The node's
+// write on their own Node: the overlay's (internal/overlay), the gateway
+// data path's (internal/gateway), and the reports of its upgrades
+// (internal/fleet; the request to upgrade is the server's, and not among
+// them). The node's
 // other kelp keys are written by others: the external IPs by the node's
 // kubelet identity (agent/address.go, which NodeRestriction keeps to its
 // own Node), addresses and load balancer status by the server's
 // controllers (nodeaddress, servicelb) with the server's identity.
-var ownNodeAnnotationPrefixes = []string{overlay.AnnotationPrefix, gateway.AnnotationPrefix}
+var ownNodeAnnotationPrefixes = []string{overlay.AnnotationPrefix, gateway.AnnotationPrefix, fleet.ReportPrefix}
 
 // hostnameLabel is the node label local-path volumes' node affinity names
 // their node by (internal/localstorage).

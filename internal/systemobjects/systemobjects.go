@@ -12,6 +12,7 @@ import (
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/fleet"
 	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -123,9 +124,10 @@ func joinAPIAccess() boundClusterRole {
 }
 
 // controllerAccess lets the nodes' controllers (overlay, NetworkPolicy,
-// the gateway data path) read what decides who may talk to whom and where
-// Services' endpoints are, and publish their overlay
-// addresses on their Nodes (a node's kubelet identity may not list the
+// the gateway data path) read what decides who may talk to whom, where
+// Services' endpoints are and the Upgrades their Nodes ask for, and
+// publish their overlay addresses and upgrade reports on their Nodes (a
+// node's kubelet identity may not list the
 // others). It grants every node's identity, the group pki issues them in;
 // the nodes policy (nodeadmission.go) keeps each to its own Node.
 func controllerAccess() boundClusterRole {
@@ -136,6 +138,7 @@ func controllerAccess() boundClusterRole {
 			rbacv1ac.PolicyRule().WithAPIGroups("networking.k8s.io").WithResources("networkpolicies").WithVerbs("list", "watch"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("nodes").WithVerbs("get", "list", "watch", "patch"),
 			rbacv1ac.PolicyRule().WithAPIGroups("discovery.k8s.io").WithResources("endpointslices").WithVerbs("list", "watch"),
+			rbacv1ac.PolicyRule().WithAPIGroups(fleet.Group).WithResources(fleet.Resource.Resource).WithVerbs("get", "list", "watch"),
 		},
 		subjects: []*rbacv1ac.SubjectApplyConfiguration{group(pki.ControllerGroup)},
 	}

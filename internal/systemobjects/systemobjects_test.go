@@ -99,7 +99,10 @@ func keys(m map[string]metav1.Object) []string {
 	return k
 }
 
-var nodesRule = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}}
+var (
+	nodesRule    = rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}}
+	upgradesRule = rbacv1.PolicyRule{APIGroups: []string{"kelp.io"}, Resources: []string{"upgrades"}, Verbs: []string{"get", "list", "watch"}}
+)
 
 // An older kelp created system:kelp-controller before the overlay needed
 // Nodes; after an upgrade the role must carry the new rule, or the
@@ -131,8 +134,11 @@ func TestApplyUpgradesAnOlderClusterRole(t *testing.T) {
 	if !slices.ContainsFunc(got.Rules, func(r rbacv1.PolicyRule) bool { return reflect.DeepEqual(r, nodesRule) }) {
 		t.Errorf("ClusterRole %s after Apply has rules %+v, without %+v", controllerRole, got.Rules, nodesRule)
 	}
-	if len(got.Rules) != 4 {
-		t.Errorf("ClusterRole %s after Apply has %d rules, want 4: %+v", controllerRole, len(got.Rules), got.Rules)
+	if !slices.ContainsFunc(got.Rules, func(r rbacv1.PolicyRule) bool { return reflect.DeepEqual(r, upgradesRule) }) {
+		t.Errorf("ClusterRole %s after Apply has rules %+v, without %+v: the nodes cannot read the Upgrades they are asked for", controllerRole, got.Rules, upgradesRule)
+	}
+	if len(got.Rules) != 5 {
+		t.Errorf("ClusterRole %s after Apply has %d rules, want 5: %+v", controllerRole, len(got.Rules), got.Rules)
 	}
 }
 

@@ -1,0 +1,94 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsv1ac "k8s.io/apiextensions-apiserver/pkg/client/applyconfiguration/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// EnsureCRD applies the Upgrade CustomResourceDefinition, so a newer
+// kelp's schema reaches an older cluster, and waits until it is
+// established.
+func EnsureCRD(ctx context.Context, c apiextensionsclient.Interface) error {
+	crds := c.ApiextensionsV1().CustomResourceDefinitions()
+	if _, err := crds.Apply(ctx, upgradeCRD(), metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+		return fmt.Errorf("apply the CustomResourceDefinition %s: %w", crdName, err)
+	}
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		crd, err := crds.Get(ctx, crdName, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		for _, cond := range crd.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the CustomResourceDefinition %s is not established (%s): %w", crdName, last, err)
+	}
+	return nil
+}
+
+// fieldManager is systemobjects.FieldManager, which owns every field
+// kelp sets on its objects (systemobjects imports this package).
+const fieldManager = "kelp"
+
+func upgradeCRD() *apiextensionsv1ac.CustomResourceDefinitionApplyConfiguration {
+	props := func(typ string) *apiextensionsv1ac.JSONSchemaPropsApplyConfiguration {
+		return apiextensionsv1ac.JSONSchemaProps().WithType(typ)
+	}
+	object := func(fields map[string]apiextensionsv1ac.JSONSchemaPropsApplyConfiguration) *apiextensionsv1ac.JSONSchemaPropsApplyConfiguration {
+		return props("object").WithProperties(fields)
+	}
+	free := apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr(true)}
+	array := func(items apiextensionsv1.JSONSchemaProps) apiextensionsv1ac.JSONSchemaPropsApplyConfiguration {
+		return *props("array").WithItems(apiextensionsv1.JSONSchemaPropsOrArray{Schema: &items})
+	}
+	spec := object(map[string]apiextensionsv1ac.JSONSchemaPropsApplyConfiguration{
+		"sha256":       *props("string").WithPattern("^[0-9a-fA-F]{64}$"),
+		"url":          *props("string"),
+		"path":         *props("string"),
+		"concurrency":  *props("integer").WithMinimum(1),
+		"drainTimeout": *props("string"),
+		"nodeTimeout":  *props("string"),
+	}).WithRequired("sha256")
+	status := object(map[string]apiextensionsv1ac.JSONSchemaPropsApplyConfiguration{
+		"phase":      *props("string"),
+		"target":     *props("string"),
+		"nodes":      array(free),
+		"conditions": array(free),
+	})
+	schema := object(map[string]apiextensionsv1ac.JSONSchemaPropsApplyConfiguration{"spec": *spec, "status": *status}).WithRequired("spec")
+	column := func(name, typ, path string) *apiextensionsv1ac.CustomResourceColumnDefinitionApplyConfiguration {
+		return apiextensionsv1ac.CustomResourceColumnDefinition().WithName(name).WithType(typ).WithJSONPath(path)
+	}
+	return apiextensionsv1ac.CustomResourceDefinition(crdName).
+		WithSpec(apiextensionsv1ac.CustomResourceDefinitionSpec().
+			WithGroup(Group).
+			WithScope(apiextensionsv1.ClusterScoped).
+			WithNames(apiextensionsv1ac.CustomResourceDefinitionNames().
+				WithPlural("upgrades").WithSingular("upgrade").WithKind(Kind).WithListKind(Kind + "List")).
+			WithVersions(apiextensionsv1ac.CustomResourceDefinitionVersion().
+				WithName(Version).WithServed(true).WithStorage(true).
+				WithSchema(apiextensionsv1ac.CustomResourceValidation().WithOpenAPIV3Schema(schema)).
+				WithSubresources(apiextensionsv1ac.CustomResourceSubresources().WithStatus(apiextensionsv1.CustomResourceSubresourceStatus{})).
+				WithAdditionalPrinterColumns(
+					column("Phase", "string", ".status.phase"),
+					column("Target", "string", ".status.target"),
+					column("Message", "string", `.status.conditions[?(@.type=="Ready")].message`),
+					column("Age", "date", ".metadata.creationTimestamp"),
+				)))
+}
+
+func ptr[T any](v T) *T { return &v }
