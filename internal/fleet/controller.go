@@ -236,8 +236,8 @@ func (c *controller) check(ctx context.Context, u *Upgrade) (plan []NodeStatus, 
 	}
 	cluster := version.Current().Kubernetes
 	for _, n := range nodes.Items {
-		if version.NewerMinor(n.Status.NodeInfo.KubeletVersion, cluster) {
-			cluster = n.Status.NodeInfo.KubeletVersion
+		if kv := n.Status.NodeInfo.KubeletVersion; cluster == "" || version.NewerMinor(kv, cluster) {
+			cluster = kv
 		}
 		from := n.Annotations[VersionAnnotation]
 		if from == "" {
