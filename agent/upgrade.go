@@ -27,6 +27,6 @@ func startUpgrades(g *component.Group, cfg config.Agent, p layout.AgentPaths, bi
 	if err != nil {
 		return err
 	}
-	e := fleet.Executor{NodeName: cfg.NodeName, DataDir: cfg.DataDir, Binary: binary, Client: client, Dynamic: dyn}
+	e := fleet.Executor{NodeName: cfg.NodeName, DataDir: cfg.DataDir, Binary: binary, Client: client, Dynamic: dyn, NoRollback: cfg.UpgradeAttempts == 0}
 	return g.Go("upgrades", e.Run)
 }

@@ -43,6 +43,10 @@ type Executor struct {
 	Binary  string
 	Client  kubernetes.Interface
 	Dynamic dynamic.Interface
+	// NoRollback is a node whose boot guard never rolls back
+	// (--upgrade-attempts 0, as kelp cluster's nodes, which share the
+	// machine's kelp): it refuses upgrades, which would have no way back.
+	NoRollback bool
 }
 
 // pending is what a node records before it swaps its kelp, for its next
@@ -141,6 +145,9 @@ func (e Executor) upgrade(ctx context.Context, req string) error {
 
 // apply puts the kelp of spec in place of e.Binary.
 func (e Executor) apply(ctx context.Context, req string, spec Spec) error {
+	if e.NoRollback {
+		return fmt.Errorf("this node runs with --upgrade-attempts 0, so its boot guard would never roll a failed upgrade back (kelp cluster's nodes share the machine's kelp): upgrade it by hand, or run it with --upgrade-attempts 3")
+	}
 	previous, target := bootguard.Paths(e.Binary)
 	if target != e.Binary {
 		return fmt.Errorf("this node runs %s, the kelp a rollback keeps: install kelp again before an upgrade", e.Binary)

@@ -116,10 +116,11 @@ func TestApplyRefuses(t *testing.T) {
 		{"URL not answering", Spec{SHA256: sum(newKelp), URL: closed.URL + "/kelp"}, "check that this node reaches it"},
 		{"URL 404", Spec{SHA256: sum(newKelp), URL: missing.URL + "/kelp"}, "404 Not Found"},
 		{"does not run", Spec{SHA256: sum(notKelp), Path: "not-kelp"}, "does not run here"},
+		{"no way back", Spec{SHA256: sum(newKelp), Path: "kelp-new"}, "--upgrade-attempts 0"},
 	} {
 		n := newTestNode(t)
 		write(t, filepath.Join(layout.Agent(n.dataDir).Upgrades, "not-kelp"), notKelp)
-		e := Executor{DataDir: n.dataDir, Binary: n.bin}
+		e := Executor{DataDir: n.dataDir, Binary: n.bin, NoRollback: tc.name == "no way back"}
 		err := e.apply(context.Background(), "up/"+tc.spec.SHA256, tc.spec)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
