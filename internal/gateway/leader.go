@@ -2,78 +2,16 @@ package gateway
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"os"
-	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/kelp-dev/kelp/internal/leader"
 )
 
 // leaseName is the Lease the servers of a cluster take turns with.
 const leaseName = "kelp-gateway-controller"
 
-// The lease is renewed every leaseRetry, a datastore write each time:
-// slower than the controller-manager's 2 s: status and new routes wait a minute
-// for a new leader after a server dies without a word.
-const (
-	leaseDuration = 60 * time.Second
-	leaseRenew    = 40 * time.Second
-	leaseRetry    = 15 * time.Second
-)
-
-// lead runs run while this server holds the Lease, campaigning again
-// whenever it loses it, until ctx ends or run fails. Two terms' runs never
-// overlap.
+// lead runs run while this server holds the Lease (leader.Run).
 func lead(ctx context.Context, client kubernetes.Interface, run func(context.Context) error) error {
-	hostname, err := os.Hostname()
-	if err != nil {
-		return fmt.Errorf("hostname for the %s lease: %w", leaseName, err)
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	running := make(chan struct{}, 1) // held by the run of the current term
-	config := leaderelection.LeaderElectionConfig{
-		Lock: &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: metav1.NamespaceSystem},
-			Client:     client.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: hostname + "_" + string(uuid.NewUUID())},
-		},
-		Name:            leaseName,
-		LeaseDuration:   leaseDuration,
-		RenewDeadline:   leaseRenew,
-		RetryPeriod:     leaseRetry,
-		ReleaseOnCancel: true,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(term context.Context) {
-				select {
-				case running <- struct{}{}:
-				case <-term.Done():
-					return
-				}
-				defer func() { <-running }()
-				log.Info("leading: this server writes the Gateway API status")
-				if err := run(term); err != nil {
-					cancel(err)
-				}
-			},
-			OnStoppedLeading: func() {},
-		},
-	}
-	for ctx.Err() == nil {
-		elector, err := leaderelection.NewLeaderElector(config)
-		if err != nil {
-			return fmt.Errorf("leader election for the Gateway API controller: %w", err)
-		}
-		elector.Run(ctx)
-	}
-	running <- struct{}{} // the last term's run has returned
-	if err := context.Cause(ctx); !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return nil
+	return leader.Run(ctx, client, leaseName, "writes the Gateway API status", run)
 }
