@@ -11,10 +11,11 @@
 //	testapp srv SERVICE PROTO NAME  print the SRV records as "target port"
 //	testapp ptr IP                  print the names of IP
 //	testapp cname NAME              print the canonical name of NAME
-//	testapp firstanswer URL         poll URL until it answers, print the time of the answer
+//	testapp firstanswer [-host H] [-ok] URL  poll URL (as host H) until it answers (200 OK with -ok), print the time of the answer
 //	testapp sink [-listen :9000]    TCP: read and discard whatever arrives
 //	testapp blast ADDR SECONDS      write to a TCP sink as fast as possible, print MB/s
 //	testapp dnsbench NAME N         resolve NAME N times, print the median and 99th percentile
+//	testapp httpbench [-host H] [-c 16] URL SECONDS  GET URL (as host H) on c connections for SECONDS, print requests/s and latencies
 package main
 
 import (
@@ -103,7 +104,14 @@ func main() {
 		exitOn(err)
 		fmt.Println(name)
 	case "firstanswer":
-		firstAnswer(os.Args[2])
+		fs := flag.NewFlagSet("firstanswer", flag.ExitOnError)
+		host := fs.String("host", "", "Host header of the requests (default: the URL's)")
+		ok := fs.Bool("ok", false, "wait for 200 OK, not for any answer")
+		_ = fs.Parse(os.Args[2:])
+		if fs.NArg() != 1 {
+			exitOn(errors.New("usage: firstanswer [-host H] [-ok] URL"))
+		}
+		firstAnswer(fs.Arg(0), *host, *ok)
 	case "sink":
 		fs := flag.NewFlagSet("sink", flag.ExitOnError)
 		listen := fs.String("listen", ":9000", "address to listen on")
@@ -120,6 +128,20 @@ func main() {
 		}
 		exitOn(err)
 		dnsBench(os.Args[2], n)
+	case "httpbench":
+		fs := flag.NewFlagSet("httpbench", flag.ExitOnError)
+		host := fs.String("host", "", "Host header of the requests (default: the URL's)")
+		conns := fs.Int("c", 16, "connections, each with one request at a time")
+		_ = fs.Parse(os.Args[2:])
+		var seconds int
+		var err error
+		if fs.NArg() != 2 {
+			err = errors.New("usage: httpbench [-host H] [-c 16] URL SECONDS")
+		} else if seconds, err = strconv.Atoi(fs.Arg(1)); err == nil && (seconds < 1 || *conns < 1) {
+			err = errors.New("httpbench: SECONDS and -c must be at least 1")
+		}
+		exitOn(err)
+		httpBench(fs.Arg(0), *host, *conns, time.Duration(seconds)*time.Second)
 	case "exit":
 		code, _ := strconv.Atoi(os.Args[2])
 		fmt.Println("exiting with", code)
@@ -176,15 +198,21 @@ func serve(addr string) {
 // first answer arrived; it gives up after a minute. The tries overlap: one
 // whose SYN was dropped (ICMP errors are rate-limited) must not hold up
 // the next.
-func firstAnswer(url string) {
+func firstAnswer(url, host string, ok bool) {
 	client := http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	exitOn(err)
+	req.Host = host
 	answered := make(chan time.Time, 1)
 	try := func() {
-		resp, err := client.Get(url)
+		resp, err := client.Do(req.Clone(context.Background()))
 		if err != nil {
 			return
 		}
 		resp.Body.Close()
+		if ok && resp.StatusCode != http.StatusOK {
+			return
+		}
 		select {
 		case answered <- time.Now():
 		default:
@@ -205,6 +233,62 @@ func firstAnswer(url string) {
 		case <-tick.C:
 		}
 	}
+}
+
+// httpBench sends GETs of url on conns kept-alive connections, one request
+// at a time each, for d, and prints what a load generator does: requests
+// per second and latency quantiles of the 200 OK answers, and how many
+// requests failed or got another status.
+func httpBench(url, host string, conns int, d time.Duration) {
+	transport := &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns}
+	client := http.Client{Timeout: 5 * time.Second, Transport: transport}
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	exitOn(err)
+	req.Host = host
+	type result struct {
+		took   []time.Duration
+		failed int
+	}
+	results := make(chan result, conns)
+	start := time.Now()
+	end := start.Add(d)
+	for range conns {
+		go func() {
+			var r result
+			for time.Now().Before(end) {
+				t0 := time.Now()
+				resp, err := client.Do(req.Clone(context.Background()))
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				if err != nil || resp.StatusCode != http.StatusOK {
+					r.failed++
+					continue
+				}
+				r.took = append(r.took, time.Since(t0))
+			}
+			results <- r
+		}()
+	}
+	var took []time.Duration
+	failed := 0
+	for range conns {
+		r := <-results
+		took = append(took, r.took...)
+		failed += r.failed
+	}
+	elapsed := time.Since(start)
+	if len(took) == 0 {
+		exitOn(fmt.Errorf("httpbench: no 200 OK from %s in %s (%d failed)", url, d, failed))
+	}
+	slices.Sort(took)
+	quantile := func(q float64) float64 {
+		i := max(int(math.Ceil(q*float64(len(took))))-1, 0)
+		return took[i].Seconds() * 1e3
+	}
+	fmt.Printf("%d requests, %.0f requests/s, p50 %.2f ms, p99 %.2f ms, %d failed\n",
+		len(took), float64(len(took))/elapsed.Seconds(), quantile(0.5), quantile(0.99), failed)
 }
 
 func sink(addr string) {
