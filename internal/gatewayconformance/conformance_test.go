@@ -23,13 +23,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/gateway-api/conformance"
+	"sigs.k8s.io/gateway-api/conformance/utils/suite"
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
 const (
-	// runEnv asks for TestGatewayConformance, which runs for longer than
-	// the rest of the cluster tests allow.
+	// runEnv asks for TestGatewayConformance, which scripts/test.sh does
+	// not run.
 	runEnv = "KELP_GATEWAY_CONFORMANCE"
 	// reportEnv is where the suite writes its report (YAML); the suite's
 	// own -report-output flag wins, the test's temp dir is the default.
@@ -67,7 +68,7 @@ var imageSources = map[string]struct{ pkg, path string }{
 // -debug ...) are passed on to it.
 func TestGatewayConformance(t *testing.T) {
 	if os.Getenv(runEnv) != "1" {
-		t.Skip("the Gateway API conformance suite runs for long: set " + runEnv + "=1 (scripts/gateway-conformance.sh does)")
+		t.Skip("the Gateway API conformance suite runs when asked: set " + runEnv + "=1 (scripts/gateway-conformance.sh does)")
 	}
 	n := testcluster.NewNode(t)
 	n.Agent = true
@@ -90,10 +91,18 @@ func TestGatewayConformance(t *testing.T) {
 	waitImages(t, n, images)
 
 	c := gatewayClient(t, n)
-	if err := waitAccepted(c, acceptTimeout); err != nil {
-		// The suite checks this again and fails on it in its own words,
-		// in its report.
+	gwc, err := waitAccepted(c, acceptTimeout)
+	if err != nil {
+		// The suite checks this again and fails on it in its own words.
 		t.Errorf("GatewayClass %s not Accepted %s after the node ran: %v", gatewayClass, acceptTimeout, err)
+	}
+	defaults := map[string]string{}
+	if gwc != nil && len(gwc.Status.SupportedFeatures) == 0 && !anyFlag("supported-features", "exempt-features", "all-features", "run-test") {
+		// The suite infers the features to test from the GatewayClass's
+		// status, and refuses to run with none.
+		core := sortedKeys(suite.GatewayHTTPConformanceProfile.CoreFeatures)
+		t.Errorf("GatewayClass %s lists no supportedFeatures in its status, whence the suite infers what to test: testing the core features of GATEWAY-HTTP only (%s)", gatewayClass, strings.Join(core, ","))
+		defaults["supported-features"] = strings.Join(core, ",")
 	}
 
 	report := reportPath(t)
@@ -107,9 +116,11 @@ func TestGatewayConformance(t *testing.T) {
 		// shown here.
 		args = append(args, "-test.timeout="+(time.Until(deadline)-time.Minute).Round(time.Second).String())
 	}
-	args = append(args, suiteArgs(report, kelpVersion(t, n))...)
-	suite := n.Command(exe, args...)
-	suite.Env = append(suite.Environ(), inNodeEnv+"=1", "KUBECONFIG="+n.Kubeconfig)
+	defaults["report-output"] = report
+	defaults["version"] = kelpVersion(t, n)
+	args = append(args, suiteArgs(defaults)...)
+	run := n.Command(exe, args...)
+	run.Env = append(run.Environ(), inNodeEnv+"=1", "KUBECONFIG="+n.Kubeconfig)
 	logPath := filepath.Join(n.Dir, "suite.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -118,14 +129,14 @@ func TestGatewayConformance(t *testing.T) {
 	defer logFile.Close()
 	// The suite's own log, streamed: a run takes long enough to want to
 	// see it go.
-	suite.Stdout = io.MultiWriter(os.Stdout, logFile)
-	suite.Stderr = suite.Stdout
+	run.Stdout = io.MultiWriter(os.Stdout, logFile)
+	run.Stderr = run.Stdout
 	t.Logf("running the suite in node %s: %s", n.Name, strings.Join(args, " "))
 	start := time.Now()
-	if err := testcluster.Spawn(suite); err != nil {
+	if err := testcluster.Spawn(run); err != nil {
 		t.Fatalf("start the suite: %v", err)
 	}
-	runErr := suite.Wait()
+	runErr := run.Wait()
 	t.Logf("the suite ran for %s (its log: %s)", time.Since(start).Round(time.Second), logPath)
 	data, err := os.ReadFile(report)
 	if err != nil {
@@ -148,17 +159,19 @@ func TestGatewayConformanceInNode(t *testing.T) {
 }
 
 // suiteArgs are the flags of the suite that the run inside the node gets:
-// those given to this test binary, and kelp's choices for the others.
-func suiteArgs(report, version string) []string {
+// those given to this test binary, then kelp's choices and extra (by flag
+// name) for the others.
+func suiteArgs(extra map[string]string) []string {
 	defaults := map[string]string{
 		"gateway-class":        gatewayClass,
-		"conformance-profiles": "GATEWAY-HTTP",
+		"conformance-profiles": string(suite.GatewayHTTPConformanceProfileName),
 		"organization":         "kelp-dev",
 		"project":              "kelp",
 		"url":                  "https://github.com/kelp-dev/kelp",
-		"version":              version,
 		"contact":              "https://github.com/kelp-dev/kelp/issues",
-		"report-output":        report,
+	}
+	for name, value := range extra {
+		defaults[name] = value
 	}
 	var args []string
 	flag.Visit(func(f *flag.Flag) {
@@ -174,16 +187,22 @@ func suiteArgs(report, version string) []string {
 	return args
 }
 
+// anyFlag says whether any of the flags names was given to the test
+// binary.
+func anyFlag(names ...string) bool {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || slices.Contains(names, f.Name) })
+	return given
+}
+
 // reportPath is where the suite writes its report: -report-output if
 // given, else $KELP_GATEWAY_CONFORMANCE_REPORT, else a file in the test's
 // temp dir.
 func reportPath(t *testing.T) string {
 	var path string
-	flag.Visit(func(f *flag.Flag) {
-		if f.Name == "report-output" {
-			path = f.Value.String()
-		}
-	})
+	if anyFlag("report-output") {
+		path = flag.Lookup("report-output").Value.String()
+	}
 	if path == "" {
 		path = os.Getenv(reportEnv)
 	}
@@ -298,16 +317,19 @@ func gatewayClient(t *testing.T, n *testcluster.Node) client.Client {
 	return c
 }
 
-// waitAccepted waits for the GatewayClass kelp to be Accepted, and
-// returns what it saw last if it is not within timeout.
-func waitAccepted(c client.Client, timeout time.Duration) error {
+// waitAccepted waits for the GatewayClass kelp to be Accepted and returns
+// it; if it is not within timeout, it returns what it saw last: the
+// GatewayClass if there is one, and why it is not Accepted.
+func waitAccepted(c client.Client, timeout time.Duration) (*gatewayv1.GatewayClass, error) {
 	var last error
+	var found *gatewayv1.GatewayClass
 	err := wait.PollUntilContextTimeout(context.Background(), time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		var gwc gatewayv1.GatewayClass
 		if err := c.Get(ctx, types.NamespacedName{Name: gatewayClass}, &gwc); err != nil {
 			last = err
 			return false, nil
 		}
+		found = &gwc
 		accepted := meta.FindStatusCondition(gwc.Status.Conditions, string(gatewayv1.GatewayClassConditionStatusAccepted))
 		if accepted == nil {
 			last = fmt.Errorf("controller %s has set no Accepted condition", gwc.Spec.ControllerName)
@@ -320,9 +342,9 @@ func waitAccepted(c client.Client, timeout time.Duration) error {
 		return true, nil
 	})
 	if err != nil && last != nil {
-		return last
+		err = last
 	}
-	return err
+	return found, err
 }
 
 // kelpVersion is the version the node's kelp says it is, for the report.
@@ -340,10 +362,10 @@ func kelpVersion(t *testing.T, n *testcluster.Node) string {
 	return ""
 }
 
-func sortedKeys[V any](m map[string]V) []string {
+func sortedKeys[K ~string, V any](m map[K]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
-		keys = append(keys, k)
+		keys = append(keys, string(k))
 	}
 	sort.Strings(keys)
 	return keys

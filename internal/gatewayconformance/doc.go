@@ -4,8 +4,7 @@
 // only, so that the suite and its dependencies (controller-runtime among
 // them) stay out of the kelp binary.
 //
-// TestGatewayConformance runs when KELP_GATEWAY_CONFORMANCE=1 (the suite
-// takes longer than the rest of the cluster tests allow):
+// TestGatewayConformance runs only when KELP_GATEWAY_CONFORMANCE=1:
 // scripts/gateway-conformance.sh builds kelp, runs it and prints the
-// report.
+// report; scripts/test.sh does not run it.
 package gatewayconformance
