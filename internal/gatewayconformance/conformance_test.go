@@ -85,7 +85,11 @@ func TestGatewayConformance(t *testing.T) {
 		}
 		n.AddImage(testcluster.BuildImage(t, source.pkg, source.path, image))
 	}
-	n.Start()
+	// The node's disk is the machine's, shared with builds and other
+	// tests: with the kubelet's default thresholds (imagefs 15 % free) a
+	// busy machine's disk evicts the suite's pods (seen: its CoreDNS, whose
+	// absence fails the suite's setup).
+	n.Start("--kubelet-arg", "eviction-hard=imagefs.available<1%,nodefs.available<1%")
 	n.WaitReady(startTimeout)
 	n.WaitLog("kelp node is running", startTimeout)
 	waitImages(t, n, images)
@@ -146,6 +150,14 @@ func TestGatewayConformance(t *testing.T) {
 	}
 	if runErr != nil {
 		t.Errorf("the suite failed (%v): its failed tests are the lines '--- FAIL' above", runErr)
+		for _, args := range [][]string{
+			{"get", "pods", "-A", "-o", "wide"},
+			{"get", "gateways", "-A"},
+			{"get", "events", "-A", "--field-selector", "type=Warning"},
+		} {
+			out, err := n.Kubectl(args...)
+			t.Logf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 }
 
@@ -169,6 +181,9 @@ func suiteArgs(extra map[string]string) []string {
 		"project":              "kelp",
 		"url":                  "https://github.com/kelp-dev/kelp",
 		"contact":              "https://github.com/kelp-dev/kelp/issues",
+		// The node goes with the test: what the suite made stays for
+		// TestGatewayConformance to show when the suite fails.
+		"cleanup-base-resources": "false",
 	}
 	for name, value := range extra {
 		defaults[name] = value
