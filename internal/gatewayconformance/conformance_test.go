@@ -85,11 +85,7 @@ func TestGatewayConformance(t *testing.T) {
 		}
 		n.AddImage(testcluster.BuildImage(t, source.pkg, source.path, image))
 	}
-	// The node's disk is the machine's, shared with builds and other
-	// tests: with the kubelet's default thresholds (imagefs 15 % free) a
-	// busy machine's disk evicts the suite's pods (seen: its CoreDNS, whose
-	// absence fails the suite's setup).
-	n.Start("--kubelet-arg", "eviction-hard=imagefs.available<1%,nodefs.available<1%")
+	n.Start()
 	n.WaitReady(startTimeout)
 	n.WaitLog("kelp node is running", startTimeout)
 	waitImages(t, n, images)
