@@ -235,7 +235,8 @@ func startNodeIn(t *testing.T, name, ip, dataDir, image string, srv *testcluster
 		t.Fatal(err)
 	}
 	bin := testcluster.Binary(t)
-	cmd := command(bin, "agent", "--server", srv.URL(), "--token-file", srv.TokenFile(), "--data-dir", dataDir, "--node-name", name, "--node-ip", ip)
+	args := append([]string{"agent", "--server", srv.URL(), "--token-file", srv.TokenFile(), "--data-dir", dataDir, "--node-name", name, "--node-ip", ip}, testcluster.KubeletArgs...)
+	cmd := command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := testcluster.Spawn(cmd); err != nil {
 		t.Fatal(err)

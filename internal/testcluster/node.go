@@ -194,24 +194,24 @@ func (n *Node) withEnv(cmd *exec.Cmd) *exec.Cmd {
 func (n *Node) ServerArgs(extra ...string) []string {
 	args := []string{"server", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig, "--node-name", n.Name}
 	if n.Agent {
-		args = append(args, testKubeletArgs...)
+		args = append(args, KubeletArgs...)
 	} else {
 		args = append(args, "--disable-agent")
 	}
 	return append(args, extra...)
 }
 
-// testKubeletArgs keep the kubelet of a test node from evicting its pods
+// KubeletArgs keep the kubelet of a test node from evicting its pods
 // when the machine's disk, which every node and the Go build cache share,
 // runs below the default 15 % free: that is the machine's state, not the
 // node's.
-var testKubeletArgs = []string{"--kubelet-arg", "eviction-hard=imagefs.available<1%,nodefs.available<1%"}
+var KubeletArgs = []string{"--kubelet-arg", "eviction-hard=imagefs.available<1%,nodefs.available<1%"}
 
 // AgentArgs are the flags every test agent gets: the server to join with
 // the token in tokenFile, its own data dir, n's name and address.
 func (n *Node) AgentArgs(serverURL, tokenFile string, extra ...string) []string {
 	args := []string{"agent", "--server", serverURL, "--token-file", tokenFile, "--data-dir", n.DataDir, "--node-name", n.Name, "--node-ip", n.IP}
-	args = append(args, testKubeletArgs...)
+	args = append(args, KubeletArgs...)
 	return append(args, extra...)
 }
 
