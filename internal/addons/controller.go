@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/kelp-dev/kelp/internal/crd"
 	"github.com/kelp-dev/kelp/internal/systemobjects"
 )
 
@@ -346,7 +347,7 @@ func (c *Controller) mapping(ctx context.Context, p *pass, gk schema.GroupKind, 
 	deadline := time.Now()
 	if name, ok := p.crds[gk]; ok && !p.waitedFor[name] {
 		p.waitedFor[name] = true
-		if err := waitEstablished(ctx, c.crds, name, 10*time.Second); err != nil {
+		if err := crd.WaitEstablished(ctx, c.crds, name, 10*time.Second); err != nil {
 			log.WithError(err).Debug("wait for a CustomResourceDefinition of a manifest")
 		}
 		// Discovery serves an established kind a moment later.

@@ -10,8 +10,8 @@ import (
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/kelp-dev/kelp/internal/crd"
 	"github.com/kelp-dev/kelp/internal/systemobjects"
 )
 
@@ -77,33 +77,7 @@ func ensureCRD(ctx context.Context, c apiextensionsclient.Interface) error {
 	if _, err := crds.Apply(ctx, addonCRD(), metav1.ApplyOptions{FieldManager: systemobjects.FieldManager, Force: true}); err != nil {
 		return fmt.Errorf("apply the CustomResourceDefinition %s: %w", crdName, err)
 	}
-	return waitEstablished(ctx, c, crdName, 30*time.Second)
-}
-
-// waitEstablished waits until the apiserver serves the custom resources of
-// the CustomResourceDefinition name.
-func waitEstablished(ctx context.Context, c apiextensionsclient.Interface, name string, timeout time.Duration) error {
-	var last string
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		crd, err := c.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-			if cond.Type == apiextensionsv1.NamesAccepted && cond.Status == apiextensionsv1.ConditionFalse {
-				last = cond.Message
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		return fmt.Errorf("the CustomResourceDefinition %s is not established (%s): %w", name, last, err)
-	}
-	return nil
+	return crd.WaitEstablished(ctx, c, crdName, 30*time.Second)
 }
 
 func addonCRD() *apiextensionsv1ac.CustomResourceDefinitionApplyConfiguration {

@@ -161,23 +161,7 @@ func TestSQLiteStartsFromCrashedWAL(t *testing.T) {
 
 	// Copy the files of the running datastore, which is what a power cut
 	// leaves: committed data partly in state.db-wal.
-	dataDir := t.TempDir()
-	dbDir := filepath.Join(dataDir, "server", "db")
-	if err := os.MkdirAll(dbDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"state.db", "state.db-wal"} {
-		b, err := os.ReadFile(filepath.Join(src, "server", "db", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if name == "state.db-wal" && len(b) == 0 {
-			t.Fatal("no WAL content while running; the test does not test anything")
-		}
-		if err := os.WriteFile(filepath.Join(dbDir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dataDir := copyRunningSQLite(t, src)
 	d2 := startReady(t, Config{DataDir: dataDir})
 	if got := get(t, d2.Backend(), "/registry/test/crash"); got != "survives" {
 		t.Errorf("got %q after a crash, want %q", got, "survives")
@@ -496,6 +480,27 @@ func TestCheckpointLeavesTheDataInTheFile(t *testing.T) {
 	put(t, d.Backend(), "/registry/test/moved", "whole")
 
 	// The files of a datastore whose WAL was not checkpointed at close.
+	dataDir := copyRunningSQLite(t, src)
+	path := filepath.Join(dataDir, "server", "db", "state.db")
+	if err := checkpoint(context.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	d2 := startReady(t, Config{DataDir: dataDir})
+	if got := get(t, d2.Backend(), "/registry/test/moved"); got != "whole" {
+		t.Errorf("got %q from the database file alone, want %q", got, "whole")
+	}
+}
+
+// copyRunningSQLite copies state.db and state.db-wal of the running SQLite
+// datastore of data dir src into a new data dir, which it returns: the
+// committed data partly in the WAL, as a power cut leaves it.
+func copyRunningSQLite(t *testing.T, src string) string {
+	t.Helper()
 	dataDir := t.TempDir()
 	dbDir := filepath.Join(dataDir, "server", "db")
 	if err := os.MkdirAll(dbDir, 0o700); err != nil {
@@ -513,17 +518,5 @@ func TestCheckpointLeavesTheDataInTheFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	path := filepath.Join(dbDir, "state.db")
-	if err := checkpoint(context.Background(), path); err != nil {
-		t.Fatal(err)
-	}
-	for _, suffix := range []string{"-wal", "-shm"} {
-		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			t.Fatal(err)
-		}
-	}
-	d2 := startReady(t, Config{DataDir: dataDir})
-	if got := get(t, d2.Backend(), "/registry/test/moved"); got != "whole" {
-		t.Errorf("got %q from the database file alone, want %q", got, "whole")
-	}
+	return dataDir
 }

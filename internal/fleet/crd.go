@@ -9,7 +9,8 @@ import (
 	apiextensionsv1ac "k8s.io/apiextensions-apiserver/pkg/client/applyconfiguration/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kelp-dev/kelp/internal/crd"
 )
 
 // EnsureCRD applies the Upgrade CustomResourceDefinition, so a newer
@@ -20,24 +21,7 @@ func EnsureCRD(ctx context.Context, c apiextensionsclient.Interface) error {
 	if _, err := crds.Apply(ctx, upgradeCRD(), metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
 		return fmt.Errorf("apply the CustomResourceDefinition %s: %w", crdName, err)
 	}
-	var last string
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		crd, err := crds.Get(ctx, crdName, metav1.GetOptions{})
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		return fmt.Errorf("the CustomResourceDefinition %s is not established (%s): %w", crdName, last, err)
-	}
-	return nil
+	return crd.WaitEstablished(ctx, c, crdName, 30*time.Second)
 }
 
 // fieldManager is systemobjects.FieldManager, which owns every field

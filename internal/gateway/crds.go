@@ -10,12 +10,13 @@ import (
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
 	"k8s.io/client-go/kubernetes"
 	gatewayv1ac "sigs.k8s.io/gateway-api/applyconfiguration/apis/v1"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kelp-dev/kelp/internal/crd"
 )
 
 // Install applies the Gateway API CRDs (one YAML file each in crds), waits
@@ -52,7 +53,7 @@ func Install(ctx context.Context, kube kubernetes.Interface, ext apiextensionscl
 		names = append(names, crd.Name)
 	}
 	for _, name := range names {
-		if err := waitEstablished(ctx, ext, name); err != nil {
+		if err := crd.WaitEstablished(ctx, ext, name, time.Minute); err != nil {
 			return err
 		}
 	}
@@ -67,25 +68,6 @@ func Install(ctx context.Context, kube kubernetes.Interface, ext apiextensionscl
 		WithSpec(networkingv1ac.IngressClassSpec().WithController(string(ControllerName)))
 	if _, err := kube.NetworkingV1().IngressClasses().Apply(ctx, ingressClass, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
 		return fmt.Errorf("apply the IngressClass %s: %w", IngressClassName, err)
-	}
-	return nil
-}
-
-func waitEstablished(ctx context.Context, c apiextensionsclient.Interface, name string) error {
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		crd, err := c.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		return fmt.Errorf("the CustomResourceDefinition %s is not established: %w", name, err)
 	}
 	return nil
 }
