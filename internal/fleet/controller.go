@@ -117,19 +117,28 @@ func (c *controller) run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		return nil
 	}
-	tick := time.NewTicker(syncEvery)
-	defer tick.Stop()
 	for {
 		if err := c.sync(ctx); err != nil && ctx.Err() == nil {
 			log.WithError(err).Warn("Upgrades: trying again")
+		}
+		// A rollout follows its nodes by polling; with none, an idle
+		// server wakes for nothing but a change of an Upgrade.
+		var next <-chan time.Time
+		if c.rolling() {
+			next = time.After(syncEvery)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-poke:
-		case <-tick.C:
+		case <-next:
 		}
 	}
+}
+
+// rolling says whether an Upgrade is not done yet.
+func (c *controller) rolling() bool {
+	return slices.ContainsFunc(c.upgrades(), func(u *Upgrade) bool { return !done(u.Status.Phase) })
 }
 
 // upgrades are the Upgrades in the cache, the oldest first.
