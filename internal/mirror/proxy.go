@@ -57,24 +57,8 @@ func NewTransport(id Identity, peers func() []Peer) *http.Transport {
 }
 
 func (m Mirror) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	if req.Method != http.MethodGet && req.Method != http.MethodHead {
-		registryError(w, http.StatusMethodNotAllowed, "UNSUPPORTED", "this mirror only serves pulls")
-		return
-	}
-	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
-	path, ok := strings.CutPrefix(req.URL.Path, "/v2/")
+	path, ns, ok := pullRequest(w, req)
 	if !ok {
-		registryError(w, http.StatusNotFound, "NAME_UNKNOWN", "not a registry API path: "+req.URL.Path)
-		return
-	}
-	if path == "" {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, "{}")
-		return
-	}
-	ns := req.URL.Query().Get("ns")
-	if ns == "" {
-		registryError(w, http.StatusNotFound, "NAME_UNKNOWN", "no registry named (ns): containerd names it when it asks a mirror")
 		return
 	}
 	// A tag that moves by convention is the registry's to resolve: a peer

@@ -39,23 +39,11 @@ const maxManifest = 4 << 20
 var tagPattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
 
 func (r Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	if req.Method != http.MethodGet && req.Method != http.MethodHead {
-		registryError(w, http.StatusMethodNotAllowed, "UNSUPPORTED", "this mirror only serves pulls")
-		return
-	}
-	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
-	path, ok := strings.CutPrefix(req.URL.Path, "/v2/")
+	path, ns, ok := pullRequest(w, req)
 	if !ok {
-		registryError(w, http.StatusNotFound, "NAME_UNKNOWN", "not a registry API path: "+req.URL.Path)
 		return
 	}
-	if path == "" {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, "{}")
-		return
-	}
-	ns := req.URL.Query().Get("ns")
-	if ns == "" || !r.Shares(ns) {
+	if !r.Shares(ns) {
 		registryError(w, http.StatusNotFound, "NAME_UNKNOWN", fmt.Sprintf("this node does not share images of registry %q", ns))
 		return
 	}
@@ -209,4 +197,32 @@ func cutLast(s, sep string) (before, after string, found bool) {
 		return s, "", false
 	}
 	return s[:i], s[i+len(sep):], true
+}
+
+// pullRequest answers what both faces answer alike: anything but a pull,
+// a path outside the registry API, the API's base, a request that names no
+// registry (containerd names it, ns, when it asks a mirror). Otherwise it
+// returns the path below /v2/ and the registry, for the face to serve.
+func pullRequest(w http.ResponseWriter, req *http.Request) (path, ns string, ok bool) {
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		registryError(w, http.StatusMethodNotAllowed, "UNSUPPORTED", "this mirror only serves pulls")
+		return "", "", false
+	}
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	path, ok = strings.CutPrefix(req.URL.Path, "/v2/")
+	if !ok {
+		registryError(w, http.StatusNotFound, "NAME_UNKNOWN", "not a registry API path: "+req.URL.Path)
+		return "", "", false
+	}
+	if path == "" {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, "{}")
+		return "", "", false
+	}
+	ns = req.URL.Query().Get("ns")
+	if ns == "" {
+		registryError(w, http.StatusNotFound, "NAME_UNKNOWN", "no registry named (ns): containerd names it when it asks a mirror")
+		return "", "", false
+	}
+	return path, ns, true
 }
