@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/kelp-dev/kelp/internal/reconcile"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
@@ -21,7 +22,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/workqueue"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gatewayinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
@@ -31,10 +31,14 @@ import (
 // cannot export to this one: it grants the nodes this package's Secret.
 const fieldManager = "kelp"
 
-// syncKey is the one key of the controller's queue: every change
-// recompiles everything, which at a homelab's scale costs less than
-// tracking what depends on what.
-const syncKey = "sync"
+// Every change recompiles everything, coalesce after it: at a homelab's
+// scale that costs less than tracking what depends on what. A pass whose
+// writes of status or of the Config failed is tried again on the retry
+// tick; other ticks do nothing.
+const (
+	coalesce = 100 * time.Millisecond
+	retry    = 30 * time.Second
+)
 
 // Controller compiles the cluster's Gateway API objects, writes their
 // status and publishes the data path's Config.
@@ -48,7 +52,8 @@ type Controller struct {
 	// memory here.
 	tlsInformers     informers.SharedInformerFactory
 	gatewayInformers gatewayinformers.SharedInformerFactory
-	queue            workqueue.TypedRateLimitingInterface[string]
+	// failed says the last pass could not write all it had to.
+	failed bool
 	// published is the Config last written to the Secret.
 	published []byte
 }
@@ -63,58 +68,34 @@ func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interf
 			o.FieldSelector = fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)).String()
 		})),
 		gatewayInformers: gatewayinformers.NewSharedInformerFactory(gw, 0),
-		queue:            workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 	}
-	defer c.queue.ShutDown()
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { c.queue.Add(syncKey) },
-		UpdateFunc: func(any, any) { c.queue.Add(syncKey) },
-		DeleteFunc: func(any) { c.queue.Add(syncKey) },
-	}
-	var synced []cache.InformerSynced
-	for _, i := range []cache.SharedIndexInformer{
-		c.gatewayInformers.Gateway().V1().GatewayClasses().Informer(),
-		c.gatewayInformers.Gateway().V1().Gateways().Informer(),
-		c.gatewayInformers.Gateway().V1().HTTPRoutes().Informer(),
-		c.gatewayInformers.Gateway().V1beta1().ReferenceGrants().Informer(),
-		c.kubeInformers.Core().V1().Services().Informer(),
-		c.tlsInformers.Core().V1().Secrets().Informer(),
-		c.kubeInformers.Core().V1().Namespaces().Informer(),
-		c.kubeInformers.Core().V1().Nodes().Informer(),
-		c.kubeInformers.Networking().V1().Ingresses().Informer(),
-	} {
-		if _, err := i.AddEventHandler(handler); err != nil {
-			return err
-		}
-		synced = append(synced, i.HasSynced)
-	}
-	c.kubeInformers.Start(ctx.Done())
-	c.tlsInformers.Start(ctx.Done())
-	defer c.tlsInformers.Shutdown()
-	c.gatewayInformers.Start(ctx.Done())
-	defer c.kubeInformers.Shutdown()
-	defer c.gatewayInformers.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return nil
-	}
-	go func() {
-		<-ctx.Done()
-		c.queue.ShutDown()
-	}()
-	c.queue.Add(syncKey)
-	for {
-		key, shutdown := c.queue.Get()
-		if shutdown {
+	g, k, t := c.gatewayInformers.Gateway(), c.kubeInformers, c.tlsInformers
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{
+			"gatewayclasses":  g.V1().GatewayClasses().Informer(),
+			"gateways":        g.V1().Gateways().Informer(),
+			"httproutes":      g.V1().HTTPRoutes().Informer(),
+			"referencegrants": g.V1beta1().ReferenceGrants().Informer(),
+			"services":        k.Core().V1().Services().Informer(),
+			"tls secrets":     t.Core().V1().Secrets().Informer(),
+			"namespaces":      k.Core().V1().Namespaces().Informer(),
+			"nodes":           k.Core().V1().Nodes().Informer(),
+			"ingresses":       k.Networking().V1().Ingresses().Informer(),
+		},
+		Coalesce: coalesce,
+		Resync:   retry,
+		Sync: func(ctx context.Context, resync bool) error {
+			if resync && !c.failed {
+				return nil
+			}
+			err := c.sync(ctx)
+			c.failed = err != nil
+			if err != nil && ctx.Err() == nil {
+				log.WithError(err).Warn("gateway status; trying again")
+			}
 			return nil
-		}
-		if err := c.sync(ctx); err != nil && ctx.Err() == nil {
-			log.WithError(err).Warn("gateway status; trying again")
-			c.queue.AddRateLimited(key)
-		} else {
-			c.queue.Forget(key)
-		}
-		c.queue.Done(key)
-	}
+		},
+	}.Run(ctx)
 }
 
 func (c *Controller) objects() (Objects, error) {
