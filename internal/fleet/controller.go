@@ -29,6 +29,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/leader"
+	"github.com/kelp-dev/kelp/internal/reconcile"
 	"github.com/kelp-dev/kelp/internal/version"
 )
 
@@ -103,37 +104,21 @@ func Run(ctx context.Context, cfg Config) error {
 func (c *controller) run(ctx context.Context) error {
 	informer := dynamicinformer.NewFilteredDynamicInformer(c.dynamic, Resource, metav1.NamespaceAll, 0, cache.Indexers{}, nil).Informer()
 	c.store = informer.GetStore()
-	poke := make(chan struct{}, 1)
-	notify := func(any) {
-		select {
-		case poke <- struct{}{}:
-		default:
-		}
-	}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: notify, UpdateFunc: func(_, o any) { notify(o) }}); err != nil {
-		return err
-	}
-	go informer.Run(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return nil
-	}
-	for {
-		if err := c.sync(ctx); err != nil && ctx.Err() == nil {
-			log.WithError(err).Warn("Upgrades: trying again")
-		}
-		// A rollout follows its nodes by polling; with none, an idle
-		// server wakes for nothing but a change of an Upgrade.
-		var next <-chan time.Time
-		if c.rolling() {
-			next = time.After(syncEvery)
-		}
-		select {
-		case <-ctx.Done():
+	return reconcile.Loop{
+		Informers: map[string]cache.SharedIndexInformer{"upgrades": informer},
+		// A rollout follows its nodes by polling, on the tick; with none,
+		// a tick does nothing.
+		Resync: syncEvery,
+		Sync: func(ctx context.Context, resync bool) error {
+			if resync && !c.rolling() {
+				return nil
+			}
+			if err := c.sync(ctx); err != nil && ctx.Err() == nil {
+				log.WithError(err).Warn("Upgrades: trying again")
+			}
 			return nil
-		case <-poke:
-		case <-next:
-		}
-	}
+		},
+	}.Run(ctx)
 }
 
 // rolling says whether an Upgrade is not done yet.
