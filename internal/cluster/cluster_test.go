@@ -31,7 +31,7 @@ func TestClusterCommand(t *testing.T) {
 	before := viewOf(t, host)
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 
-	out, err := kelp("cluster", "create", "ci", "--agents", "2", "--image", image, "--port", "18080:30080", "--wait", "4m")
+	out, err := kelp(nodeFlags("cluster", "create", "ci", "--agents", "2", "--image", image, "--port", "18080:30080", "--wait", "4m")...)
 	if err != nil {
 		t.Fatalf("kelp cluster create: %v\n%s", err, out)
 	}
@@ -156,7 +156,7 @@ spec:
 	lostRecord(t, host, root, kelp)
 
 	// A second cluster beside it sees nothing of the first.
-	if out, err := kelp("cluster", "create", "other", "--wait", "4m"); err != nil {
+	if out, err := kelp(nodeFlags("cluster", "create", "other", "--wait", "4m")...); err != nil {
 		t.Fatalf("kelp cluster create other: %v\n%s", err, out)
 	}
 	if got := kubectl("other", "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"); got != "server-1" {
@@ -202,7 +202,42 @@ func newHost(t *testing.T) (host *testcluster.Node, root string, kelp func(...st
 			t.Errorf("kelp cluster delete --all: %v\n%s", err, out)
 		}
 	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			showClusters(t, root, kelp)
+		}
+	})
 	return host, root, kelp
+}
+
+// nodeFlags ends a create's args with the flags every test node gets
+// (testcluster.KubeletArgs): a cluster's nodes share the machine's disk
+// with every other test and the build cache, whose use is the machine's
+// state, not the cluster's: under the kubelet's default 15 % free line,
+// nodes refuse every new pod.
+func nodeFlags(args ...string) []string {
+	return append(append(args, "--"), testcluster.KubeletArgs...)
+}
+
+// showClusters logs what a failed test needs to tell why: the pods and
+// events of every cluster under root, and its nodes' last log lines.
+func showClusters(t *testing.T, root string, kelp func(...string) (string, error)) {
+	clusters, _ := os.ReadDir(root)
+	for _, c := range clusters {
+		for _, args := range [][]string{
+			{"get", "nodes", "-o", "wide"},
+			{"get", "pods", "-A", "-o", "wide"},
+			{"get", "events", "-A", "--sort-by=.lastTimestamp"},
+		} {
+			out, err := kelp(append([]string{"cluster", "kubectl", c.Name()}, args...)...)
+			t.Logf("---- cluster %s: kubectl %s (%v) ----\n%s", c.Name(), strings.Join(args, " "), err, testcluster.LastLines(out, 60))
+		}
+		logs, _ := filepath.Glob(filepath.Join(root, c.Name(), "nodes", "*", "kelp.log"))
+		for _, path := range logs {
+			data, _ := os.ReadFile(path)
+			t.Logf("---- cluster %s: last lines of %s ----\n%s", c.Name(), path, testcluster.LastLines(string(data), 80))
+		}
+	}
 }
 
 // badInput tries what users get wrong, on a host where cluster ci runs.
@@ -421,7 +456,7 @@ spec:
 // the kubeconfig reaches it through any of them.
 func TestClusterCommandHA(t *testing.T) {
 	_, _, kelp := newHost(t)
-	if out, err := kelp("cluster", "create", "ha", "--servers", "3", "--wait", "5m"); err != nil {
+	if out, err := kelp(nodeFlags("cluster", "create", "ha", "--servers", "3", "--wait", "5m")...); err != nil {
 		t.Fatalf("kelp cluster create --servers 3: %v\n%s", err, out)
 	}
 	out, err := kelp("cluster", "kubectl", "ha", "get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")

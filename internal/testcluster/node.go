@@ -167,7 +167,7 @@ func (n *Node) cleanup() {
 	if n.t.Failed() {
 		for _, path := range n.logs {
 			data, _ := os.ReadFile(path)
-			n.t.Logf("---- node %s: last lines of %s ----\n%s", n.Name, path, lastLines(string(data), 150))
+			n.t.Logf("---- node %s: last lines of %s ----\n%s", n.Name, path, LastLines(string(data), 150))
 		}
 	}
 }
@@ -305,7 +305,7 @@ func (n *Node) WaitReady(timeout time.Duration) {
 		select {
 		case err := <-n.done:
 			n.done <- err
-			n.t.Fatalf("kelp server on node %s exited before it was ready: %v; its last lines:\n%s", n.Name, err, lastLines(n.Log(), 40))
+			n.t.Fatalf("kelp server on node %s exited before it was ready: %v; its last lines:\n%s", n.Name, err, LastLines(n.Log(), 40))
 		case <-ctx.Done():
 			n.t.Fatalf("kelp server on node %s not ready after %s: %s", n.Name, timeout, last)
 		case <-time.After(200 * time.Millisecond):
@@ -558,8 +558,8 @@ func openPTY() (terminal, tty *os.File, err error) {
 	return terminal, tty, nil
 }
 
-// lastLines returns the last n lines of log.
-func lastLines(log string, n int) string {
+// LastLines returns the last n lines of log.
+func LastLines(log string, n int) string {
 	lines := strings.Split(strings.TrimRight(log, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
