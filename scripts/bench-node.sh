@@ -58,48 +58,10 @@ die() { echo "bench-node: $*" >&2; exit 1; }
 [[ -z ${SERVICES:-} || " ${KELP_ARGS:-} " == *" --debug "* ]] || die "SERVICES needs KELP_ARGS=--debug: the proxy's timings are in kelp's debug log"
 [[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-node.XXXXXX")
-cleanup() {
-  local rc=$?
-  trap - EXIT
-  set +e
-  if [[ -n ${holder[server]:-} ]]; then
-    in_node server "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
-    [[ -n ${kelp_pid[server]:-} ]] && stop_kelp server # reaps it
-  fi
-  end_node server
-  [[ -n $LOGDIR ]] && mkdir -p "$LOGDIR" && cp "$work"/*.log "$work"/data/agent/containerd/containerd.log "$LOGDIR"/ 2>/dev/null
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-
-kubectl() { in_node server "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
-
+start_server_bench bench-node
 build_test_image "$repo" "$work"
 
-start_node server "$work"
-
-cat >"$work/app.yaml" <<'YAML'
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      containers:
-      - {name: web, image: docker.io/kelp-test/testapp:1.0, imagePullPolicy: IfNotPresent, args: [serve]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec:
-  selector: {app: web}
-  ports: [{port: 80, targetPort: 8080}]
-YAML
+web_app 2 >"$work/app.yaml"
 
 start_kelp() { # LOG: launches kelp server in the node
   # shellcheck disable=SC2086 # KELP_ARGS is a list of flags

@@ -55,53 +55,12 @@ for tool in unshare nsenter ip curl awk; do
   command -v "$tool" >/dev/null || die "$tool is missing"
 done
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-services.XXXXXX")
-poller=
-cleanup() {
-  local rc=$?
-  trap - EXIT
-  set +e
-  [[ -n $poller ]] && kill "$poller" 2>/dev/null
-  if [[ -n ${holder[server]:-} ]]; then
-    in_node server "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
-    [[ -n ${kelp_pid[server]:-} ]] && stop_kelp server # reaps it
-  fi
-  end_node server
-  [[ -n $LOGDIR ]] && mkdir -p "$LOGDIR" && cp "$work"/*.log "$work"/data/agent/containerd/containerd.log "$LOGDIR"/ 2>/dev/null
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-
-kubectl() { in_node server "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
-
+start_server_bench bench-services
 build_test_image "$repo" "$work"
 mkdir -p "$work/data/agent/images" && cp "$work/testapp.tar" "$work/data/agent/images/"
 
-start_node server "$work"
-
-# web: the pods behind every Service of the first figure and the name asked
-# by the DNS figure. sink: the throughput server, with a fixed ClusterIP.
-# client: where the measuring commands run (it serves, to stay up).
-cat >"$work/app.yaml" <<'YAML'
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      containers:
-      - {name: web, image: docker.io/kelp-test/testapp:1.0, imagePullPolicy: IfNotPresent, args: [serve]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web}
-spec:
-  selector: {app: web}
-  ports: [{port: 80, targetPort: 8080}]
+web_app 2 >"$work/app.yaml"
+cat >>"$work/app.yaml" <<'YAML'
 ---
 apiVersion: v1
 kind: Pod

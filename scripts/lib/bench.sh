@@ -206,6 +206,62 @@ end_node() {
   unset "holder[$1]" "cg_dirs[$1]" "node_enter[$1]" "node_state[$1]"
 }
 
+# start_server_bench NAME: the setup of a bench of one server with its node
+# (bench-node, bench-services, bench-gateway): work, a temporary directory
+# removed at exit; the node "server" (start_node); kubectl, for the kubeconfig
+# the server writes to $work/kelp.yaml; and an EXIT trap that kills the
+# bench's poller (a background pid it keeps in poller, if any), stops kelp
+# and its containers, ends the node and copies the logs to LOGDIR if set.
+start_server_bench() {
+  work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-$1.XXXXXX")
+  poller=
+  trap end_server_bench EXIT
+  # shellcheck disable=SC2317 # the bench calls it
+  kubectl() { in_node server "$KELP" kubectl --kubeconfig "$work/kelp.yaml" --request-timeout=5s "$@"; }
+  start_node server "$work"
+}
+
+end_server_bench() {
+  local rc=$?
+  trap - EXIT
+  set +e
+  [[ -n $poller ]] && kill "$poller" 2>/dev/null
+  if [[ -n ${holder[server]:-} ]]; then
+    in_node server "$KELP" killall --data-dir "$work/data" >/dev/null 2>&1
+    [[ -n ${kelp_pid[server]:-} ]] && stop_kelp server # reaps it
+  fi
+  end_node server
+  [[ -n $LOGDIR ]] && mkdir -p "$LOGDIR" && cp "$work"/*.log "$work"/data/agent/containerd/containerd.log "$LOGDIR"/ 2>/dev/null
+  rm -rf "$work"
+  exit "$rc"
+}
+
+# web_app REPLICAS: the app the one-server benches measure, a Deployment web
+# of REPLICAS pods of the test image serving on 8080 behind a Service web on
+# port 80, as YAML.
+web_app() {
+  cat <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: $1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - {name: web, image: docker.io/kelp-test/testapp:1.0, imagePullPolicy: IfNotPresent, args: [serve]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+YAML
+}
+
 # end_lab: removes the lab's network (end its nodes first).
 end_lab() {
   [[ -n $lab_state ]] || return 0
