@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,7 +112,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	}
 	// Services work before the kubelet starts pods that use them.
 	if err := g.Go("service proxy", func(ctx context.Context) error {
-		return proxy.Run(ctx, clients.proxy, proxy.Config{ClusterCIDR: cfg.ClusterCIDR, ClusterDNS: cfg.ClusterDNS, NodeName: cfg.NodeName, Pods: clients.kubelet})
+		return proxy.Run(ctx, clients.proxy, proxy.Config{ClusterCIDRs: []netip.Prefix{cfg.ClusterCIDR}, ClusterDNS: cfg.ClusterDNS, NodeName: cfg.NodeName, Pods: clients.kubelet})
 	}); err != nil {
 		return nil, err
 	}

@@ -20,7 +20,7 @@ import (
 // and a NodePort, and their ready endpoints.
 const benchServices, benchEndpoints = 1000, 10
 
-var benchCIDR = netip.MustParsePrefix("10.42.0.0/16")
+var benchCIDRs = []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")}
 
 // BenchmarkPorts1000x10 computes what the proxy programs from the Services and
 // EndpointSlices, as every sync does first.
@@ -49,11 +49,11 @@ func BenchmarkApply1000x10(b *testing.B) {
 	b.Run("from-scratch", func(b *testing.B) {
 		c := netnsConn(b)
 		for b.Loop() {
-			if err := Apply(c, benchCIDR, ports); err != nil {
+			if err := Apply(c, benchCIDRs, ports); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
-			c.DelTable(proxyTable())
+			c.DelTable(ipv4.proxyTable())
 			if err := c.Flush(); err != nil {
 				b.Fatalf("delete table: %v", err)
 			}
@@ -61,7 +61,7 @@ func BenchmarkApply1000x10(b *testing.B) {
 		}
 	})
 	oneEndpointChanged := func(b *testing.B, whole bool) {
-		p := &proxy{conn: netnsConn(b), cfg: Config{ClusterCIDR: benchCIDR}}
+		p := &proxy{conn: netnsConn(b), cfg: Config{ClusterCIDRs: benchCIDRs}}
 		if err := p.program(ports); err != nil {
 			b.Fatal(err)
 		}
@@ -83,7 +83,7 @@ func BenchmarkApply1000x10(b *testing.B) {
 			program += time.Since(computed)
 		}
 		b.StopTimer()
-		if n := countChains(p.conn); n != p.chains {
+		if n := countChains(p.conn, benchCIDRs); n != p.chains {
 			b.Fatalf("the table has %d chains; the proxy counts %d", n, p.chains)
 		}
 		n := float64(b.N)

@@ -46,23 +46,30 @@ func staleUDPFlows(before, now []Port) []staleFlow {
 	return stale
 }
 
-// portKey identifies a Service port or a hostPort across syncs.
+// portKey identifies a Service port or a hostPort across syncs: a
+// dual-stack pod's hostPort is one of each family.
 type portKey struct {
 	ip       netip.Addr
 	protocol uint8
 	port     uint16
 	nodePort uint16
+	family   *family
 }
 
 func key(p Port) portKey {
-	return portKey{p.ClusterIP, p.Protocol, p.Port, p.NodePort}
+	return portKey{p.ClusterIP, p.Protocol, p.Port, p.NodePort, p.family()}
 }
 
 // forget deletes the conntrack entries of stale flows, through the
-// ClusterIP, the external addresses and the NodePort.
+// ClusterIP, the external addresses and the NodePort, in the conntrack
+// table of each flow's family.
 func forget(stale []staleFlow) error {
 	var errs []error
 	for _, s := range stale {
+		family := netlink.InetFamily(netlink.FAMILY_V4)
+		if s.endpoint.Is6() {
+			family = netlink.FAMILY_V6
+		}
 		var filters []netlink.CustomConntrackFilter
 		for _, ip := range append([]netip.Addr{s.port.ClusterIP}, s.port.ExternalIPs...) {
 			if !ip.IsValid() {
@@ -84,7 +91,7 @@ func forget(stale []staleFlow) error {
 				viaNodePort.AddIP(netlink.ConntrackReplySrcIP, net.IP(s.endpoint.AsSlice())))
 			filters = append(filters, viaNodePort)
 		}
-		_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, filters...)
+		_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, family, filters...)
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

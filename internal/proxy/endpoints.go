@@ -21,11 +21,12 @@ type endpoint struct {
 	servingTerminating bool
 }
 
-// slicesByService groups the IPv4 endpoint slices by "namespace/service".
+// slicesByService groups the endpoint slices of addresses (IPv4 and IPv6,
+// not FQDN) by "namespace/service".
 func slicesByService(eps []*discoveryv1.EndpointSlice) map[string][]*discoveryv1.EndpointSlice {
 	by := map[string][]*discoveryv1.EndpointSlice{}
 	for _, s := range eps {
-		if s.AddressType == discoveryv1.AddressTypeIPv4 {
+		if s.AddressType == discoveryv1.AddressTypeIPv4 || s.AddressType == discoveryv1.AddressTypeIPv6 {
 			key := s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
 			by[key] = append(by[key], s)
 		}
@@ -33,11 +34,14 @@ func slicesByService(eps []*discoveryv1.EndpointSlice) map[string][]*discoveryv1
 	return by
 }
 
-// endpointsOf lists the endpoints of sp in its slices: those on the slice
-// port of the same name and protocol.
-func endpointsOf(slices []*discoveryv1.EndpointSlice, sp corev1.ServicePort, node string) []endpoint {
+// endpointsOf lists the endpoints of sp in its slices of addresses of
+// type at: those on the slice port of the same name and protocol.
+func endpointsOf(slices []*discoveryv1.EndpointSlice, at discoveryv1.AddressType, sp corev1.ServicePort, node string) []endpoint {
 	var out []endpoint
 	for _, s := range slices {
+		if s.AddressType != at {
+			continue
+		}
 		var target int32
 		for _, p := range s.Ports {
 			if ptr.Deref(p.Name, "") == sp.Name && p.Port != nil && ptr.Deref(p.Protocol, corev1.ProtocolTCP) == sp.Protocol {
@@ -55,7 +59,7 @@ func endpointsOf(slices []*discoveryv1.EndpointSlice, sp corev1.ServicePort, nod
 			for _, a := range e.Addresses {
 				if ip, err := netip.ParseAddr(a); err == nil {
 					out = append(out, endpoint{
-						addr:               netip.AddrPortFrom(ip, uint16(target)),
+						addr:               netip.AddrPortFrom(ip.Unmap(), uint16(target)),
 						local:              node != "" && ptr.Deref(e.NodeName, "") == node,
 						ready:              ready,
 						servingTerminating: serving && terminating,

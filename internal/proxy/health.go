@@ -32,8 +32,14 @@ func HealthChecks(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, node
 		if svc.Spec.HealthCheckNodePort == 0 || !externalLocal(svc) {
 			continue
 		}
+		// A dual-stack pod is in a slice of each family: its endpoints are
+		// counted in those of the Service's primary family.
+		primary := primaryAddressType(svc)
 		local := map[string]bool{}
 		for _, s := range bySvc[svc.Namespace+"/"+svc.Name] {
+			if s.AddressType != primary {
+				continue
+			}
 			for _, e := range s.Endpoints {
 				if ptr.Deref(e.NodeName, "") == node && ptr.Deref(e.Conditions.Ready, true) && len(e.Addresses) > 0 {
 					local[e.Addresses[0]] = true
@@ -44,6 +50,18 @@ func HealthChecks(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, node
 	}
 	slices.SortFunc(out, func(a, b HealthCheck) int { return cmp.Compare(a.Port, b.Port) })
 	return out
+}
+
+// primaryAddressType is the type of the endpoint slices of a Service's
+// first IP family.
+func primaryAddressType(svc *corev1.Service) discoveryv1.AddressType {
+	if len(svc.Spec.IPFamilies) > 0 {
+		return discoveryv1.AddressType(svc.Spec.IPFamilies[0])
+	}
+	if ips := clusterIPs(svc); len(ips) > 0 {
+		return addressType(ips[0])
+	}
+	return discoveryv1.AddressTypeIPv4
 }
 
 // healthServer answers on the health check ports the way kube-proxy does:

@@ -56,3 +56,19 @@ func TestHealthChecks(t *testing.T) {
 		}
 	}
 }
+
+// A dual-stack pod is an endpoint in a slice of each family: it counts
+// once.
+func TestHealthChecksDualStack(t *testing.T) {
+	svc := dualStack(service("local", "fd43::20", corev1.ServiceTypeLoadBalancer, corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP}), "10.43.0.20")
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc.Spec.HealthCheckNodePort = 32000
+	eps := []*discoveryv1.EndpointSlice{
+		slice("local", "http", 8080, onNode("10.42.0.5", "node-a", true, true, false)),
+		slice6("local", "http", 8080, onNode("fd42::5", "node-a", true, true, false), onNode("fd42::6", "node-a", true, true, false)),
+	}
+	got := HealthChecks([]*corev1.Service{svc}, eps, "node-a")
+	if want := []HealthCheck{{Port: 32000, Namespace: "default", Name: "local", LocalEndpoints: 2}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("HealthChecks = %+v, want %+v (the endpoints of the primary family, IPv6)", got, want)
+	}
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -36,7 +37,10 @@ var log = logrus.WithField("component", "proxy")
 
 // Config is what the proxy needs to know of the cluster.
 type Config struct {
-	ClusterCIDR netip.Prefix
+	// ClusterCIDRs are the pod networks, at most one per IP family: the
+	// proxy serves the Services' addresses of these families (a table
+	// each), and masquerades traffic from outside them.
+	ClusterCIDRs []netip.Prefix
 	// ClusterDNS is served on every node itself (see package dns); the
 	// proxy leaves its address alone.
 	ClusterDNS netip.Addr
@@ -52,7 +56,29 @@ func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
 	return run(ctx, client, cfg, tamperCheck)
 }
 
+// Validate checks that cfg names a cluster CIDR of one family or two.
+func (cfg Config) Validate() error {
+	if len(cfg.ClusterCIDRs) == 0 {
+		return errors.New("service proxy: no cluster CIDR; pass --cluster-cidr")
+	}
+	seen := map[*family]netip.Prefix{}
+	for _, p := range cfg.ClusterCIDRs {
+		if !p.IsValid() {
+			return fmt.Errorf("service proxy: invalid cluster CIDR %s", p)
+		}
+		f := familyOf(p.Addr())
+		if other, ok := seen[f]; ok {
+			return fmt.Errorf("service proxy: cluster CIDRs %s and %s are of the same IP family; give one IPv4 and one IPv6 CIDR at most", other, p)
+		}
+		seen[f] = p
+	}
+	return nil
+}
+
 func run(ctx context.Context, client kubernetes.Interface, cfg Config, tamperCheck time.Duration) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	conn, err := nft.New()
 	if err != nil {
 		return err
@@ -89,10 +115,10 @@ type proxy struct {
 	services       corelisters.ServiceLister
 	endpointSlices discoverylisters.EndpointSliceLister
 	pods           corelisters.PodLister
-	// applied is what the proxy last programmed: the table holds it if
-	// inStep, and has chains chains then. Not in step (at start, once
-	// someone else changed the table, after a failed programming), the
-	// table is replaced whole; in step, only what changed is.
+	// applied is what the proxy last programmed: the tables hold it if
+	// inStep, and have chains chains then. Not in step (at start, once
+	// someone else changed a table, after a failed programming), the
+	// tables are replaced whole; in step, only what changed is.
 	applied []Port
 	inStep  bool
 	chains  int
@@ -105,7 +131,7 @@ func (p *proxy) sync(_ context.Context, resync bool) error {
 	if resync && p.inStep {
 		// No table (-1) is never as it made it, even if it was gone by
 		// the time it counted its chains after programming.
-		if n := countChains(p.conn); n >= 0 && n == p.chains {
+		if n := countChains(p.conn, p.cfg.ClusterCIDRs); n >= 0 && n == p.chains {
 			return nil
 		}
 		// Someone flushed the ruleset (a firewall reload, say).
@@ -144,7 +170,7 @@ func (p *proxy) program(ports []Port) error {
 	started := time.Now()
 	how := "updated"
 	if p.inStep {
-		added, err := update(p.conn, p.cfg.ClusterCIDR, p.applied, ports)
+		added, err := update(p.conn, p.cfg.ClusterCIDRs, p.applied, ports)
 		if err != nil {
 			log.WithError(err).Warnf("could not update nftables table %s; replacing it", Table)
 			p.inStep = false
@@ -154,10 +180,10 @@ func (p *proxy) program(ports []Port) error {
 	}
 	if !p.inStep {
 		how = "replaced"
-		if err := Apply(p.conn, p.cfg.ClusterCIDR, ports); err != nil {
+		if err := Apply(p.conn, p.cfg.ClusterCIDRs, ports); err != nil {
 			return err
 		}
-		p.chains = countChains(p.conn)
+		p.chains = countChains(p.conn, p.cfg.ClusterCIDRs)
 	}
 	if err := forget(staleUDPFlows(p.applied, ports)); err != nil {
 		log.WithError(err).Warn("could not forget UDP flows to removed endpoints")
@@ -171,17 +197,26 @@ func (p *proxy) program(ports []Port) error {
 // made it.
 const tamperCheck = 10 * time.Second
 
-// countChains counts the chains of the proxy's table: -1 if there is no
-// such table.
-func countChains(c *nftables.Conn) int {
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+// countChains counts the chains of the proxy's tables for the families of
+// clusterCIDRs: -1 if one of them is missing (a table always has chains).
+func countChains(c *nftables.Conn, clusterCIDRs []netip.Prefix) int {
+	chains, err := c.ListChains()
 	if err != nil {
 		return -1
 	}
-	n := -1
+	perFamily := map[nftables.TableFamily]int{}
 	for _, ch := range chains {
 		if ch.Table.Name == Table {
-			n = max(n, 0) + 1
+			perFamily[ch.Table.Family]++
+		}
+	}
+	n := 0
+	for _, f := range families {
+		if _, ok := cidrOf(clusterCIDRs, f); ok {
+			if perFamily[f.table] == 0 {
+				return -1
+			}
+			n += perFamily[f.table]
 		}
 	}
 	return n
@@ -194,42 +229,74 @@ var protocols = map[corev1.Protocol]uint8{
 }
 
 // Ports returns what the proxy of node programs for svcs and their
-// endpoint slices, in a stable order: every port of every Service with an
-// IPv4 ClusterIP other than skip.
+// endpoint slices, in a stable order: every port of every ClusterIP (one
+// per IP family of a dual-stack Service) other than skip, with the
+// endpoints, external addresses and load balancer addresses of the
+// ClusterIP's family.
 func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, node string, skip netip.Addr) []Port {
 	bySvc := slicesByService(eps)
 	var out []Port
 	for _, svc := range svcs {
-		ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-		if err != nil || !ip.Is4() || ip == skip || svc.Spec.Type == corev1.ServiceTypeExternalName {
-			continue // headless, IPv6 or a DNS name: nothing to proxy
+		if svc.Spec.Type == corev1.ServiceTypeExternalName {
+			continue
 		}
-		for _, sp := range svc.Spec.Ports {
-			proto, ok := protocols[sp.Protocol]
-			if !ok {
+		for _, ip := range clusterIPs(svc) {
+			if ip == skip {
 				continue
 			}
-			p := Port{ClusterIP: ip, Protocol: proto, Port: uint16(sp.Port)}
-			if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-				p.NodePort = uint16(sp.NodePort)
+			svcSlices := bySvc[svc.Namespace+"/"+svc.Name]
+			external := externalIPs(svc, ip.Is6())
+			for _, sp := range svc.Spec.Ports {
+				proto, ok := protocols[sp.Protocol]
+				if !ok {
+					continue
+				}
+				p := Port{ClusterIP: ip, Protocol: proto, Port: uint16(sp.Port), ExternalIPs: external}
+				if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+					p.NodePort = uint16(sp.NodePort)
+				}
+				all := endpointsOf(svcSlices, addressType(ip), sp, node)
+				p.Endpoints = usable(all, ptr.Deref(svc.Spec.InternalTrafficPolicy, corev1.ServiceInternalTrafficPolicyCluster) == corev1.ServiceInternalTrafficPolicyLocal)
+				if externalLocal(svc) {
+					p.ExternalLocal = true
+					p.LocalEndpoints = usable(all, true)
+				}
+				if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+					p.Affinity = affinityTimeout(svc)
+				}
+				out = append(out, p)
 			}
-			p.ExternalIPs = externalIPs(svc)
-			all := endpointsOf(bySvc[svc.Namespace+"/"+svc.Name], sp, node)
-			p.Endpoints = usable(all, ptr.Deref(svc.Spec.InternalTrafficPolicy, corev1.ServiceInternalTrafficPolicyCluster) == corev1.ServiceInternalTrafficPolicyLocal)
-			if externalLocal(svc) {
-				p.ExternalLocal = true
-				p.LocalEndpoints = usable(all, true)
-			}
-			if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
-				p.Affinity = affinityTimeout(svc)
-			}
-			out = append(out, p)
 		}
 	}
 	slices.SortFunc(out, func(a, b Port) int {
 		return cmp.Or(a.ClusterIP.Compare(b.ClusterIP), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
 	return out
+}
+
+// clusterIPs are the addresses of a Service, one per IP family: none for a
+// headless one.
+func clusterIPs(svc *corev1.Service) []netip.Addr {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 {
+		// The API fills clusterIPs in; objects made by hand may not.
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []netip.Addr
+	for _, s := range ips {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
+}
+
+// addressType is the type of the endpoint slices that serve ip.
+func addressType(ip netip.Addr) discoveryv1.AddressType {
+	if ip.Is6() {
+		return discoveryv1.AddressTypeIPv6
+	}
+	return discoveryv1.AddressTypeIPv4
 }
 
 // externalLocal says whether traffic from outside the cluster stays on the
@@ -249,29 +316,36 @@ func affinityTimeout(svc *corev1.Service) time.Duration {
 	return time.Duration(corev1.DefaultClientIPServiceAffinitySeconds) * time.Second
 }
 
-// HostPorts returns the hostPorts of running pods, on every address of
-// the node or on their hostIP, in a stable order.
+// HostPorts returns the hostPorts of running pods, in a stable order: on
+// every address of the node, or on their hostIP, for each address of the
+// pod (one per IP family) that can be reached there.
 func HostPorts(pods []*corev1.Pod) []Port {
 	var out []Port
 	for _, pod := range pods {
-		ip, err := netip.ParseAddr(pod.Status.PodIP)
-		if err != nil || !ip.Is4() || pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil {
+		if pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil {
 			continue
 		}
-		for _, c := range pod.Spec.Containers {
-			for _, cp := range c.Ports {
-				proto, ok := protocols[cp.Protocol]
-				if cp.HostPort == 0 || !ok {
-					continue
+		for _, ip := range podIPs(pod) {
+			for _, c := range pod.Spec.Containers {
+				for _, cp := range c.Ports {
+					proto, ok := protocols[cp.Protocol]
+					if cp.HostPort == 0 || !ok {
+						continue
+					}
+					p := Port{Protocol: proto, Endpoints: []netip.AddrPort{netip.AddrPortFrom(ip, uint16(cp.ContainerPort))}}
+					// A hostIP binds the port to that one address of the
+					// node; the pod's address of the other family has none.
+					hostIP, err := netip.ParseAddr(cp.HostIP)
+					switch {
+					case err != nil || hostIP.IsUnspecified():
+						p.NodePort = uint16(cp.HostPort)
+					case hostIP.Unmap().Is6() == ip.Is6():
+						p.Port, p.ExternalIPs = uint16(cp.HostPort), []netip.Addr{hostIP.Unmap()}
+					default:
+						continue
+					}
+					out = append(out, p)
 				}
-				p := Port{Protocol: proto, Endpoints: []netip.AddrPort{netip.AddrPortFrom(ip, uint16(cp.ContainerPort))}}
-				// A hostIP binds the port to that one address of the node.
-				if hostIP, err := netip.ParseAddr(cp.HostIP); err == nil && hostIP.Is4() && !hostIP.IsUnspecified() {
-					p.Port, p.ExternalIPs = uint16(cp.HostPort), []netip.Addr{hostIP}
-				} else {
-					p.NodePort = uint16(cp.HostPort)
-				}
-				out = append(out, p)
 			}
 		}
 	}
@@ -281,18 +355,37 @@ func HostPorts(pods []*corev1.Pod) []Port {
 	return out
 }
 
-// externalIPs are the Service's externalIPs and load balancer ingress IPs.
-func externalIPs(svc *corev1.Service) []netip.Addr {
+// podIPs are the addresses of a pod, one per IP family.
+func podIPs(pod *corev1.Pod) []netip.Addr {
 	var out []netip.Addr
-	for _, s := range svc.Spec.ExternalIPs {
-		if ip, err := netip.ParseAddr(s); err == nil {
-			out = append(out, ip)
+	for _, s := range pod.Status.PodIPs {
+		if ip, err := netip.ParseAddr(s.IP); err == nil {
+			out = append(out, ip.Unmap())
 		}
 	}
-	for _, in := range svc.Status.LoadBalancer.Ingress {
-		if ip, err := netip.ParseAddr(in.IP); err == nil {
-			out = append(out, ip)
+	if len(out) == 0 {
+		// The kubelet fills podIPs in; objects made by hand may not.
+		if ip, err := netip.ParseAddr(pod.Status.PodIP); err == nil {
+			out = append(out, ip.Unmap())
 		}
+	}
+	return out
+}
+
+// externalIPs are the Service's externalIPs and load balancer ingress IPs
+// of one IP family: traffic to them goes to the endpoints of that family.
+func externalIPs(svc *corev1.Service, v6 bool) []netip.Addr {
+	var out []netip.Addr
+	add := func(s string) {
+		if ip, err := netip.ParseAddr(s); err == nil && ip.Unmap().Is6() == v6 {
+			out = append(out, ip.Unmap())
+		}
+	}
+	for _, s := range svc.Spec.ExternalIPs {
+		add(s)
+	}
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		add(in.IP)
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)

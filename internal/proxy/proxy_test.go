@@ -34,6 +34,29 @@ func slice(svc string, port string, number int32, endpoints ...discoveryv1.Endpo
 	}
 }
 
+// slice6 is slice of IPv6 addresses.
+func slice6(svc string, port string, number int32, endpoints ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	s := slice(svc, port, number, endpoints...)
+	s.Name, s.AddressType = svc+"-y", discoveryv1.AddressTypeIPv6
+	return s
+}
+
+// dualStack gives svc a second ClusterIP, as the API does for a
+// PreferDualStack or RequireDualStack Service in a dual-stack cluster.
+func dualStack(svc *corev1.Service, second string) *corev1.Service {
+	svc.Spec.ClusterIPs = []string{svc.Spec.ClusterIP, second}
+	policy := corev1.IPFamilyPolicyPreferDualStack
+	svc.Spec.IPFamilyPolicy = &policy
+	for _, ip := range svc.Spec.ClusterIPs {
+		family := corev1.IPv4Protocol
+		if netip.MustParseAddr(ip).Is6() {
+			family = corev1.IPv6Protocol
+		}
+		svc.Spec.IPFamilies = append(svc.Spec.IPFamilies, family)
+	}
+	return svc
+}
+
 func ep(ip string, ready *bool) discoveryv1.Endpoint {
 	return discoveryv1.Endpoint{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ready}}
 }
@@ -235,8 +258,9 @@ func TestPortsTrafficPolicies(t *testing.T) {
 	}
 }
 
-// TestRun follows Run through a new Service and a table deleted behind its
-// back, and checks it leaves the table in place.
+// TestRun follows Run, in a dual-stack cluster, through a new Service and
+// a table deleted behind its back, and checks it leaves the tables in
+// place.
 func TestRun(t *testing.T) {
 	testcluster.InNewNetns(t, func() {
 		fd := testcluster.NetnsFD(t)
@@ -246,9 +270,12 @@ func TestRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		http := corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}
+		cidrs := []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16"), netip.MustParsePrefix("fd42::/56")}
+		chains := func() int { return countChains(c, cidrs) }
 		client := fake.NewClientset(
-			service("web", "10.43.0.20", corev1.ServiceTypeClusterIP, http),
+			dualStack(service("web", "10.43.0.20", corev1.ServiceTypeClusterIP, http), "fd43::20"),
 			slice("web", "http", 8080, ep("10.42.0.7", nil)),
+			slice6("web", "http", 8080, ep("fd42::7", nil)),
 		)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -256,45 +283,187 @@ func TestRun(t *testing.T) {
 			defer cancel()
 			waitFor := func(what string, ok func(chains int) bool) bool {
 				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-					if ok(countChains(c)) {
+					if ok(chains()) {
 						return true
 					}
 				}
-				t.Errorf("%s: never happened; %d chains", what, countChains(c))
+				t.Errorf("%s: never happened; %d chains", what, chains())
 				return false
 			}
 			if !waitFor("the table programmed", func(n int) bool { return n > 0 }) {
 				return
 			}
-			one := countChains(c)
+			one := chains()
 			if _, err := client.CoreV1().Services("default").Create(ctx,
-				service("api", "10.43.0.5", corev1.ServiceTypeClusterIP, http), metav1.CreateOptions{}); err != nil {
+				service("api", "fd43::5", corev1.ServiceTypeClusterIP, http), metav1.CreateOptions{}); err != nil {
 				t.Error(err)
 				return
 			}
 			if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx,
-				slice("api", "http", 8080, ep("10.42.0.8", nil)), metav1.CreateOptions{}); err != nil {
+				slice6("api", "http", 8080, ep("fd42::8", nil)), metav1.CreateOptions{}); err != nil {
 				t.Error(err)
 				return
 			}
 			if !waitFor("a new Service programmed", func(n int) bool { return n > one }) {
 				return
 			}
-			two := countChains(c)
-			c.DelTable(&nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4})
+			two := chains()
+			c.DelTable(&nftables.Table{Name: Table, Family: nftables.TableFamilyIPv6})
 			if err := c.Flush(); err != nil {
 				t.Error(err)
 				return
 			}
 			waitFor("the deleted table back", func(n int) bool { return n == two })
 		}()
-		cfg := Config{ClusterCIDR: netip.MustParsePrefix("10.42.0.0/16"), NodeName: "node-a", Pods: client}
+		cfg := Config{ClusterCIDRs: cidrs, NodeName: "node-a", Pods: client}
 		if err := run(ctx, client, cfg, 50*time.Millisecond); err != nil {
 			t.Errorf("run: %v", err)
 		}
 		// Services keep working while kelp is stopped or restarts.
-		if countChains(c) <= 0 {
+		if chains() <= 0 {
 			t.Error("after run: the table is gone; want it kept")
 		}
 	})
+}
+
+func TestPortsDualStack(t *testing.T) {
+	ip := netip.MustParseAddr
+	http := corev1.ServicePort{Name: "http", Port: 80, NodePort: 30080, Protocol: corev1.ProtocolTCP}
+	v4 := slice("web", "http", 8080, onNode("10.42.0.5", "node-a", true, true, false), onNode("10.42.1.5", "node-b", true, true, false))
+	v6 := slice6("web", "http", 8080, onNode("fd42::5", "node-a", true, true, false), onNode("fd42:0:0:1::5", "node-b", true, true, false))
+	for _, tc := range []struct {
+		name      string
+		svc       *corev1.Service
+		slices    []*discoveryv1.EndpointSlice
+		configure func(*corev1.Service)
+		skip      netip.Addr
+		want      []Port
+	}{
+		{
+			name:   "PreferDualStack: a port per family, each to the endpoints of its family",
+			svc:    dualStack(service("web", "10.43.0.20", corev1.ServiceTypeClusterIP, http), "fd43::20"),
+			slices: []*discoveryv1.EndpointSlice{v6, v4},
+			want: []Port{
+				{ClusterIP: ip("10.43.0.20"), Protocol: unix.IPPROTO_TCP, Port: 80, Endpoints: addrPorts("10.42.0.5:8080", "10.42.1.5:8080")},
+				{ClusterIP: ip("fd43::20"), Protocol: unix.IPPROTO_TCP, Port: 80, Endpoints: addrPorts("[fd42::5]:8080", "[fd42:0:0:1::5]:8080")},
+			},
+		},
+		{
+			name:   "RequireDualStack, IPv6 first: the NodePort, external and load balancer addresses of each family",
+			svc:    dualStack(service("web", "fd43::20", corev1.ServiceTypeLoadBalancer, http), "10.43.0.20"),
+			slices: []*discoveryv1.EndpointSlice{v4, v6},
+			configure: func(s *corev1.Service) {
+				s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
+				s.Spec.ExternalIPs = []string{"2001:db8::7", "192.0.2.7"}
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "192.168.1.10"}, {IP: "2001:db8:1::10"}, {Hostname: "lb.example"}}
+			},
+			want: []Port{
+				{ClusterIP: ip("10.43.0.20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080,
+					ExternalIPs: []netip.Addr{ip("192.0.2.7"), ip("192.168.1.10")}, Endpoints: addrPorts("10.42.0.5:8080", "10.42.1.5:8080")},
+				{ClusterIP: ip("fd43::20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080,
+					ExternalIPs: []netip.Addr{ip("2001:db8::7"), ip("2001:db8:1::10")}, Endpoints: addrPorts("[fd42::5]:8080", "[fd42:0:0:1::5]:8080")},
+			},
+		},
+		{
+			name:   "IPv6 only: the IPv4 slices are not its",
+			svc:    service("web", "fd43::20", corev1.ServiceTypeNodePort, http),
+			slices: []*discoveryv1.EndpointSlice{v4, v6},
+			want: []Port{
+				{ClusterIP: ip("fd43::20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080, Endpoints: addrPorts("[fd42::5]:8080", "[fd42:0:0:1::5]:8080")},
+			},
+		},
+		{
+			name:   "a family without endpoints refuses, the other serves",
+			svc:    dualStack(service("web", "10.43.0.20", corev1.ServiceTypeClusterIP, http), "fd43::20"),
+			slices: []*discoveryv1.EndpointSlice{v4},
+			want: []Port{
+				{ClusterIP: ip("10.43.0.20"), Protocol: unix.IPPROTO_TCP, Port: 80, Endpoints: addrPorts("10.42.0.5:8080", "10.42.1.5:8080")},
+				{ClusterIP: ip("fd43::20"), Protocol: unix.IPPROTO_TCP, Port: 80},
+			},
+		},
+		{
+			name:   "traffic policies and affinity in each family",
+			svc:    dualStack(service("web", "10.43.0.20", corev1.ServiceTypeNodePort, http), "fd43::20"),
+			slices: []*discoveryv1.EndpointSlice{v4, v6},
+			configure: func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+			},
+			want: []Port{
+				{ClusterIP: ip("10.43.0.20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080, Endpoints: addrPorts("10.42.0.5:8080", "10.42.1.5:8080"),
+					ExternalLocal: true, LocalEndpoints: addrPorts("10.42.0.5:8080"), Affinity: 3 * time.Hour},
+				{ClusterIP: ip("fd43::20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080, Endpoints: addrPorts("[fd42::5]:8080", "[fd42:0:0:1::5]:8080"),
+					ExternalLocal: true, LocalEndpoints: addrPorts("[fd42::5]:8080"), Affinity: 3 * time.Hour},
+			},
+		},
+		{
+			name:   "the cluster DNS address is left alone, the other family's is not",
+			svc:    dualStack(service("web", "10.43.0.20", corev1.ServiceTypeClusterIP, http), "fd43::20"),
+			slices: []*discoveryv1.EndpointSlice{v4, v6},
+			skip:   ip("10.43.0.20"),
+			want: []Port{
+				{ClusterIP: ip("fd43::20"), Protocol: unix.IPPROTO_TCP, Port: 80, Endpoints: addrPorts("[fd42::5]:8080", "[fd42:0:0:1::5]:8080")},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.configure != nil {
+				tc.configure(tc.svc)
+			}
+			got := Ports([]*corev1.Service{tc.svc}, tc.slices, "node-a", tc.skip)
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("Ports =\n%+v\nwant\n%+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestHostPortsDualStack(t *testing.T) {
+	pod := func(name string, ports ...corev1.ContainerPort) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Ports: ports}}},
+			Status: corev1.PodStatus{PodIP: "10.42.0.5", PodIPs: []corev1.PodIP{{IP: "10.42.0.5"}, {IP: "fd42::5"}},
+				Phase: corev1.PodRunning},
+		}
+	}
+	got := HostPorts([]*corev1.Pod{
+		pod("everywhere", corev1.ContainerPort{ContainerPort: 8443, HostPort: 443, Protocol: corev1.ProtocolTCP}),
+		pod("v6", corev1.ContainerPort{ContainerPort: 8080, HostPort: 8080, HostIP: "2001:db8::1", Protocol: corev1.ProtocolTCP}),
+		pod("any6", corev1.ContainerPort{ContainerPort: 53, HostPort: 53, HostIP: "::", Protocol: corev1.ProtocolUDP}),
+	})
+	want := []Port{
+		{Protocol: unix.IPPROTO_TCP, Port: 8080, ExternalIPs: []netip.Addr{netip.MustParseAddr("2001:db8::1")}, Endpoints: addrPorts("[fd42::5]:8080")},
+		{Protocol: unix.IPPROTO_TCP, NodePort: 443, Endpoints: addrPorts("10.42.0.5:8443")},
+		{Protocol: unix.IPPROTO_TCP, NodePort: 443, Endpoints: addrPorts("[fd42::5]:8443")},
+		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: addrPorts("10.42.0.5:53")},
+		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: addrPorts("[fd42::5]:53")},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("HostPorts =\n%+v\nwant\n%+v", got, want)
+	}
+	// The hostPorts of the two families are two ports, each in its table.
+	for _, f := range families {
+		if pl := newPlan(got, f); len(pl.names) != map[*family]int{ipv4: 2, ipv6: 3}[f] {
+			t.Errorf("the table of %s holds %v", tableName(f), pl.names)
+		}
+	}
+}
+
+func TestStaleUDPFlowsDualStack(t *testing.T) {
+	// A dual-stack pod's UDP hostPort, the same port in each family: one
+	// family's endpoint is not the other's stale one.
+	hostPorts := []Port{
+		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: addrPorts("10.42.0.5:53")},
+		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: addrPorts("[fd42::5]:53")},
+	}
+	if got := staleUDPFlows(hostPorts, hostPorts); len(got) != 0 {
+		t.Errorf("unchanged hostPorts: stale %+v", got)
+	}
+	svc := Port{ClusterIP: netip.MustParseAddr("fd43::53"), Protocol: unix.IPPROTO_UDP, Port: 53, Endpoints: addrPorts("[fd42::5]:53", "[fd42::6]:53")}
+	now := clonePorts([]Port{svc})
+	now[0].Endpoints = addrPorts("[fd42::6]:53")
+	if got, want := staleUDPFlows([]Port{svc}, now), []staleFlow{{port: svc, endpoint: netip.MustParseAddr("fd42::5")}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("stale flows %+v, want %+v", got, want)
+	}
 }

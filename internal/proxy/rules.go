@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -15,8 +16,79 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Table is the proxy's nftables table; `kelp killall` removes it.
+// Table names the proxy's nftables tables, one of family ip and one of
+// family ip6 (where the cluster has IPv6); `kelp killall` removes them.
+//
+// One table per family rather than one of family inet: each holds maps
+// keyed by its own address type and needs no check of the family before
+// every match of an address; a cluster of one family has one table, so an
+// IPv4 node upgraded from a kelp before dual-stack keeps the very table
+// it had, and an IPv4 node registers no IPv6 NAT hooks (which would track
+// every IPv6 connection of the host). kube-proxy's nftables mode splits
+// its tables the same way. Both tables change in one netlink batch, so
+// packets still never see a mix of old and new rules.
 const Table = "kelp-proxy"
+
+// family is what the tables of the two IP families differ in.
+type family struct {
+	table    nftables.TableFamily
+	nat      uint32 // the NAT expression's family
+	addrType nftables.SetDatatype
+	// saddr and daddr are the offsets of the addresses in the network
+	// header, addrLen their length.
+	saddr, daddr, addrLen uint32
+	// portUnreachable is the code of ICMP's, or ICMPv6's, destination
+	// unreachable message for a closed port.
+	portUnreachable uint8
+}
+
+var (
+	ipv4 = &family{table: nftables.TableFamilyIPv4, nat: unix.NFPROTO_IPV4, addrType: nftables.TypeIPAddr,
+		saddr: 12, daddr: 16, addrLen: 4, portUnreachable: 3}
+	ipv6 = &family{table: nftables.TableFamilyIPv6, nat: unix.NFPROTO_IPV6, addrType: nftables.TypeIP6Addr,
+		saddr: 8, daddr: 24, addrLen: 16, portUnreachable: 4}
+	families = []*family{ipv4, ipv6}
+)
+
+// familyOf is the family of an address.
+func familyOf(a netip.Addr) *family {
+	if a.Is6() && !a.Is4In6() {
+		return ipv6
+	}
+	return ipv4
+}
+
+// family is the family of a Service port's ClusterIP, or of a hostPort's
+// pod address.
+func (p Port) family() *family {
+	if !p.ClusterIP.IsValid() && len(p.Endpoints) > 0 {
+		return familyOf(p.Endpoints[0].Addr())
+	}
+	return familyOf(p.ClusterIP)
+}
+
+// proxyTable is the family's Table, for the calls that take one.
+func (f *family) proxyTable() *nftables.Table {
+	return &nftables.Table{Name: Table, Family: f.table}
+}
+
+// keyRegisters are the 32-bit registers of protocol and port in a key of
+// service-ips: the address takes register 1 (the 32-bit registers 8 to
+// 11, of which IPv4 fills one), and they follow it.
+func (f *family) keyRegisters() (protocol, port uint32) {
+	protocol = 8 + f.addrLen/4
+	return protocol, protocol + 1
+}
+
+// cidrOf is the cluster CIDR of family f, if the cluster has one.
+func cidrOf(clusterCIDRs []netip.Prefix, f *family) (netip.Prefix, bool) {
+	for _, p := range clusterCIDRs {
+		if familyOf(p.Addr()) == f {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
+}
 
 // masqMark marks a connection whose source must be rewritten to the
 // node's: clients outside the pod network (the host itself, NodePort
@@ -47,23 +119,36 @@ type Port struct {
 	Affinity time.Duration
 }
 
-// Apply replaces the proxy's table with one programming ports, in a single
-// netlink batch: packets see the old rules or the new, never a mix.
-// Session affinity entries of the old table carry over to the new.
-func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
-	t := proxyTable()
-	affinity := affinityEntries(c, t)
-	c.AddTable(t) // so that the delete cannot fail on a fresh host
-	c.DelTable(t)
-	c.AddTable(t)
-	pl := newPlan(ports)
-	for _, name := range pl.names {
-		if err := addObjects(c, portObjects(t, name, clusterCIDR, pl.ports[name]), affinity, nil); err != nil {
-			return err
+// Apply replaces the proxy's tables with ones programming ports, a table
+// for each family of clusterCIDRs, in a single netlink batch: packets see
+// the old rules or the new, never a mix. A table of a family the cluster
+// does not have goes, and so do the ports of that family. Session affinity
+// entries of the old tables carry over to the new.
+func Apply(c *nftables.Conn, clusterCIDRs []netip.Prefix, ports []Port) error {
+	affinity := map[*family]map[string][]nftables.SetElement{}
+	for _, f := range families {
+		if _, ok := cidrOf(clusterCIDRs, f); ok {
+			affinity[f] = affinityEntries(c, f.proxyTable())
 		}
 	}
-	if err := addBase(c, t, pl); err != nil {
-		return err
+	for _, f := range families {
+		t := f.proxyTable()
+		c.AddTable(t) // so that the delete cannot fail on a fresh host
+		c.DelTable(t)
+		cidr, ok := cidrOf(clusterCIDRs, f)
+		if !ok {
+			continue
+		}
+		c.AddTable(t)
+		pl := newPlan(ports, f)
+		for _, name := range pl.names {
+			if err := addObjects(c, portObjects(t, f, name, cidr, pl.ports[name]), affinity[f], nil); err != nil {
+				return err
+			}
+		}
+		if err := addBase(c, t, f, pl); err != nil {
+			return err
+		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("program nftables table %s: %w", Table, err)
@@ -71,18 +156,13 @@ func Apply(c *nftables.Conn, clusterCIDR netip.Prefix, ports []Port) error {
 	return nil
 }
 
-// proxyTable is Table, for the calls that take one.
-func proxyTable() *nftables.Table {
-	return &nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4}
-}
-
 // sharedSets are the maps and the set every port has elements in: where
 // traffic to an address . protocol . port goes, where traffic to a port of
 // the node goes, and which Service ports have no endpoint.
-func sharedSets(t *nftables.Table) (serviceIPs, nodePorts, noEndpoints *nftables.Set) {
+func sharedSets(t *nftables.Table, f *family) (serviceIPs, nodePorts, noEndpoints *nftables.Set) {
 	serviceIPs = &nftables.Set{
 		Table: t, Name: "service-ips", IsMap: true, Concatenation: true,
-		KeyType:  nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService),
+		KeyType:  nftables.MustConcatSetType(f.addrType, nftables.TypeInetProto, nftables.TypeInetService),
 		DataType: nftables.TypeVerdict,
 	}
 	nodePorts = &nftables.Set{
@@ -100,8 +180,15 @@ func sharedSets(t *nftables.Table) (serviceIPs, nodePorts, noEndpoints *nftables
 // addBase adds what does not belong to one port: the shared sets with the
 // elements of pl, and the chains the kernel's hooks enter the table by.
 // The ports' chains must be in the batch before it.
-func addBase(c *nftables.Conn, t *nftables.Table, pl plan) error {
-	serviceIPs, nodePorts, noEndpoints := sharedSets(t)
+func addBase(c *nftables.Conn, t *nftables.Table, f *family, pl plan) error {
+	serviceIPs, nodePorts, noEndpoints := sharedSets(t, f)
+	protocolReg, portReg := f.keyRegisters()
+	// daddr . meta l4proto . th dport
+	key := []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.daddr, Len: f.addrLen},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: protocolReg},
+		&expr.Payload{DestRegister: portReg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+	}
 	ipElems, noEndpointElems, nodePortElems := elements(pl.serviceIPs, pl.nodePorts)
 	if err := addSet(c, serviceIPs, ipElems); err != nil {
 		return err
@@ -114,28 +201,33 @@ func addBase(c *nftables.Conn, t *nftables.Table, pl plan) error {
 	}
 	// A Service without endpoints refuses at once, wherever the
 	// connection comes from, instead of letting it time out. (Reject is
-	// not allowed in the NAT chains that pick endpoints.)
+	// not allowed in the NAT chains that pick endpoints.) TCP gets a
+	// reset: the kernel drops an ICMPv6 error that reaches a socket still
+	// held by connect (LockDroppedIcmps), as it does when the whole round
+	// trip runs within the send (the node's own connections, a pod's over
+	// its veth), and the refusal came only with the SYN sent again a
+	// second later.
 	for _, hook := range []struct {
 		name string
 		hook *nftables.ChainHook
 	}{{"filter-input", nftables.ChainHookInput}, {"filter-forward", nftables.ChainHookForward}, {"filter-output", nftables.ChainHookOutput}} {
 		ch := c.AddChain(&nftables.Chain{Name: hook.name, Table: t, Type: nftables.ChainTypeFilter, Hooknum: hook.hook, Priority: nftables.ChainPriorityFilter})
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 9},
-			&expr.Payload{DestRegister: 10, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(slices.Clip(key),
 			&expr.Lookup{SourceRegister: 1, SetName: noEndpoints.Name, SetID: noEndpoints.ID},
-			&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3}, // port unreachable
-		}})
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Reject{Type: unix.NFT_REJECT_TCP_RST},
+		)})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(slices.Clip(key),
+			&expr.Lookup{SourceRegister: 1, SetName: noEndpoints.Name, SetID: noEndpoints.ID},
+			&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: f.portUnreachable},
+		)})
 	}
 	services := c.AddChain(&nftables.Chain{Name: "services", Table: t})
 	// ip daddr . meta l4proto . th dport vmap @service-ips
-	c.AddRule(&nftables.Rule{Table: t, Chain: services, Exprs: []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 9},
-		&expr.Payload{DestRegister: 10, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+	c.AddRule(&nftables.Rule{Table: t, Chain: services, Exprs: append(slices.Clip(key),
 		&expr.Lookup{SourceRegister: 1, SetName: serviceIPs.Name, SetID: serviceIPs.ID, IsDestRegSet: true, DestRegister: 0},
-	}})
+	)})
 	// fib daddr type local meta l4proto . th dport vmap @service-nodeports
 	c.AddRule(&nftables.Rule{Table: t, Chain: services, Exprs: append(fibLocal(true),
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
@@ -231,7 +323,7 @@ type object struct {
 // portObjects is the one description of what the table holds for a port
 // named name (see targets): its chains and its own sets, in the order they
 // can be added, each after those it refers to.
-func portObjects(t *nftables.Table, name string, clusterCIDR netip.Prefix, p Port) []object {
+func portObjects(t *nftables.Table, f *family, name string, clusterCIDR netip.Prefix, p Port) []object {
 	var objs []object
 	// One chain per endpoint, shared by both paths.
 	epChains := map[netip.AddrPort]endpointChain{}
@@ -241,18 +333,18 @@ func portObjects(t *nftables.Table, name string, clusterCIDR netip.Prefix, p Por
 		}
 		ec := endpointChain{name: name + "-ep-" + ep.String()}
 		if p.Affinity > 0 {
-			ec.affinity = &nftables.Set{Table: t, Name: affinitySetName(p, ep), KeyType: nftables.TypeIPAddr, HasTimeout: true, Dynamic: true, Timeout: p.Affinity}
+			ec.affinity = &nftables.Set{Table: t, Name: affinitySetName(p, ep), KeyType: f.addrType, HasTimeout: true, Dynamic: true, Timeout: p.Affinity}
 			objs = append(objs, object{set: ec.affinity})
 		}
-		objs = append(objs, endpointObject(t, ec, p, ep))
+		objs = append(objs, endpointObject(t, f, ec, p, ep))
 		epChains[ep] = ec
 	}
 	internal, external := targets(name, p)
 	if internal != "" {
 		// ip saddr != clusterCIDR: mark for masquerade, so replies come
 		// back through this node.
-		head := [][]expr.Any{append(inCIDR(clusterCIDR, expr.CmpOpNeq), setMark()...)}
-		objs = append(objs, pickObjects(t, internal, head, p.Endpoints, epChains)...)
+		head := [][]expr.Any{append(inCIDR(f, clusterCIDR, expr.CmpOpNeq), setMark()...)}
+		objs = append(objs, pickObjects(t, f, internal, head, p.Endpoints, epChains)...)
 	}
 	if external == internal {
 		return objs
@@ -264,14 +356,14 @@ func portObjects(t *nftables.Table, name string, clusterCIDR netip.Prefix, p Por
 		toInternal = &expr.Verdict{Kind: expr.VerdictGoto, Chain: internal}
 	}
 	head := [][]expr.Any{
-		append(inCIDR(clusterCIDR, expr.CmpOpEq), toInternal),
+		append(inCIDR(f, clusterCIDR, expr.CmpOpEq), toInternal),
 		append(fibLocal(false), toInternal),
 	}
 	if len(p.LocalEndpoints) == 0 {
 		ch := &nftables.Chain{Name: external, Table: t}
 		return append(objs, object{chain: ch, rules: append(head, []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}})})
 	}
-	return append(objs, pickObjects(t, external, head, p.LocalEndpoints, epChains)...)
+	return append(objs, pickObjects(t, f, external, head, p.LocalEndpoints, epChains)...)
 }
 
 // addObjects adds objs to the batch of c, leaving out the sets in keep
@@ -343,7 +435,7 @@ type endpointChain struct {
 // pickObjects are a chain that starts with head and ends with the choice
 // of an endpoint, the one a client sticks to, else one at random; and its
 // map of endpoints, before it.
-func pickObjects(t *nftables.Table, name string, head [][]expr.Any, eps []netip.AddrPort, epChains map[netip.AddrPort]endpointChain) []object {
+func pickObjects(t *nftables.Table, f *family, name string, head [][]expr.Any, eps []netip.AddrPort, epChains map[netip.AddrPort]endpointChain) []object {
 	// A named map, not an anonymous one: the kernel binds each anonymous
 	// set by walking the whole pending batch, which made a table of 1,000
 	// Services take seconds.
@@ -358,7 +450,7 @@ func pickObjects(t *nftables.Table, name string, head [][]expr.Any, eps []netip.
 		if ec.affinity != nil {
 			// ip saddr @affinity goto endpoint
 			rules = append(rules, []expr.Any{
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.saddr, Len: f.addrLen},
 				&expr.Lookup{SourceRegister: 1, SetName: ec.affinity.Name},
 				&expr.Verdict{Kind: expr.VerdictGoto, Chain: ec.name},
 			})
@@ -379,16 +471,16 @@ func pickObjects(t *nftables.Table, name string, head [][]expr.Any, eps []netip.
 // endpointObject DNATs to one endpoint, and remembers the client for
 // session affinity; a pod reaching itself through its Service is
 // masqueraded, or its reply would skip the DNAT.
-func endpointObject(t *nftables.Table, ec endpointChain, p Port, ep netip.AddrPort) object {
+func endpointObject(t *nftables.Table, f *family, ec endpointChain, p Port, ep netip.AddrPort) object {
 	addr := ep.Addr().AsSlice()
 	rules := [][]expr.Any{append([]expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.saddr, Len: f.addrLen},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr},
 	}, setMark()...)}
 	if ec.affinity != nil {
 		// update @affinity { ip saddr }
 		rules = append(rules, []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.saddr, Len: f.addrLen},
 			&expr.Dynset{SrcRegKey: 1, SetName: ec.affinity.Name, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE), Timeout: p.Affinity},
 		})
 	}
@@ -397,7 +489,7 @@ func endpointObject(t *nftables.Table, ec endpointChain, p Port, ep netip.AddrPo
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p.Protocol}},
 		&expr.Immediate{Register: 1, Data: addr},
 		&expr.Immediate{Register: 2, Data: port(ep.Port())[:2]},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.nat, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
 	})
 	return object{chain: &nftables.Chain{Name: ec.name, Table: t}, rules: rules}
 }
@@ -437,11 +529,11 @@ func entriesOf(c *nftables.Conn, sets []*nftables.Set) map[string][]nftables.Set
 	return out
 }
 
-// inCIDR is `ip saddr [!=] prefix`.
-func inCIDR(prefix netip.Prefix, op expr.CmpOp) []expr.Any {
+// inCIDR is `ip saddr [!=] prefix` (ip6 saddr in the IPv6 table).
+func inCIDR(f *family, prefix netip.Prefix, op expr.CmpOp) []expr.Any {
 	return []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: prefixMask(prefix), Xor: make([]byte, 4)},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.saddr, Len: f.addrLen},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: f.addrLen, Mask: prefixMask(prefix), Xor: make([]byte, f.addrLen)},
 		&expr.Cmp{Op: op, Register: 1, Data: prefix.Masked().Addr().AsSlice()},
 	}
 }
@@ -467,9 +559,7 @@ func setMark() []expr.Any {
 }
 
 func prefixMask(p netip.Prefix) []byte {
-	m := make([]byte, 4)
-	binary.BigEndian.PutUint32(m, ^uint32(0)<<(32-p.Bits()))
-	return m
+	return net.CIDRMask(p.Bits(), p.Addr().BitLen())
 }
 
 // port is a transport port in network order, padded to a register.

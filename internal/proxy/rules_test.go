@@ -1,11 +1,19 @@
 package proxy
 
 import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/netip"
+	"os"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kelp-dev/kelp/internal/nft"
@@ -34,7 +42,7 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 				ExternalLocal: true, LocalEndpoints: []netip.AddrPort{netip.MustParseAddrPort("10.42.0.5:80")},
 				Affinity: time.Minute},
 		}
-		cidr := netip.MustParsePrefix("10.42.0.0/16")
+		cidr := []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")}
 		if err := Apply(c, cidr, ports); err != nil {
 			t.Fatal(err)
 		}
@@ -109,9 +117,283 @@ func TestApplyManyServices(t *testing.T) {
 			ports = append(ports, p)
 		}
 		for range 2 {
-			if err := Apply(c, netip.MustParsePrefix("10.42.0.0/16"), ports); err != nil {
+			if err := Apply(c, []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")}, ports); err != nil {
 				t.Fatal(err)
 			}
 		}
 	})
+}
+
+// TestServicesAnswer connects through the tables Apply makes, from the
+// node and from a pod, in a network namespace with a pod network of each
+// family: in either family a ClusterIP and a NodePort lead to their
+// endpoint, which answers, and a ClusterIP without endpoints refuses (a
+// pod's UDP by the family's own ICMP port unreachable: ICMPv6's code 3
+// would be "address unreachable").
+func TestServicesAnswer(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		pod := newPodNetns(t)
+		for _, err := range []error{
+			netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pods"}, PeerName: "eth0"}),
+			netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink"}, PeerName: "uplink-peer"}),
+			linkDo("eth0", func(l netlink.Link) error { return netlink.LinkSetNsFd(l, pod.fd) }),
+			// The node's address and an endpoint in each pod network
+			// (on the node: what matters is the DNAT, not where the
+			// endpoint is); the service networks are not the pods', and
+			// routed elsewhere (as by a node's default route).
+			addrs("pods", "10.42.0.1/24", "10.42.0.5/24", "fd42::1/64", "fd42::5/64"),
+			linkDo("lo", netlink.LinkSetUp),
+			linkDo("pods", netlink.LinkSetUp),
+			linkDo("uplink", netlink.LinkSetUp),
+			linkDo("uplink-peer", netlink.LinkSetUp),
+			routes("uplink", "10.43.0.0/16", "fd43::/112"),
+			os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644),
+			os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644),
+			pod.do(func() error {
+				return errors.Join(
+					addrs("eth0", "10.42.0.9/24", "fd42::9/64"),
+					linkDo("lo", netlink.LinkSetUp),
+					linkDo("eth0", netlink.LinkSetUp),
+					defaultRoutes("eth0", "10.42.0.1", "fd42::1"))
+			}),
+		} {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, ep := range []string{"10.42.0.5:8080", "[fd42::5]:8080"} {
+			l, err := net.Listen("tcp", ep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					fmt.Fprintf(c, "%s answers", ep)
+					c.Close()
+				}
+			}()
+		}
+		ports := []Port{
+			{ClusterIP: netip.MustParseAddr("10.43.0.20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080, Endpoints: addrPorts("10.42.0.5:8080")},
+			{ClusterIP: netip.MustParseAddr("fd43::20"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30080, Endpoints: addrPorts("[fd42::5]:8080")},
+			{ClusterIP: netip.MustParseAddr("10.43.0.30"), Protocol: unix.IPPROTO_TCP, Port: 80},
+			{ClusterIP: netip.MustParseAddr("fd43::30"), Protocol: unix.IPPROTO_TCP, Port: 80},
+			{ClusterIP: netip.MustParseAddr("10.43.0.30"), Protocol: unix.IPPROTO_UDP, Port: 53},
+			{ClusterIP: netip.MustParseAddr("fd43::30"), Protocol: unix.IPPROTO_UDP, Port: 53},
+		}
+		c, err := nft.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Apply(c, testCIDRs, ports); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			from        string // "node" or "pod"
+			network, to string
+			answer      string // "": refused
+		}{
+			{"node", "tcp", "10.43.0.20:80", "10.42.0.5:8080 answers"},
+			{"node", "tcp", "10.42.0.1:30080", "10.42.0.5:8080 answers"},
+			{"node", "tcp", "[fd43::20]:80", "[fd42::5]:8080 answers"},
+			{"node", "tcp", "[fd42::1]:30080", "[fd42::5]:8080 answers"},
+			{"node", "tcp", "10.43.0.30:80", ""},
+			{"node", "tcp", "[fd43::30]:80", ""},
+			{"pod", "tcp", "10.43.0.20:80", "10.42.0.5:8080 answers"},
+			{"pod", "tcp", "[fd43::20]:80", "[fd42::5]:8080 answers"},
+			{"pod", "tcp", "[fd42::1]:30080", "[fd42::5]:8080 answers"},
+			{"pod", "tcp", "[fd43::30]:80", ""},
+			{"pod", "tcp", "10.43.0.30:80", ""},
+			{"pod", "udp", "10.43.0.30:53", ""},
+			{"pod", "udp", "[fd43::30]:53", ""},
+		} {
+			var got string
+			exchange := func() error {
+				var err error
+				got, err = exchange(tc.network, tc.to)
+				return err
+			}
+			if tc.from == "pod" {
+				err = pod.do(exchange)
+			} else {
+				err = exchange()
+			}
+			switch {
+			case tc.answer == "" && !errors.Is(err, unix.ECONNREFUSED):
+				t.Errorf("%s %s to %s: %q, %v; want connection refused", tc.from, tc.network, tc.to, got, err)
+			case tc.answer != "" && (err != nil || got != tc.answer):
+				t.Errorf("%s %s to %s: %q, %v; want %q", tc.from, tc.network, tc.to, got, err, tc.answer)
+			}
+		}
+	})
+}
+
+// exchange connects to to, sends a line (UDP needs one for an answer),
+// and reads the answer.
+func exchange(network, to string) (string, error) {
+	conn, err := net.DialTimeout(network, to, 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if network == "udp" {
+		if _, err := conn.Write([]byte("hello\n")); err != nil {
+			return "", err
+		}
+		b := make([]byte, 512)
+		n, err := conn.Read(b)
+		return string(b[:n]), err
+	}
+	b, err := io.ReadAll(conn)
+	return string(b), err
+}
+
+// podNetns is a network namespace of its own, with a thread in it that
+// runs what do hands it.
+type podNetns struct {
+	fd  int
+	run chan func()
+}
+
+func newPodNetns(t *testing.T) *podNetns {
+	t.Helper()
+	p := &podNetns{run: make(chan func())}
+	ready := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked: Go retires the thread
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ready <- err
+			return
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		p.fd = fd
+		ready <- err
+		for f := range p.run {
+			f()
+		}
+	}()
+	if err := <-ready; err != nil {
+		t.Fatalf("a pod's network namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		close(p.run)
+		unix.Close(p.fd)
+	})
+	return p
+}
+
+func (p *podNetns) do(f func() error) error {
+	errc := make(chan error)
+	p.run <- func() { errc <- f() }
+	return <-errc
+}
+
+// addrs adds addresses to the link called name, usable at once (no
+// duplicate address detection).
+func addrs(name string, cidrs ...string) error {
+	return linkDo(name, func(l netlink.Link) error {
+		for _, a := range cidrs {
+			addr, err := netlink.ParseAddr(a)
+			if err != nil {
+				return err
+			}
+			addr.Flags = unix.IFA_F_NODAD
+			if err := netlink.AddrAdd(l, addr); err != nil {
+				return fmt.Errorf("add %s to %s: %w", a, name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// routes routes networks to the link called name.
+func routes(name string, dsts ...string) error {
+	return linkDo(name, func(l netlink.Link) error {
+		for _, dst := range dsts {
+			_, ipnet, err := net.ParseCIDR(dst)
+			if err != nil {
+				return err
+			}
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipnet}); err != nil {
+				return fmt.Errorf("route %s to %s: %w", dst, name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// defaultRoutes routes everything through gateways on the link called
+// name.
+func defaultRoutes(name string, gateways ...string) error {
+	return linkDo(name, func(l netlink.Link) error {
+		for _, gw := range gateways {
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gw)}); err != nil {
+				return fmt.Errorf("default route via %s: %w", gw, err)
+			}
+		}
+		return nil
+	})
+}
+
+// TestApplyTablesOfTheClusterFamilies checks that Apply keeps a table for
+// each family of the cluster CIDRs and no other: a node of a cluster that
+// is no longer dual-stack loses the IPv6 table.
+func TestApplyTablesOfTheClusterFamilies(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		c, err := nft.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports := []Port{
+			{ClusterIP: netip.MustParseAddr("10.43.0.20"), Protocol: unix.IPPROTO_TCP, Port: 80, Endpoints: addrPorts("10.42.0.5:8080")},
+			{ClusterIP: netip.MustParseAddr("fd43::20"), Protocol: unix.IPPROTO_TCP, Port: 80, Endpoints: addrPorts("[fd42::5]:8080")},
+		}
+		v4, v6 := testCIDRs[:1], testCIDRs[1:]
+		for _, step := range []struct {
+			cidrs []netip.Prefix
+			want  []string
+		}{
+			{v4, []string{"ip"}},
+			{testCIDRs, []string{"ip", "ip6"}},
+			{v4, []string{"ip"}},
+			{v6, []string{"ip6"}},
+		} {
+			if err := Apply(c, step.cidrs, ports); err != nil {
+				t.Fatal(err)
+			}
+			tables, err := c.ListTables()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, table := range tables {
+				if table.Name == Table {
+					got = append(got, tableName(familyOfTable(table)))
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, step.want) {
+				t.Errorf("cluster CIDRs %v: tables %v, want %v", step.cidrs, got, step.want)
+			}
+			// Each table: the 7 of its base, a Service port and its endpoint.
+			if n, want := countChains(c, step.cidrs), 9*len(step.cidrs); n != want {
+				t.Errorf("cluster CIDRs %v: %d chains, want %d", step.cidrs, n, want)
+			}
+		}
+	})
+}
+
+// linkDo runs f on the link called name in the thread's namespace.
+func linkDo(name string, f func(netlink.Link) error) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return f(l)
 }

@@ -21,9 +21,10 @@ type plan struct {
 	nodePorts  map[string]string
 }
 
-// newPlan lays out ports. Where two ports claim the same name or the same
-// key, the first wins: Services come before hostPorts.
-func newPlan(ports []Port) plan {
+// newPlan lays out the ports of family f in its table. Where two ports
+// claim the same name or the same key, the first wins: Services come
+// before hostPorts.
+func newPlan(ports []Port, f *family) plan {
 	pl := plan{ports: map[string]Port{}, serviceIPs: map[string]string{}, nodePorts: map[string]string{}}
 	claim := func(m map[string]string, key []byte, chain string) {
 		if _, taken := m[string(key)]; !taken {
@@ -31,6 +32,9 @@ func newPlan(ports []Port) plan {
 		}
 	}
 	for _, p := range ports {
+		if p.family() != f {
+			continue
+		}
 		name := portName(p)
 		if _, taken := pl.ports[name]; taken {
 			continue
@@ -38,11 +42,11 @@ func newPlan(ports []Port) plan {
 		pl.names = append(pl.names, name)
 		pl.ports[name] = p
 		internal, external := targets(name, p)
-		if p.ClusterIP.Is4() {
+		if p.ClusterIP.IsValid() {
 			claim(pl.serviceIPs, concat(p.ClusterIP.AsSlice(), []byte{p.Protocol}, port(p.Port)), internal)
 		}
 		for _, ip := range p.ExternalIPs {
-			if ip.Is4() {
+			if familyOf(ip) == f {
 				claim(pl.serviceIPs, concat(ip.AsSlice(), []byte{p.Protocol}, port(p.Port)), external)
 			}
 		}
@@ -55,59 +59,98 @@ func newPlan(ports []Port) plan {
 	return pl
 }
 
-// update changes the proxy's table from programming before to programming
-// after in a single netlink batch, touching only the ports that changed:
-// their chains are flushed and filled again, or deleted or added, their
-// endpoint maps replaced, and their elements in the shared sets changed.
-// The clients in affinity sets that stay as they were keep sticking to
-// their endpoints. It returns how many chains the table gained (or lost).
+// update changes the proxy's tables from programming before to
+// programming after in a single netlink batch, touching only the ports
+// that changed: their chains are flushed and filled again, or deleted or
+// added, their endpoint maps replaced, and their elements in the shared
+// sets changed. The clients in affinity sets that stay as they were keep
+// sticking to their endpoints. It returns how many chains the tables
+// gained (or lost).
 //
-// The table must hold before, as Apply or update left it. Where someone
-// else changed it, the batch most likely fails as a whole; the caller then
-// replaces the table with Apply.
-func update(c *nftables.Conn, clusterCIDR netip.Prefix, before, after []Port) (int, error) {
-	t := proxyTable()
-	old, next := newPlan(before), newPlan(after)
-	// The ports whose objects go (gone or changed) and come (changed or
-	// new), in the order of their ports.
-	var going, coming []string
+// The tables must hold before, as Apply or update left them for the same
+// clusterCIDRs. Where someone else changed them, the batch most likely
+// fails as a whole; the caller then replaces the tables with Apply.
+func update(c *nftables.Conn, clusterCIDRs []netip.Prefix, before, after []Port) (int, error) {
+	var changes []tableChange
+	for _, f := range families {
+		if cidr, ok := cidrOf(clusterCIDRs, f); ok {
+			changes = append(changes, newTableChange(c, f, cidr, before, after))
+		}
+	}
+	chains := 0
+	for _, tc := range changes {
+		n, err := tc.add(c)
+		if err != nil {
+			return 0, err
+		}
+		chains += n
+	}
+	if err := c.Flush(); err != nil {
+		return 0, fmt.Errorf("update nftables table %s: %w", Table, err)
+	}
+	return chains, nil
+}
+
+// tableChange is what update changes in the table of one family.
+type tableChange struct {
+	t         *nftables.Table
+	f         *family
+	old, next plan
+	// going and coming are the ports whose objects go (gone or changed)
+	// and come (changed or new), in the order of their ports; oldObjs and
+	// newObjs their objects.
+	going, coming    []string
+	oldObjs, newObjs map[string][]object
+	keep             map[string]bool
+	carried          map[string][]nftables.SetElement
+}
+
+// newTableChange compares the ports of family f before and after, and
+// reads the affinity entries to carry over: before the batch, since what
+// it deletes it cannot read.
+func newTableChange(c *nftables.Conn, f *family, clusterCIDR netip.Prefix, before, after []Port) tableChange {
+	tc := tableChange{t: f.proxyTable(), f: f, old: newPlan(before, f), next: newPlan(after, f),
+		oldObjs: map[string][]object{}, newObjs: map[string][]object{}}
 	changed := map[string]bool{}
-	for _, name := range old.names {
-		p, ok := next.ports[name]
-		if !ok || !reflect.DeepEqual(p, old.ports[name]) {
-			going = append(going, name)
+	for _, name := range tc.old.names {
+		p, ok := tc.next.ports[name]
+		if !ok || !reflect.DeepEqual(p, tc.old.ports[name]) {
+			tc.going = append(tc.going, name)
 			changed[name] = ok
 		}
 	}
-	for _, name := range next.names {
-		if _, ok := old.ports[name]; !ok || changed[name] {
-			coming = append(coming, name)
+	for _, name := range tc.next.names {
+		if _, ok := tc.old.ports[name]; !ok || changed[name] {
+			tc.coming = append(tc.coming, name)
 		}
 	}
-	oldObjs := map[string][]object{}
-	for _, name := range going {
-		oldObjs[name] = portObjects(t, name, clusterCIDR, old.ports[name])
+	for _, name := range tc.going {
+		tc.oldObjs[name] = portObjects(tc.t, f, name, clusterCIDR, tc.old.ports[name])
 	}
-	newObjs := map[string][]object{}
-	for _, name := range coming {
-		newObjs[name] = portObjects(t, name, clusterCIDR, next.ports[name])
+	for _, name := range tc.coming {
+		tc.newObjs[name] = portObjects(tc.t, f, name, clusterCIDR, tc.next.ports[name])
 	}
-	keep, recreate := affinityChanges(oldObjs, newObjs)
-	// Read before the batch: what it deletes, it cannot read.
-	carried := entriesOf(c, recreate)
+	var recreate []*nftables.Set
+	tc.keep, recreate = affinityChanges(tc.oldObjs, tc.newObjs)
+	tc.carried = entriesOf(c, recreate)
+	return tc
+}
 
-	serviceIPs, nodePorts, noEndpoints := sharedSets(t)
-	ipsGone, ipsNew := elementChanges(old.serviceIPs, next.serviceIPs)
-	nodePortsGone, nodePortsNew := elementChanges(old.nodePorts, next.nodePorts)
+// add adds the change to the batch of c, and returns how many chains the
+// table gains (or loses).
+func (tc tableChange) add(c *nftables.Conn) (int, error) {
+	serviceIPs, nodePorts, noEndpoints := sharedSets(tc.t, tc.f)
+	ipsGone, ipsNew := elementChanges(tc.old.serviceIPs, tc.next.serviceIPs)
+	nodePortsGone, nodePortsNew := elementChanges(tc.old.nodePorts, tc.next.nodePorts)
 	// First the elements that lead to chains that go or change.
 	if err := changeSharedElements(c.SetDeleteElements, serviceIPs, nodePorts, noEndpoints, ipsGone, nodePortsGone); err != nil {
 		return 0, err
 	}
 	chains := 0
-	for _, name := range going {
-		objs := oldObjs[name]
+	for _, name := range tc.going {
+		objs := tc.oldObjs[name]
 		staying := map[string]bool{}
-		for _, o := range newObjs[name] {
+		for _, o := range tc.newObjs[name] {
 			if o.chain != nil {
 				staying[o.chain.Name] = true
 			}
@@ -122,7 +165,7 @@ func update(c *nftables.Conn, clusterCIDR netip.Prefix, before, after []Port) (i
 			}
 		}
 		for _, o := range objs {
-			if o.set != nil && !keep[o.set.Name] {
+			if o.set != nil && !tc.keep[o.set.Name] {
 				if o.set.IsMap {
 					c.FlushSet(o.set)
 				}
@@ -138,9 +181,9 @@ func update(c *nftables.Conn, clusterCIDR netip.Prefix, before, after []Port) (i
 			}
 		}
 	}
-	for _, name := range coming {
-		objs := newObjs[name]
-		if err := addObjects(c, objs, carried, keep); err != nil {
+	for _, name := range tc.coming {
+		objs := tc.newObjs[name]
+		if err := addObjects(c, objs, tc.carried, tc.keep); err != nil {
 			return 0, err
 		}
 		for _, o := range objs {
@@ -152,9 +195,6 @@ func update(c *nftables.Conn, clusterCIDR netip.Prefix, before, after []Port) (i
 	// Last the elements that lead to chains that came or changed.
 	if err := changeSharedElements(c.SetAddElements, serviceIPs, nodePorts, noEndpoints, ipsNew, nodePortsNew); err != nil {
 		return 0, err
-	}
-	if err := c.Flush(); err != nil {
-		return 0, fmt.Errorf("update nftables table %s: %w", Table, err)
 	}
 	return chains, nil
 }

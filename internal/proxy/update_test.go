@@ -16,7 +16,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
-var testCIDR = netip.MustParsePrefix("10.42.0.0/16")
+var testCIDRs = []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16"), netip.MustParsePrefix("fd42::/56")}
 
 func addrPorts(s ...string) []netip.AddrPort {
 	var out []netip.AddrPort
@@ -26,8 +26,8 @@ func addrPorts(s ...string) []netip.AddrPort {
 	return out
 }
 
-// updatePorts has a port of every kind, and Services that the changes of
-// TestUpdate leave alone.
+// updatePorts has a port of every kind, of both families, and Services
+// that the changes of TestUpdate leave alone.
 func updatePorts() []Port {
 	ip := netip.MustParseAddr
 	ports := []Port{
@@ -50,7 +50,15 @@ func updatePorts() []Port {
 		ports = append(ports, p)
 	}
 	return append(ports,
+		// The IPv6 side of a dual-stack Service, on the same NodePort.
+		Port{ClusterIP: ip("fd43::20"), Protocol: unix.IPPROTO_UDP, Port: 53, NodePort: 30053,
+			ExternalIPs: []netip.Addr{ip("2001:db8::7")}, Endpoints: addrPorts("[fd42::5]:5353", "[fd42::6]:5353")},
+		Port{ClusterIP: ip("fd43::40"), Protocol: unix.IPPROTO_TCP, Port: 80, NodePort: 30040,
+			Endpoints: addrPorts("[fd42::5]:80", "[fd42:0:0:1::5]:80"), ExternalLocal: true, LocalEndpoints: addrPorts("[fd42::5]:80"),
+			Affinity: time.Minute},
+		Port{ClusterIP: ip("fd43::30"), Protocol: unix.IPPROTO_TCP, Port: 80},
 		Port{Protocol: unix.IPPROTO_TCP, NodePort: 8443, Endpoints: addrPorts("10.42.0.7:443")},
+		Port{Protocol: unix.IPPROTO_TCP, NodePort: 8443, Endpoints: addrPorts("[fd42::7]:443")},
 		// The NodePort of 10.43.0.20, which has it first.
 		Port{Protocol: unix.IPPROTO_UDP, NodePort: 30053, Endpoints: addrPorts("10.42.0.8:53")},
 		Port{Protocol: unix.IPPROTO_TCP, Port: 8080, ExternalIPs: []netip.Addr{ip("192.0.2.1")}, Endpoints: addrPorts("10.42.0.9:8080")},
@@ -90,7 +98,7 @@ func TestUpdate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := &proxy{conn: c, cfg: Config{ClusterCIDR: testCIDR}}
+		p := &proxy{conn: c, cfg: Config{ClusterCIDRs: testCIDRs}}
 		// A Service more, which comes first and goes first: after that no
 		// rule keeps the handle it would have in a table made anew.
 		first := Port{ClusterIP: netip.MustParseAddr("10.43.0.0"), Protocol: unix.IPPROTO_TCP, Port: 80, Endpoints: addrPorts("10.42.5.1:80")}
@@ -137,6 +145,19 @@ func TestUpdate(t *testing.T) {
 				ps = without(ps, "hostport-6-8443-0-10.42.0.7:443")
 				return append(ps, Port{Protocol: unix.IPPROTO_TCP, NodePort: 8443, Endpoints: addrPorts("10.42.0.10:443")})
 			}},
+			{"an endpoint of an IPv6 Service moves", func(ps []Port) []Port {
+				return edit(ps, "fd43::20", func(p *Port) { p.Endpoints[1] = netip.MustParseAddrPort("[fd42::9]:5353") })
+			}},
+			{"an IPv6 Service without endpoints gets one", func(ps []Port) []Port {
+				return edit(ps, "fd43::30", func(p *Port) { p.Endpoints = addrPorts("[fd42::3]:80") })
+			}},
+			{"the IPv6 side of a dual-stack Service goes", func(ps []Port) []Port {
+				return without(ps, "svc-fd43::40-6-80")
+			}},
+			{"an IPv6 Service comes", func(ps []Port) []Port {
+				return append(ps, Port{ClusterIP: netip.MustParseAddr("fd43::50"), Protocol: unix.IPPROTO_TCP, Port: 8443, NodePort: 30050,
+					Endpoints: addrPorts("[fd42::3:1]:8443"), Affinity: time.Hour})
+			}},
 			{"many changes at once", func(ps []Port) []Port {
 				ps = without(ps, "svc-10.43.1.0-6-80")
 				ps = edit(ps, "10.43.1.1", func(p *Port) { p.Endpoints = addrPorts("10.42.4.1:8080", "10.42.4.2:8080") })
@@ -152,18 +173,22 @@ func TestUpdate(t *testing.T) {
 			}
 			after := handles(t, c)
 			untouched := 0
-			old, now := newPlan(ports), newPlan(next)
-			for _, name := range now.names {
-				if !reflect.DeepEqual(old.ports[name], now.ports[name]) {
-					continue
-				}
-				for _, o := range portObjects(proxyTable(), name, testCIDR, now.ports[name]) {
-					if o.chain == nil {
+			for _, f := range families {
+				cidr, _ := cidrOf(testCIDRs, f)
+				old, now := newPlan(ports, f), newPlan(next, f)
+				for _, name := range now.names {
+					if !reflect.DeepEqual(old.ports[name], now.ports[name]) {
 						continue
 					}
-					untouched++
-					if before[o.chain.Name] != after[o.chain.Name] {
-						t.Errorf("%s: chain %s of a port that did not change was rebuilt: handles %s, then %s", step.name, o.chain.Name, before[o.chain.Name], after[o.chain.Name])
+					for _, o := range portObjects(f.proxyTable(), f, name, cidr, now.ports[name]) {
+						if o.chain == nil {
+							continue
+						}
+						untouched++
+						chain := tableName(f) + " " + o.chain.Name
+						if before[chain] != after[chain] {
+							t.Errorf("%s: chain %s of a port that did not change was rebuilt: handles %s, then %s", step.name, chain, before[chain], after[chain])
+						}
 					}
 				}
 			}
@@ -173,7 +198,7 @@ func TestUpdate(t *testing.T) {
 			if got, want := dump(t, c), fullDump(t, next); got != want {
 				t.Errorf("%s: the table differs from what Apply makes:\n%s", step.name, lineDiff(got, want))
 			}
-			if n := countChains(c); n != p.chains {
+			if n := countChains(c, testCIDRs); n != p.chains {
 				t.Errorf("%s: the table has %d chains; the proxy counts %d", step.name, n, p.chains)
 			}
 			ports = next
@@ -190,7 +215,7 @@ func TestUpdateKeepsAffinity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := &proxy{conn: c, cfg: Config{ClusterCIDR: testCIDR}}
+		p := &proxy{conn: c, cfg: Config{ClusterCIDRs: testCIDRs}}
 		svc := Port{ClusterIP: netip.MustParseAddr("10.43.0.40"), Protocol: unix.IPPROTO_TCP, Port: 80,
 			Endpoints: addrPorts("10.42.0.5:80", "10.42.0.6:80"), Affinity: time.Minute}
 		other := Port{ClusterIP: netip.MustParseAddr("10.43.0.41"), Protocol: unix.IPPROTO_TCP, Port: 80, Endpoints: addrPorts("10.42.0.7:80")}
@@ -198,7 +223,7 @@ func TestUpdateKeepsAffinity(t *testing.T) {
 			t.Fatal(err)
 		}
 		set := func(ep string, timeout time.Duration) *nftables.Set {
-			return &nftables.Set{Table: proxyTable(), Name: affinitySetName(svc, netip.MustParseAddrPort(ep)), KeyType: nftables.TypeIPAddr, HasTimeout: true, Timeout: timeout}
+			return &nftables.Set{Table: ipv4.proxyTable(), Name: affinitySetName(svc, netip.MustParseAddrPort(ep)), KeyType: nftables.TypeIPAddr, HasTimeout: true, Timeout: timeout}
 		}
 		client := []nftables.SetElement{{Key: []byte{10, 42, 3, 3}, Timeout: 30 * time.Second}}
 		for _, ep := range []string{"10.42.0.5:80", "10.42.0.6:80"} {
@@ -216,7 +241,7 @@ func TestUpdateKeepsAffinity(t *testing.T) {
 				t.Errorf("%s: clients of %s: %+v %v, want the one with its time left", when, ep, elems, err)
 			}
 		}
-		otherChains := handles(t, c)["svc-10.43.0.41-6-80"]
+		otherChains := handles(t, c)["ip svc-10.43.0.41-6-80"]
 
 		// 10.42.0.6 goes, 10.42.0.8 and 10.42.0.9 come (in a table made
 		// anew, the rules of the other Service would move).
@@ -225,7 +250,7 @@ func TestUpdateKeepsAffinity(t *testing.T) {
 			t.Fatal(err)
 		}
 		sticks("endpoints changed", "10.42.0.5:80")
-		if _, err := c.GetSetByName(proxyTable(), set("10.42.0.6:80", 0).Name); err == nil {
+		if _, err := c.GetSetByName(ipv4.proxyTable(), set("10.42.0.6:80", 0).Name); err == nil {
 			t.Error("endpoints changed: the clients of the endpoint that went are still there")
 		}
 
@@ -234,10 +259,10 @@ func TestUpdateKeepsAffinity(t *testing.T) {
 			t.Fatal(err)
 		}
 		sticks("timeout changed", "10.42.0.5:80")
-		if s, err := c.GetSetByName(proxyTable(), set("10.42.0.5:80", 0).Name); err != nil || s.Timeout != 2*time.Minute {
+		if s, err := c.GetSetByName(ipv4.proxyTable(), set("10.42.0.5:80", 0).Name); err != nil || s.Timeout != 2*time.Minute {
 			t.Errorf("timeout changed: set %+v, %v; want a timeout of 2m", s, err)
 		}
-		if got := handles(t, c)["svc-10.43.0.41-6-80"]; got != otherChains {
+		if got := handles(t, c)["ip svc-10.43.0.41-6-80"]; got != otherChains {
 			t.Errorf("the other Service's chain was rebuilt (handles %s, then %s): the table was replaced, not updated", otherChains, got)
 		}
 		if got, want := dump(t, c), fullDump(t, []Port{svc, other}); got != want {
@@ -252,12 +277,17 @@ func TestProgramReplacesAChangedTable(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		tamper func(*nftables.Conn)
+		// gone is the port the next sync removes, from the table
+		// tampered with. (A table the update does not touch is left to the
+		// tamper check: see TestRun.)
+		gone string
 	}{
-		{"table deleted", func(c *nftables.Conn) { c.DelTable(proxyTable()) }},
+		{"table deleted", func(c *nftables.Conn) { c.DelTable(ipv4.proxyTable()) }, "svc-10.43.1.2-6-80"},
+		{"IPv6 table deleted", func(c *nftables.Conn) { c.DelTable(ipv6.proxyTable()) }, "svc-fd43::30-6-80"},
 		{"map flushed", func(c *nftables.Conn) {
-			serviceIPs, _, _ := sharedSets(proxyTable())
+			serviceIPs, _, _ := sharedSets(ipv4.proxyTable(), ipv4)
 			c.FlushSet(serviceIPs)
-		}},
+		}, "svc-10.43.1.2-6-80"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testcluster.InNewNetns(t, func() {
@@ -265,7 +295,7 @@ func TestProgramReplacesAChangedTable(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				p := &proxy{conn: c, cfg: Config{ClusterCIDR: testCIDR}}
+				p := &proxy{conn: c, cfg: Config{ClusterCIDRs: testCIDRs}}
 				ports := updatePorts()
 				if err := p.program(ports); err != nil {
 					t.Fatal(err)
@@ -275,14 +305,14 @@ func TestProgramReplacesAChangedTable(t *testing.T) {
 					t.Fatal(err)
 				}
 				// The update deletes the element of the Service that goes.
-				next := without(clonePorts(ports), "svc-10.43.1.2-6-80")
+				next := without(clonePorts(ports), tc.gone)
 				if err := p.program(next); err != nil {
 					t.Fatal(err)
 				}
 				if got, want := dump(t, c), fullDump(t, next); got != want {
 					t.Errorf("the table differs from what Apply makes:\n%s", lineDiff(got, want))
 				}
-				if n := countChains(c); n != p.chains {
+				if n := countChains(c, testCIDRs); n != p.chains {
 					t.Errorf("the table has %d chains; the proxy counts %d", n, p.chains)
 				}
 			})
@@ -290,12 +320,13 @@ func TestProgramReplacesAChangedTable(t *testing.T) {
 	}
 }
 
-// handles names each chain of the table with the handles of its rules: a
-// rule that is deleted and added again gets a new one. (Chains have
-// handles too, but google/nftables does not read them.)
+// handles names each chain of the tables, by its table's family and its
+// name, with the handles of its rules: a rule that is deleted and added
+// again gets a new one. (Chains have handles too, but google/nftables does
+// not read them.)
 func handles(t *testing.T, c *nftables.Conn) map[string]string {
 	t.Helper()
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	chains, err := c.ListChains()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,32 +343,76 @@ func handles(t *testing.T, c *nftables.Conn) map[string]string {
 		for _, r := range rules {
 			h = append(h, fmt.Sprint(r.Handle))
 		}
-		out[ch.Name] = strings.Join(h, " ")
+		out[tableName(familyOfTable(ch.Table))+" "+ch.Name] = strings.Join(h, " ")
 	}
 	return out
 }
 
-// fullDump is the dump of the table Apply makes of ports, in a network
+// tableName is how nft names the family of a table.
+func tableName(f *family) string {
+	if f == ipv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+func familyOfTable(t *nftables.Table) *family {
+	for _, f := range families {
+		if f.table == t.Family {
+			return f
+		}
+	}
+	return nil
+}
+
+// fullDump is the dump of the tables Apply makes of ports, in a network
 // namespace of its own.
 func fullDump(t *testing.T, ports []Port) string {
 	t.Helper()
 	c := netnsConn(t)
-	if err := Apply(c, testCIDR, ports); err != nil {
+	if err := Apply(c, testCIDRs, ports); err != nil {
 		t.Fatal(err)
 	}
 	return dump(t, c)
 }
 
-// dump lists the proxy's table as the kernel holds it, in order of names
-// and without handles, one line per chain, rule, set and element.
+// dump lists the proxy's tables as the kernel holds them, in order of
+// names and without handles, one line per chain, rule, set and element,
+// each led by its table's family; and the tables of kelp-proxy's name of
+// another family.
 func dump(t *testing.T, c *nftables.Conn) string {
 	t.Helper()
-	table := proxyTable()
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	var lines []string
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range tables {
+		if table.Name != Table {
+			continue
+		}
+		f := familyOfTable(table)
+		if f == nil {
+			lines = append(lines, fmt.Sprintf("table of family %d", table.Family))
+			continue
+		}
+		lines = append(lines, dumpTable(t, c, f)...)
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+func dumpTable(t *testing.T, c *nftables.Conn, f *family) []string {
+	t.Helper()
+	table := f.proxyTable()
+	chains, err := c.ListChainsOfTableFamily(f.table)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var lines []string
+	add := func(format string, args ...any) {
+		lines = append(lines, tableName(f)+" "+fmt.Sprintf(format, args...))
+	}
 	for _, ch := range chains {
 		if ch.Table.Name != Table {
 			continue
@@ -350,13 +425,13 @@ func dump(t *testing.T, c *nftables.Conn) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lines = append(lines, head)
+		add("%s", head)
 		for i, r := range rules {
 			line := fmt.Sprintf("chain %s rule %d:", ch.Name, i)
 			for _, e := range r.Exprs {
 				line += fmt.Sprintf(" %T%+v", e, e)
 			}
-			lines = append(lines, line)
+			add("%s", line)
 		}
 	}
 	sets, err := c.GetSets(table)
@@ -364,8 +439,8 @@ func dump(t *testing.T, c *nftables.Conn) string {
 		t.Fatal(err)
 	}
 	for _, s := range sets {
-		lines = append(lines, fmt.Sprintf("set %s map=%v constant=%v timeout=%v/%v dynamic=%v concat=%v key=%s data=%s",
-			s.Name, s.IsMap, s.Constant, s.HasTimeout, s.Timeout, s.Dynamic, s.Concatenation, s.KeyType.Name, s.DataType.Name))
+		add("set %s map=%v constant=%v timeout=%v/%v dynamic=%v concat=%v key=%s data=%s",
+			s.Name, s.IsMap, s.Constant, s.HasTimeout, s.Timeout, s.Dynamic, s.Concatenation, s.KeyType.Name, s.DataType.Name)
 		if s.Dynamic {
 			continue // clients in affinity sets: what traffic did, not the proxy
 		}
@@ -378,11 +453,10 @@ func dump(t *testing.T, c *nftables.Conn) string {
 			if v := e.VerdictData; v != nil {
 				line += fmt.Sprintf(" verdict %d %s", v.Kind, v.Chain)
 			}
-			lines = append(lines, line)
+			add("%s", line)
 		}
 	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
+	return lines
 }
 
 // lineDiff lists the lines only one of two dumps has.
