@@ -1,10 +1,13 @@
 // Package servicelb is kelp's built-in load balancer for Services of type
-// LoadBalancer: it gives each one the addresses of the cluster's nodes as
-// ingress IPs, and the nodes' Service proxies answer on them.
+// LoadBalancer: it gives each one the addresses of the cluster's nodes of
+// the Service's IP families as ingress IPs, and the nodes' Service proxies
+// answer on them.
 package servicelb
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
 	"reflect"
 	"slices"
 
@@ -41,9 +44,19 @@ func Run(ctx context.Context, client kubernetes.Interface) error {
 		if err != nil {
 			return err
 		}
-		ingress := Ingress(allNodes)
+		byFamilies := map[string][]corev1.LoadBalancerIngress{}
 		for _, svc := range svcs {
-			if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.LoadBalancerClass != nil || reflect.DeepEqual(svc.Status.LoadBalancer.Ingress, ingress) {
+			if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.LoadBalancerClass != nil {
+				continue
+			}
+			families := Families(svc)
+			k := fmt.Sprint(families)
+			ingress, ok := byFamilies[k]
+			if !ok {
+				ingress = Ingress(allNodes, families)
+				byFamilies[k] = ingress
+			}
+			if reflect.DeepEqual(svc.Status.LoadBalancer.Ingress, ingress) {
 				continue
 			}
 			updated := svc.DeepCopy()
@@ -61,25 +74,64 @@ func Run(ctx context.Context, client kubernetes.Interface) error {
 	}.Run(ctx)
 }
 
-// Ingress returns the load balancer ingress of every Service: the internal
-// IPs of the Ready nodes, of only those labelled EnableLabel=true if any is.
-func Ingress(nodes []*corev1.Node) []corev1.LoadBalancerIngress {
+// Ingress returns the load balancer ingress of a Service of families (see
+// Families): the internal IPs of those families of the Ready nodes, of
+// only those labelled EnableLabel=true if any is; the first family's
+// first, each family's in order.
+func Ingress(nodes []*corev1.Node, families []corev1.IPFamily) []corev1.LoadBalancerIngress {
 	labelled := slices.ContainsFunc(nodes, func(n *corev1.Node) bool { return n.Labels[EnableLabel] == "true" })
-	var ips []string
+	byFamily := map[corev1.IPFamily][]netip.Addr{}
 	for _, n := range nodes {
 		if (labelled && n.Labels[EnableLabel] != "true") || !ready(n) {
 			continue
 		}
 		for _, a := range n.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP {
-				ips = append(ips, a.Address)
+			ip, err := netip.ParseAddr(a.Address)
+			if a.Type != corev1.NodeInternalIP || err != nil {
+				continue
+			}
+			ip = ip.Unmap()
+			family := corev1.IPv4Protocol
+			if ip.Is6() {
+				family = corev1.IPv6Protocol
+			}
+			byFamily[family] = append(byFamily[family], ip)
+		}
+	}
+	var out []corev1.LoadBalancerIngress
+	for _, family := range slices.Compact(slices.Clone(families)) {
+		ips := byFamily[family]
+		slices.SortFunc(ips, netip.Addr.Compare)
+		for _, ip := range slices.Compact(ips) {
+			out = append(out, corev1.LoadBalancerIngress{IP: ip.String(), IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
+		}
+	}
+	return out
+}
+
+// Families are the IP families of a Service, its primary first: as the
+// API sets them (spec.ipFamilies), else those of its ClusterIPs, else
+// IPv4.
+func Families(svc *corev1.Service) []corev1.IPFamily {
+	if len(svc.Spec.IPFamilies) > 0 {
+		return svc.Spec.IPFamilies
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []corev1.IPFamily
+	for _, s := range ips {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			if ip.Unmap().Is6() {
+				out = append(out, corev1.IPv6Protocol)
+			} else {
+				out = append(out, corev1.IPv4Protocol)
 			}
 		}
 	}
-	slices.Sort(ips)
-	var out []corev1.LoadBalancerIngress
-	for _, ip := range slices.Compact(ips) {
-		out = append(out, corev1.LoadBalancerIngress{IP: ip, IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
+	if len(out) == 0 {
+		return []corev1.IPFamily{corev1.IPv4Protocol}
 	}
 	return out
 }
