@@ -240,9 +240,14 @@ func Ports(svcs []*corev1.Service, eps []*discoveryv1.EndpointSlice, node string
 		if svc.Spec.Type == corev1.ServiceTypeExternalName {
 			continue
 		}
-		for _, ip := range clusterIPs(svc) {
-			if ip == skip {
-				continue
+		ips := svc.Spec.ClusterIPs
+		if len(ips) == 0 {
+			ips = []string{svc.Spec.ClusterIP} // see clusterIPs
+		}
+		for _, s := range ips {
+			ip, err := netip.ParseAddr(s)
+			if ip = ip.Unmap(); err != nil || ip == skip {
+				continue // headless, or the cluster DNS address
 			}
 			svcSlices := bySvc[svc.Namespace+"/"+svc.Name]
 			external := externalIPs(svc, ip.Is6())
