@@ -132,35 +132,7 @@ func TestApplyManyServices(t *testing.T) {
 // would be "address unreachable").
 func TestServicesAnswer(t *testing.T) {
 	testcluster.InNewNetns(t, func() {
-		pod := newPodNetns(t)
-		for _, err := range []error{
-			netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pods"}, PeerName: "eth0"}),
-			netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink"}, PeerName: "uplink-peer"}),
-			linkDo("eth0", func(l netlink.Link) error { return netlink.LinkSetNsFd(l, pod.fd) }),
-			// The node's address and an endpoint in each pod network
-			// (on the node: what matters is the DNAT, not where the
-			// endpoint is); the service networks are not the pods', and
-			// routed elsewhere (as by a node's default route).
-			addrs("pods", "10.42.0.1/24", "10.42.0.5/24", "fd42::1/64", "fd42::5/64"),
-			linkDo("lo", netlink.LinkSetUp),
-			linkDo("pods", netlink.LinkSetUp),
-			linkDo("uplink", netlink.LinkSetUp),
-			linkDo("uplink-peer", netlink.LinkSetUp),
-			routes("uplink", "10.43.0.0/16", "fd43::/112"),
-			os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644),
-			os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644),
-			pod.do(func() error {
-				return errors.Join(
-					addrs("eth0", "10.42.0.9/24", "fd42::9/64"),
-					linkDo("lo", netlink.LinkSetUp),
-					linkDo("eth0", netlink.LinkSetUp),
-					defaultRoutes("eth0", "10.42.0.1", "fd42::1"))
-			}),
-		} {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
+		pod := newPodNetwork(t)
 		for _, ep := range []string{"10.42.0.5:8080", "[fd42::5]:8080"} {
 			l, err := net.Listen("tcp", ep)
 			if err != nil {
@@ -228,6 +200,123 @@ func TestServicesAnswer(t *testing.T) {
 				t.Errorf("%s %s to %s: %q, %v; want connection refused", tc.from, tc.network, tc.to, got, err)
 			case tc.answer != "" && (err != nil || got != tc.answer):
 				t.Errorf("%s %s to %s: %q, %v; want %q", tc.from, tc.network, tc.to, got, err, tc.answer)
+			}
+		}
+	})
+}
+
+// newPodNetwork makes a pod: a network namespace with an address of each
+// family, 10.42.0.9 and fd42::9, behind the node's (the caller's) pods
+// interface, which has 10.42.0.1 and fd42::1, and endpoints 10.42.0.5 and
+// fd42::5 (on the node: what matters is the DNAT, not where the endpoint
+// is). The service networks are not the pods', and routed elsewhere (as
+// by a node's default route).
+func newPodNetwork(t *testing.T) *podNetns {
+	t.Helper()
+	pod := newPodNetns(t)
+	for _, err := range []error{
+		netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pods"}, PeerName: "eth0"}),
+		netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink"}, PeerName: "uplink-peer"}),
+		linkDo("eth0", func(l netlink.Link) error { return netlink.LinkSetNsFd(l, pod.fd) }),
+		addrs("pods", "10.42.0.1/24", "10.42.0.5/24", "fd42::1/64", "fd42::5/64"),
+		linkDo("lo", netlink.LinkSetUp),
+		linkDo("pods", netlink.LinkSetUp),
+		linkDo("uplink", netlink.LinkSetUp),
+		linkDo("uplink-peer", netlink.LinkSetUp),
+		routes("uplink", "10.43.0.0/16", "fd43::/112"),
+		os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644),
+		os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644),
+		pod.do(func() error {
+			return errors.Join(
+				addrs("eth0", "10.42.0.9/24", "fd42::9/64"),
+				linkDo("lo", netlink.LinkSetUp),
+				linkDo("eth0", netlink.LinkSetUp),
+				defaultRoutes("eth0", "10.42.0.1", "fd42::1"))
+		}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pod
+}
+
+// TestForgetUDPFlows checks that the conntrack entries of a UDP flow from
+// a pod through a ClusterIP to an endpoint that went are deleted, in
+// either family.
+func TestForgetUDPFlows(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		pod := newPodNetwork(t)
+		for _, ep := range []string{"10.42.0.5:5353", "[fd42::5]:5353"} {
+			l, err := net.ListenPacket("udp", ep)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l.Close() })
+			go func() {
+				b := make([]byte, 512)
+				for {
+					n, from, err := l.ReadFrom(b)
+					if err != nil {
+						return
+					}
+					_, _ = l.WriteTo(b[:n], from)
+				}
+			}()
+		}
+		ports := []Port{
+			{ClusterIP: netip.MustParseAddr("10.43.0.53"), Protocol: unix.IPPROTO_UDP, Port: 53, NodePort: 30053, Endpoints: addrPorts("10.42.0.5:5353")},
+			{ClusterIP: netip.MustParseAddr("fd43::53"), Protocol: unix.IPPROTO_UDP, Port: 53, NodePort: 30053, Endpoints: addrPorts("[fd42::5]:5353")},
+		}
+		c, err := nft.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Apply(c, testCIDRs, ports); err != nil {
+			t.Fatal(err)
+		}
+		for _, to := range []string{"10.43.0.53:53", "[fd43::53]:53", "10.42.0.1:30053", "[fd42::1]:30053"} {
+			if err := pod.do(func() error {
+				got, err := exchange("udp", to)
+				if err == nil && got != "hello\n" {
+					err = fmt.Errorf("answer %q", got)
+				}
+				return err
+			}); err != nil {
+				t.Fatalf("UDP to %s: %v", to, err)
+			}
+		}
+		flowsTo := func(family netlink.InetFamily, ep string) int {
+			flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, family)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, f := range flows {
+				if f.Reverse.SrcIP.Equal(net.ParseIP(ep)) {
+					n++
+				}
+			}
+			return n
+		}
+		for _, f := range []struct {
+			family netlink.InetFamily
+			ep     string
+		}{{netlink.FAMILY_V4, "10.42.0.5"}, {netlink.FAMILY_V6, "fd42::5"}} {
+			if n := flowsTo(f.family, f.ep); n != 2 {
+				t.Fatalf("%d flows to %s before, want 2 (through the ClusterIP and the NodePort)", n, f.ep)
+			}
+		}
+		// Both endpoints go.
+		if err := forget(staleUDPFlows(ports, nil)); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []struct {
+			family netlink.InetFamily
+			ep     string
+		}{{netlink.FAMILY_V4, "10.42.0.5"}, {netlink.FAMILY_V6, "fd42::5"}} {
+			if n := flowsTo(f.family, f.ep); n != 0 {
+				t.Errorf("%d flows to %s after, want none", n, f.ep)
 			}
 		}
 	})
