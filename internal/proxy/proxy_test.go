@@ -467,3 +467,22 @@ func TestStaleUDPFlowsDualStack(t *testing.T) {
 		t.Errorf("stale flows %+v, want %+v", got, want)
 	}
 }
+
+func TestConfigValidate(t *testing.T) {
+	p := netip.MustParsePrefix
+	for _, tc := range []struct {
+		cidrs []netip.Prefix
+		ok    bool
+	}{
+		{[]netip.Prefix{p("10.42.0.0/16")}, true},
+		{[]netip.Prefix{p("fd42::/56")}, true},
+		{[]netip.Prefix{p("fd42::/56"), p("10.42.0.0/16")}, true},
+		{nil, false},
+		{[]netip.Prefix{p("10.42.0.0/16"), p("10.52.0.0/16")}, false},
+		{[]netip.Prefix{{}}, false},
+	} {
+		if err := (Config{ClusterCIDRs: tc.cidrs}).Validate(); (err == nil) != tc.ok {
+			t.Errorf("cluster CIDRs %v: %v, want ok %v", tc.cidrs, err, tc.ok)
+		}
+	}
+}

@@ -50,9 +50,10 @@ var (
 	families = []*family{ipv4, ipv6}
 )
 
-// familyOf is the family of an address.
+// familyOf is the family of an address (an IPv4-mapped IPv6 address is
+// one of IPv6: the proxy unmaps what it reads from the API).
 func familyOf(a netip.Addr) *family {
-	if a.Is6() && !a.Is4In6() {
+	if a.Is6() {
 		return ipv6
 	}
 	return ipv4
