@@ -339,15 +339,20 @@ func HostPorts(pods []*corev1.Pod) []Port {
 					}
 					p := Port{Protocol: proto, Endpoints: []netip.AddrPort{netip.AddrPortFrom(ip, uint16(cp.ContainerPort))}}
 					// A hostIP binds the port to that one address of the
-					// node; the pod's address of the other family has none.
+					// node, or with 0.0.0.0 or :: to every address of its
+					// family (as the CNI portmap plugin does); the pod's
+					// address of the other family has none.
 					hostIP, err := netip.ParseAddr(cp.HostIP)
+					hostIP = hostIP.Unmap()
 					switch {
-					case err != nil || hostIP.IsUnspecified():
+					case err != nil:
 						p.NodePort = uint16(cp.HostPort)
-					case hostIP.Unmap().Is6() == ip.Is6():
-						p.Port, p.ExternalIPs = uint16(cp.HostPort), []netip.Addr{hostIP.Unmap()}
-					default:
+					case hostIP.Is6() != ip.Is6():
 						continue
+					case hostIP.IsUnspecified():
+						p.NodePort = uint16(cp.HostPort)
+					default:
+						p.Port, p.ExternalIPs = uint16(cp.HostPort), []netip.Addr{hostIP}
 					}
 					out = append(out, p)
 				}

@@ -430,14 +430,16 @@ func TestHostPortsDualStack(t *testing.T) {
 	got := HostPorts([]*corev1.Pod{
 		pod("everywhere", corev1.ContainerPort{ContainerPort: 8443, HostPort: 443, Protocol: corev1.ProtocolTCP}),
 		pod("v6", corev1.ContainerPort{ContainerPort: 8080, HostPort: 8080, HostIP: "2001:db8::1", Protocol: corev1.ProtocolTCP}),
+		// Unspecified: every address of that family, as with portmap.
 		pod("any6", corev1.ContainerPort{ContainerPort: 53, HostPort: 53, HostIP: "::", Protocol: corev1.ProtocolUDP}),
+		pod("any4", corev1.ContainerPort{ContainerPort: 67, HostPort: 67, HostIP: "0.0.0.0", Protocol: corev1.ProtocolUDP}),
 	})
 	want := []Port{
 		{Protocol: unix.IPPROTO_TCP, Port: 8080, ExternalIPs: []netip.Addr{netip.MustParseAddr("2001:db8::1")}, Endpoints: addrPorts("[fd42::5]:8080")},
 		{Protocol: unix.IPPROTO_TCP, NodePort: 443, Endpoints: addrPorts("10.42.0.5:8443")},
 		{Protocol: unix.IPPROTO_TCP, NodePort: 443, Endpoints: addrPorts("[fd42::5]:8443")},
-		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: addrPorts("10.42.0.5:53")},
 		{Protocol: unix.IPPROTO_UDP, NodePort: 53, Endpoints: addrPorts("[fd42::5]:53")},
+		{Protocol: unix.IPPROTO_UDP, NodePort: 67, Endpoints: addrPorts("10.42.0.5:67")},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("HostPorts =\n%+v\nwant\n%+v", got, want)
