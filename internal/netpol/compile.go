@@ -25,8 +25,8 @@ type Ruleset struct {
 }
 
 // Chain is the rules of some pods in one direction: pods whose policies
-// come to the same rules share a chain. A packet no rule allows is
-// dropped.
+// come to the same rules share a chain, with every address they have
+// (IPv4 and IPv6 alike). A packet no rule allows is dropped.
 type Chain struct {
 	Pods  []netip.Addr
 	Rules []Rule
@@ -34,8 +34,8 @@ type Chain struct {
 
 // Rule allows the packets it matches.
 type Rule struct {
-	// Peers are the addresses at the other end: the sources of ingress,
-	// the destinations of egress. Empty: any address.
+	// Peers are the addresses at the other end, of either family: the
+	// sources of ingress, the destinations of egress. Empty: any address.
 	Peers    []Range
 	Protocol uint8 // unix.IPPROTO_TCP, _UDP or _SCTP; 0: any
 	// FirstPort to LastPort are the destination ports; 0: any.
@@ -48,41 +48,50 @@ var protocols = map[corev1.Protocol]uint8{
 	corev1.ProtocolSCTP: unix.IPPROTO_SCTP,
 }
 
-// livePod is a pod that can send or receive through a policy: one with an
-// IPv4 address of its own that has not finished.
+// livePod is a pod that can send or receive through a policy: one with
+// addresses of its own (one of each family in a dual-stack cluster) that
+// has not finished.
 type livePod struct {
+	pod *corev1.Pod
+	ips []netip.Addr
+}
+
+// target is one address of a live pod of the node.
+type target struct {
 	pod *corev1.Pod
 	ip  netip.Addr
 }
 
 // Compile returns what enforces policies for the pods on node nodeName,
 // with pods and namespaces all those of the cluster (peers can be
-// anywhere).
+// anywhere). A pod is enforced and matched as a peer by every address it
+// has, so a policy holds for IPv6 as it does for IPv4.
 func Compile(policies []*networkingv1.NetworkPolicy, pods []*corev1.Pod, namespaces []*corev1.Namespace, nodeName string) Ruleset {
 	c := cluster{namespaces: map[string]labels.Set{}, pods: map[string][]livePod{}}
 	for _, ns := range namespaces {
 		c.namespaces[ns.Name] = ns.Labels
 	}
-	var targets []livePod
+	var targets []target
 	for _, pod := range pods {
-		ip, ok := podIPv4(pod)
-		if !ok || pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		ips := podIPs(pod)
+		if len(ips) == 0 || pod.Spec.HostNetwork || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		p := livePod{pod: pod, ip: ip}
-		c.pods[pod.Namespace] = append(c.pods[pod.Namespace], p)
+		c.pods[pod.Namespace] = append(c.pods[pod.Namespace], livePod{pod: pod, ips: ips})
 		if pod.Spec.NodeName == nodeName {
-			targets = append(targets, p)
+			for _, ip := range ips {
+				targets = append(targets, target{pod: pod, ip: ip})
+			}
 		}
 	}
 	// Two pods may claim one address for a moment (the old one's status not
 	// yet updated): the newest holds it. Sorting by address also keeps the
 	// pods of each chain, and the chains, in order.
-	slices.SortFunc(targets, func(a, b livePod) int {
+	slices.SortFunc(targets, func(a, b target) int {
 		return cmp.Or(a.ip.Compare(b.ip), b.pod.CreationTimestamp.Compare(a.pod.CreationTimestamp.Time),
 			cmp.Compare(a.pod.Namespace, b.pod.Namespace), cmp.Compare(a.pod.Name, b.pod.Name))
 	})
-	targets = slices.CompactFunc(targets, func(a, b livePod) bool { return a.ip == b.ip })
+	targets = slices.CompactFunc(targets, func(a, b target) bool { return a.ip == b.ip })
 
 	// Only the policies of namespaces with pods here matter: resolving the
 	// peers of the others would be wasted on every node.
@@ -95,51 +104,69 @@ func Compile(policies []*networkingv1.NetworkPolicy, pods []*corev1.Pod, namespa
 			byNamespace[pol.Namespace] = append(compiled, c.compile(pol))
 		}
 	}
+	// The rules of a pod are worked out once for all its addresses.
+	rulesOf := map[*corev1.Pod]podRules{}
 	var r Ruleset
 	for _, t := range targets {
-		var ingress, egress []Rule
-		var ingressIsolated, egressIsolated bool
-		for _, p := range byNamespace[t.pod.Namespace] {
-			if !p.selector.Matches(labels.Set(t.pod.Labels)) {
-				continue
-			}
-			if p.ingress {
-				ingressIsolated = true
-				ingress = append(ingress, p.ingressRules(t.pod)...)
-			}
-			if p.egress {
-				egressIsolated = true
-				egress = append(egress, p.egressRules...)
-			}
+		pr, ok := rulesOf[t.pod]
+		if !ok {
+			pr = podRulesOf(t.pod, byNamespace[t.pod.Namespace])
+			rulesOf[t.pod] = pr
 		}
-		if ingressIsolated {
-			r.Ingress = addTo(r.Ingress, t.ip, ingress)
+		if pr.ingressIsolated {
+			r.Ingress = addTo(r.Ingress, t.ip, pr.ingress)
 		}
-		if egressIsolated {
-			r.Egress = addTo(r.Egress, t.ip, egress)
+		if pr.egressIsolated {
+			r.Egress = addTo(r.Egress, t.ip, pr.egress)
 		}
 	}
 	return r
 }
 
-// podIPv4 is the pod's IPv4 address, if it has one.
-func podIPv4(pod *corev1.Pod) (netip.Addr, bool) {
-	candidates := []string{pod.Status.PodIP}
-	for _, ip := range pod.Status.PodIPs {
-		candidates = append(candidates, ip.IP)
-	}
-	for _, s := range candidates {
-		if ip, err := netip.ParseAddr(s); err == nil && ip.Is4() {
-			return ip, true
+// podRules is what the policies that select a pod allow it.
+type podRules struct {
+	ingress, egress                 []Rule // normalized
+	ingressIsolated, egressIsolated bool
+}
+
+func podRulesOf(pod *corev1.Pod, policies []compiledPolicy) podRules {
+	var pr podRules
+	for _, p := range policies {
+		if !p.selector.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		if p.ingress {
+			pr.ingressIsolated = true
+			pr.ingress = append(pr.ingress, p.ingressRules(pod)...)
+		}
+		if p.egress {
+			pr.egressIsolated = true
+			pr.egress = append(pr.egress, p.egressRules...)
 		}
 	}
-	return netip.Addr{}, false
+	pr.ingress, pr.egress = normalize(pr.ingress), normalize(pr.egress)
+	return pr
+}
+
+// podIPs are the pod's addresses, of either family, in the order of its
+// status.
+func podIPs(pod *corev1.Pod) []netip.Addr {
+	var out []netip.Addr
+	add := func(s string) {
+		if ip, err := netip.ParseAddr(s); err == nil && !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
+	add(pod.Status.PodIP)
+	for _, ip := range pod.Status.PodIPs {
+		add(ip.IP)
+	}
+	return out
 }
 
 // addTo puts pod in the chain with its rules, or in a new one if no pod
 // has had these rules yet.
 func addTo(chains []Chain, pod netip.Addr, rules []Rule) []Chain {
-	rules = normalize(rules)
 	for i := range chains {
 		if reflect.DeepEqual(chains[i].Rules, rules) {
 			chains[i].Pods = append(chains[i].Pods, pod)
@@ -266,7 +293,7 @@ func (c cluster) egressRules(to peers, ports []networkingv1.NetworkPolicyPort) [
 		for _, dst := range candidates {
 			if r, ok := portRule(np, dst.pod); ok {
 				protocol = r.Protocol
-				byPort[r.FirstPort] = append(byPort[r.FirstPort], Range{First: dst.ip, Last: dst.ip})
+				byPort[r.FirstPort] = append(byPort[r.FirstPort], addrRanges(dst.ips)...)
 			}
 		}
 		for port, ranges := range byPort {
@@ -285,17 +312,25 @@ func (c cluster) peers(pol *networkingv1.NetworkPolicy, list []networkingv1.Netw
 	for _, peer := range list {
 		switch {
 		case peer.IPBlock != nil:
-			// A block that is not IPv4 matches nothing here.
 			rs, _ := ipBlockRanges(peer.IPBlock.CIDR, peer.IPBlock.Except)
 			out.ranges = append(out.ranges, rs...)
 		case peer.PodSelector != nil || peer.NamespaceSelector != nil:
 			for _, p := range c.selectPods(pol, peer) {
 				out.pods = append(out.pods, p)
-				out.ranges = append(out.ranges, Range{First: p.ip, Last: p.ip})
+				out.ranges = append(out.ranges, addrRanges(p.ips)...)
 			}
 		}
 	}
 	out.ranges = merge(out.ranges)
+	return out
+}
+
+// addrRanges are ranges of one address each.
+func addrRanges(ips []netip.Addr) []Range {
+	out := make([]Range, len(ips))
+	for i, ip := range ips {
+		out[i] = Range{First: ip, Last: ip}
+	}
 	return out
 }
 

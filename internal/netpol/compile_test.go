@@ -116,7 +116,6 @@ var (
 		pod("default", "done", "10.42.0.13", node, map[string]string{"app": "web"}, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
 		pod("default", "failed", "10.42.0.14", node, map[string]string{"app": "web"}, func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }),
 		pod("default", "pending", "", node, map[string]string{"app": "web"}, func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending }),
-		pod("default", "v6", "fd00::5", node, map[string]string{"app": "web"}),
 	}
 )
 
@@ -190,23 +189,34 @@ func TestCompile(t *testing.T) {
 			want: Ruleset{Ingress: []Chain{{Pods: []netip.Addr{web}, Rules: []Rule{{Peers: ranges("10.42.1.6", "10.42.2.7")}}}}},
 		},
 		{
-			name: "ipBlock with except; IPv6 blocks are left out",
+			name: "ipBlocks of both families with except",
 			policies: []*networkingv1.NetworkPolicy{policy("default", "web", networkingv1.NetworkPolicySpec{
 				PodSelector: *selects(map[string]string{"app": "web"}),
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
 					{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{"10.42.0.0/16", "10.99.0.0/24"}}},
-					{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/8"}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/8", Except: []string{"fd42::/16"}}},
 				}}},
 			})},
 			want: Ruleset{Ingress: []Chain{{Pods: []netip.Addr{web}, Rules: []Rule{{Peers: ranges(
-				"10.0.0.0-10.41.255.255", "10.43.0.0-10.98.255.255", "10.99.1.0-10.255.255.255")}}}}},
+				"10.0.0.0-10.41.255.255", "10.43.0.0-10.98.255.255", "10.99.1.0-10.255.255.255",
+				"fd00::-fd41:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "fd43::-fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}}}}},
 		},
 		{
-			name: "only IPv6 peers: the rule allows nothing",
+			name: "only IPv6 peers",
 			policies: []*networkingv1.NetworkPolicy{policy("default", "web", networkingv1.NetworkPolicySpec{
 				PodSelector: *selects(map[string]string{"app": "web"}),
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
 					{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/8"}},
+				}}},
+			})},
+			want: Ruleset{Ingress: []Chain{{Pods: []netip.Addr{web}, Rules: []Rule{{Peers: ranges("fd00::-fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}}}}},
+		},
+		{
+			name: "an ipBlock that does not parse allows nothing",
+			policies: []*networkingv1.NetworkPolicy{policy("default", "web", networkingv1.NetworkPolicySpec{
+				PodSelector: *selects(map[string]string{"app": "web"}),
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+					{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/129"}},
 				}}},
 			})},
 			want: Ruleset{Ingress: []Chain{{Pods: []netip.Addr{web}}}},
@@ -411,6 +421,128 @@ func TestCompileAddressClaimedTwice(t *testing.T) {
 	for _, pods := range [][]*corev1.Pod{{older, newer}, {newer, older}} {
 		if got := Compile(pols, pods, nil, node); !reflect.DeepEqual(got, Ruleset{}) {
 			t.Errorf("the newer pod holds the address, and no policy selects it: got %+v", got)
+		}
+	}
+}
+
+// A dual-stack cluster: every pod has an address of each family, but one
+// that has only IPv6 and one whose status still lists only its PodIP.
+var (
+	dualPods = []*corev1.Pod{
+		pod("default", "web", "10.42.0.10", node, map[string]string{"app": "web"}, alsoIP("fd42::10"), ports(
+			corev1.ContainerPort{Name: "http", ContainerPort: 8080})),
+		pod("default", "db", "10.42.0.11", node, map[string]string{"app": "db"}, alsoIP("fd42::11")),
+		pod("default", "client", "10.42.1.5", "node-b", map[string]string{"app": "client"}, alsoIP("fd42:0:0:1::5")),
+		pod("default", "v6only", "fd42:0:0:1::6", "node-b", map[string]string{"app": "client"}),
+		pod("default", "v4only", "10.42.0.12", node, map[string]string{"app": "web"}, func(p *corev1.Pod) { p.Status.PodIPs = nil }),
+		pod("default", "api", "fd42:0:0:2::7", "node-c", map[string]string{"app": "api"}, alsoIP("10.42.2.7"), ports(
+			corev1.ContainerPort{Name: "http", ContainerPort: 8081})),
+	}
+	dualNamespaces = []*corev1.Namespace{namespace("default", nil)}
+)
+
+// alsoIP adds an address to the pod's status.podIPs, after its first: the
+// other family's.
+func alsoIP(ip string) podOption {
+	return func(p *corev1.Pod) { p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip}) }
+}
+
+func TestCompileDualStack(t *testing.T) {
+	web4, web6, db4, db6, v4only := addrs("10.42.0.10")[0], addrs("fd42::10")[0], addrs("10.42.0.11")[0], addrs("fd42::11")[0], addrs("10.42.0.12")[0]
+	for _, tc := range []struct {
+		name     string
+		policies []*networkingv1.NetworkPolicy
+		want     Ruleset
+	}{
+		{
+			name:     "default deny: a pod is isolated by each of its addresses",
+			policies: []*networkingv1.NetworkPolicy{policy("default", "deny", networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}})},
+			want: Ruleset{
+				Ingress: []Chain{{Pods: []netip.Addr{web4, db4, v4only, web6, db6}}},
+				Egress:  []Chain{{Pods: []netip.Addr{web4, db4, v4only, web6, db6}}},
+			},
+		},
+		{
+			name: "a podSelector peer is matched by each of its addresses",
+			policies: []*networkingv1.NetworkPolicy{policy("default", "db", networkingv1.NetworkPolicySpec{
+				PodSelector: *selects(map[string]string{"app": "db"}),
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: selects(map[string]string{"app": "client"})}},
+					Ports: []networkingv1.NetworkPolicyPort{tcp(5432)},
+				}},
+			})},
+			want: Ruleset{Ingress: []Chain{{Pods: []netip.Addr{db4, db6}, Rules: []Rule{
+				{Peers: ranges("10.42.1.5", "fd42:0:0:1::5-fd42:0:0:1::6"), Protocol: unix.IPPROTO_TCP, FirstPort: 5432, LastPort: 5432},
+			}}}},
+		},
+		{
+			name: "named egress port: each address of the destination pods",
+			policies: []*networkingv1.NetworkPolicy{policy("default", "web", networkingv1.NetworkPolicySpec{
+				PodSelector: *selects(map[string]string{"app": "db"}),
+				PolicyTypes: egressOnly,
+				Egress: []networkingv1.NetworkPolicyEgressRule{{
+					To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{}}},
+					Ports: []networkingv1.NetworkPolicyPort{named("http")},
+				}},
+			})},
+			want: Ruleset{Egress: []Chain{{Pods: []netip.Addr{db4, db6}, Rules: []Rule{
+				{Peers: ranges("10.42.0.10", "fd42::10"), Protocol: unix.IPPROTO_TCP, FirstPort: 8080, LastPort: 8080},
+				{Peers: ranges("10.42.2.7", "fd42:0:0:2::7"), Protocol: unix.IPPROTO_TCP, FirstPort: 8081, LastPort: 8081},
+			}}}},
+		},
+		{
+			name: "an IPv6 ipBlock with except beside an IPv4 one",
+			policies: []*networkingv1.NetworkPolicy{policy("default", "web", networkingv1.NetworkPolicySpec{
+				PodSelector: *selects(map[string]string{"app": "web"}),
+				PolicyTypes: egressOnly,
+				Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{
+					{IPBlock: &networkingv1.IPBlock{CIDR: "fd42::/48", Except: []string{"fd42:0:0:1::/64", "10.42.0.0/16"}}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "10.42.0.0/16", Except: []string{"10.42.1.0/24"}}},
+				}}},
+			})},
+			want: Ruleset{Egress: []Chain{{Pods: []netip.Addr{web4, v4only, web6}, Rules: []Rule{{Peers: ranges(
+				"10.42.0.0-10.42.0.255", "10.42.2.0-10.42.255.255",
+				"fd42::-fd42::ffff:ffff:ffff:ffff", "fd42:0:0:2::-fd42:0:0:ffff:ffff:ffff:ffff:ffff")}}}}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Compile(tc.policies, dualPods, dualNamespaces, node); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("Compile =\n%+v\nwant\n%+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPodIPs(t *testing.T) {
+	for _, tc := range []struct {
+		pod  *corev1.Pod
+		want []netip.Addr
+	}{
+		{pod("default", "dual", "10.42.0.10", node, nil, alsoIP("fd42::10")), addrs("10.42.0.10", "fd42::10")},
+		{pod("default", "v6first", "fd42::10", node, nil, alsoIP("10.42.0.10")), addrs("fd42::10", "10.42.0.10")},
+		{pod("default", "podIP", "10.42.0.10", node, nil, func(p *corev1.Pod) { p.Status.PodIPs = nil }), addrs("10.42.0.10")},
+		{pod("default", "bad", "10.42.0.10", node, nil, alsoIP("not-an-ip")), addrs("10.42.0.10")},
+		{pod("default", "none", "", node, nil), nil},
+	} {
+		if got := podIPs(tc.pod); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("podIPs(%s) = %v, want %v", tc.pod.Name, got, tc.want)
+		}
+	}
+}
+
+func TestCompileIPv6AddressClaimedTwice(t *testing.T) {
+	older := pod("default", "old", "10.42.0.20", node, map[string]string{"app": "old"}, alsoIP("fd42::20"))
+	older.CreationTimestamp = metav1.NewTime(time.Unix(1000, 0))
+	// The new pod has the old one's IPv6 address, and an IPv4 one of its own.
+	newer := pod("default", "new", "10.42.0.21", node, map[string]string{"app": "new"}, alsoIP("fd42::20"))
+	newer.CreationTimestamp = metav1.NewTime(time.Unix(2000, 0))
+	pols := []*networkingv1.NetworkPolicy{policy("default", "old", networkingv1.NetworkPolicySpec{
+		PodSelector: *selects(map[string]string{"app": "old"}), PolicyTypes: ingressOnly,
+	})}
+	want := Ruleset{Ingress: []Chain{{Pods: addrs("10.42.0.20")}}}
+	for _, pods := range [][]*corev1.Pod{{older, newer}, {newer, older}} {
+		if got := Compile(pols, pods, nil, node); !reflect.DeepEqual(got, want) {
+			t.Errorf("the newer pod holds the IPv6 address: got %+v, want %+v", got, want)
 		}
 	}
 }

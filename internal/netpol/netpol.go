@@ -83,7 +83,8 @@ type enforcer struct {
 	// reapply says the table must be programmed even if applied is what
 	// the policies want: at start, and once someone else changed it.
 	reapply bool
-	// enforcing says the table was programmed once.
+	// enforcing says the table was programmed once (and the legacy table
+	// removed).
 	enforcing bool
 }
 
@@ -119,7 +120,9 @@ func (e *enforcer) sync(_ context.Context, resync bool) error {
 		return nil
 	}
 	started := time.Now()
-	if err := Apply(e.conn, r); err != nil {
+	// The first programming also drops the table of a kelp before
+	// dual-stack, in the same batch.
+	if err := apply(e.conn, r, !e.enforcing); err != nil {
 		return err
 	}
 	e.applied, e.reapply = r, false

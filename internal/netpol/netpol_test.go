@@ -2,6 +2,8 @@ package netpol
 
 import (
 	"context"
+	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -14,8 +16,9 @@ import (
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
-// TestRun follows Run through a policy change and a table changed behind
-// its back, and checks it cleans up.
+// TestRun follows Run on a node upgraded from a kelp before dual-stack
+// through a policy change and a table changed behind its back, and checks
+// it cleans up.
 func TestRun(t *testing.T) {
 	testcluster.InNewNetns(t, func() {
 		fd := testcluster.NetnsFD(t)
@@ -24,9 +27,10 @@ func TestRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		addLegacyTable(t, c)
 		client := fake.NewClientset(
 			namespace("default", nil),
-			pod("default", "web", "10.42.0.10", node, map[string]string{"app": "web"}),
+			pod("default", "web", "10.42.0.10", node, map[string]string{"app": "web"}, alsoIP("fd42::10")),
 			pod("default", "remote", "10.42.1.10", "node-b", map[string]string{"app": "web"}),
 			policy("default", "deny", networkingv1.NetworkPolicySpec{PolicyTypes: ingressOnly}),
 		)
@@ -37,7 +41,7 @@ func TestRun(t *testing.T) {
 			// rules counts the rules of each chain of the table.
 			rules := func() map[string]int {
 				out := map[string]int{}
-				chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+				chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 				if err != nil {
 					return out
 				}
@@ -57,9 +61,15 @@ func TestRun(t *testing.T) {
 				t.Errorf("%s: never happened; chains and rules %v", what, rules())
 				return false
 			}
-			denied := func(r map[string]int) bool { return r["forward"] == 3 && r["ingress-0"] == 1 }
+			denied := func(r map[string]int) bool { return r["forward"] == forwardRules && r["ingress-0"] == 1 }
 			if !waitFor("deny all ingress of the local pod", denied) {
 				return
+			}
+			if got, want := tableNames(t, c), []string{fmt.Sprintf("%d %s", nftables.TableFamilyINet, Table)}; !reflect.DeepEqual(got, want) {
+				t.Errorf("tables %v, want %v: the legacy table removed", got, want)
+			}
+			if sets := setElements(t, c); sets["ingress-pods4"] != 1 || sets["ingress-pods6"] != 1 {
+				t.Errorf("set elements %v: want the pod's IPv4 and IPv6 address isolated", sets)
 			}
 			if _, err := client.NetworkingV1().NetworkPolicies("default").Create(ctx, policy("default", "web", networkingv1.NetworkPolicySpec{
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{tcp(80)}}},
@@ -70,7 +80,7 @@ func TestRun(t *testing.T) {
 			if !waitFor("allow port 80", func(r map[string]int) bool { return r["ingress-0"] == 2 }) {
 				return
 			}
-			c.DelTable(&nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4})
+			c.DelTable(inet)
 			if err := c.Flush(); err != nil {
 				t.Error(err)
 				return
@@ -78,12 +88,12 @@ func TestRun(t *testing.T) {
 			if !waitFor("the deleted table back", func(r map[string]int) bool { return r["ingress-0"] == 2 }) {
 				return
 			}
-			c.FlushChain(&nftables.Chain{Name: "forward", Table: &nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4}})
+			c.FlushChain(&nftables.Chain{Name: "forward", Table: inet})
 			if err := c.Flush(); err != nil {
 				t.Error(err)
 				return
 			}
-			waitFor("the flushed chain back", func(r map[string]int) bool { return r["forward"] == 3 })
+			waitFor("the flushed chain back", func(r map[string]int) bool { return r["forward"] == forwardRules })
 		}()
 		if err := run(ctx, client, Config{NodeName: node}, 50*time.Millisecond); err != nil {
 			t.Errorf("run: %v", err)

@@ -16,6 +16,11 @@ func TestPrefixRange(t *testing.T) {
 		"0.0.0.0/0":     ranges("0.0.0.0-255.255.255.255"),
 		"128.0.0.0/1":   ranges("128.0.0.0-255.255.255.255"),
 		"10.0.0.128/25": ranges("10.0.0.128-10.0.0.255"),
+		"fd42::/56":     ranges("fd42::-fd42:0:0:ff:ffff:ffff:ffff:ffff"),
+		"fd42::1/127":   ranges("fd42::-fd42::1"), // not canonical
+		"fd42::7/128":   ranges("fd42::7"),
+		"::/0":          ranges("::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"),
+		"fd43::/113":    ranges("fd43::-fd43::7fff"),
 	} {
 		if got := prefixRange(netip.MustParsePrefix(prefix)); got != want[0] {
 			t.Errorf("prefixRange(%s) = %v, want %v", prefix, got, want[0])
@@ -36,6 +41,9 @@ func TestMerge(t *testing.T) {
 		{"duplicates", ranges("10.0.0.7", "10.0.0.7"), ranges("10.0.0.7")},
 		{"up to the end", ranges("255.255.255.255", "0.0.0.0-255.255.255.254"), ranges("0.0.0.0-255.255.255.255")},
 		{"one apart", ranges("10.0.0.1", "10.0.0.3"), ranges("10.0.0.1", "10.0.0.3")},
+		{"IPv6", ranges("fd42::5-fd42::9", "fd42::1-fd42::4", "fd42::b"), ranges("fd42::1-fd42::9", "fd42::b")},
+		// The last IPv4 address and the first IPv6 one are of two families.
+		{"families stay apart", ranges("::", "fd42::1", "255.255.255.255", "10.0.0.1"), ranges("10.0.0.1", "255.255.255.255", "::", "fd42::1")},
 	} {
 		if got := merge(tc.in); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("%s: merge = %v, want %v", tc.name, got, tc.want)
@@ -58,7 +66,10 @@ func TestIPBlockRanges(t *testing.T) {
 		{"10.0.0.0/24", []string{"192.0.2.0/24", "fd00::/8"}, ranges("10.0.0.0-10.0.0.255"), true},
 		{"0.0.0.0/0", []string{"10.0.0.0/8", "0.0.0.0/32"}, ranges("0.0.0.1-9.255.255.255", "11.0.0.0-255.255.255.255"), true},
 		{"0.0.0.0/0", []string{"255.255.255.0/24"}, ranges("0.0.0.0-255.255.254.255"), true},
-		{"fd00::/8", nil, nil, false},
+		{"fd00::/8", nil, ranges("fd00::-fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), true},
+		{"fd42::/64", []string{"fd42::/120", "fd42::ffff:ffff:ffff:ff00/120", "10.0.0.0/8"}, ranges("fd42::100-fd42::ffff:ffff:ffff:feff"), true},
+		{"::/0", []string{"fd42::/16"}, ranges("::-fd41:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "fd43::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), true},
+		{"fd42::/64", []string{"fd42::/129"}, nil, false},
 		{"10.0.0.0/33", nil, nil, false},
 		{"10.0.0.0/8", []string{"bogus"}, nil, false},
 	} {
@@ -79,5 +90,29 @@ func TestIntervalElements(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("intervalElements = %+v, want %+v", got, want)
+	}
+	got = intervalElements(ranges("fd42::1-fd42::ff", "ffff::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"))
+	want = []nftables.SetElement{
+		{Key: netip.MustParseAddr("fd42::1").AsSlice()}, {Key: netip.MustParseAddr("fd42::100").AsSlice(), IntervalEnd: true},
+		{Key: netip.MustParseAddr("ffff::").AsSlice()},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("intervalElements of IPv6 = %+v, want %+v", got, want)
+	}
+}
+
+func TestByFamily(t *testing.T) {
+	for _, tc := range []struct {
+		in, v4, v6 []Range
+	}{
+		{nil, nil, nil},
+		{ranges("10.0.0.1", "10.0.0.5-10.0.0.9"), ranges("10.0.0.1", "10.0.0.5-10.0.0.9"), nil},
+		{ranges("fd42::1"), nil, ranges("fd42::1")},
+		{ranges("10.0.0.1", "::-::5", "fd42::1"), ranges("10.0.0.1"), ranges("::-::5", "fd42::1")},
+	} {
+		v4, v6 := byFamily(tc.in)
+		if len(v4)+len(tc.v4) > 0 && !reflect.DeepEqual(v4, tc.v4) || len(v6)+len(tc.v6) > 0 && !reflect.DeepEqual(v6, tc.v6) {
+			t.Errorf("byFamily(%v) = %v, %v; want %v, %v", tc.in, v4, v6, tc.v4, tc.v6)
+		}
 	}
 }

@@ -3,81 +3,142 @@ package netpol
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 )
 
-// Table is the nftables table of network policy enforcement; `kelp
-// killall` removes it.
+// Table is the nftables table of network policy enforcement, of family
+// inet: one table sees both families, so a pod's rules are stated once
+// for its IPv4 and its IPv6 address, programmed in one batch, and a pod
+// that is isolated is isolated for both. `kelp killall` removes it.
 const Table = "kelp-netpol"
 
-// Offsets in the IPv4 header.
-const (
-	saddrOffset = 12
-	daddrOffset = 16
+// legacyTable is the table of kelps before dual-stack, family ip of the
+// same name: the first Apply of a node upgraded from one removes it.
+var legacyTable = &nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4}
+
+// family is what rules need to know of one address family.
+type family struct {
+	suffix                   string // of its sets' names: IPv4 "4", IPv6 "6"
+	nfproto                  byte   // meta nfproto
+	keyType                  nftables.SetDatatype
+	saddrOffset, daddrOffset uint32 // in its network header
+	addrLen                  uint32
+}
+
+var (
+	ipv4 = family{suffix: "4", nfproto: unix.NFPROTO_IPV4, keyType: nftables.TypeIPAddr, saddrOffset: 12, daddrOffset: 16, addrLen: 4}
+	ipv6 = family{suffix: "6", nfproto: unix.NFPROTO_IPV6, keyType: nftables.TypeIP6Addr, saddrOffset: 8, daddrOffset: 24, addrLen: 16}
+	// families are in the order their sets and rules are made.
+	families = []family{ipv4, ipv6}
 )
+
+func familyOf(ip netip.Addr) family {
+	if ip.Is4() {
+		return ipv4
+	}
+	return ipv6
+}
+
+// match is `meta nfproto F`: the payload of an address is read only from
+// a packet of its family.
+func (f family) match() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{f.nfproto}},
+	}
+}
 
 // direction is one side of the Ruleset: its chains are reached by the
 // address of their pods at one end of a packet, the peers being at the
 // other.
 type direction struct {
-	name        string // of its verdict map, "<name>-pods", and chains, "<name>-<i>"
-	podOffset   uint32
-	peersOffset uint32
-	chains      func(Ruleset) []Chain
+	name    string // of its verdict maps, "<name>-pods4" and "-pods6", and chains, "<name>-<i>"
+	podsEnd func(family) uint32
+	chains  func(Ruleset) []Chain
 }
 
 // directions are in the order the base chain checks them.
 var directions = []direction{
-	{name: "egress", podOffset: saddrOffset, peersOffset: daddrOffset, chains: func(r Ruleset) []Chain { return r.Egress }},
-	{name: "ingress", podOffset: daddrOffset, peersOffset: saddrOffset, chains: func(r Ruleset) []Chain { return r.Ingress }},
+	{name: "egress", podsEnd: func(f family) uint32 { return f.saddrOffset }, chains: func(r Ruleset) []Chain { return r.Egress }},
+	{name: "ingress", podsEnd: func(f family) uint32 { return f.daddrOffset }, chains: func(r Ruleset) []Chain { return r.Ingress }},
+}
+
+// peersEnd is the offset of the peers' address: the other end.
+func (d direction) peersEnd(f family) uint32 {
+	if d.podsEnd(f) == f.saddrOffset {
+		return f.daddrOffset
+	}
+	return f.saddrOffset
 }
 
 func (d direction) chainName(i int) string {
 	return fmt.Sprintf("%s-%d", d.name, i)
 }
 
-// forwardRules is the number of rules of the base chain.
-const forwardRules = 3
+func (d direction) mapName(f family) string {
+	return d.name + "-pods" + f.suffix
+}
+
+// forwardRules is the number of rules of the base chain: established,
+// neighbour discovery, and a verdict map lookup per direction and family.
+var forwardRules = 2 + len(directions)*len(families)
 
 // Apply replaces the table with one that enforces r, in a single netlink
 // batch: packets see the old rules or the new, never a mix.
 func Apply(c *nftables.Conn, r Ruleset) error {
-	t := &nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4}
+	return apply(c, r, false)
+}
+
+// apply is Apply, removing the legacy table in the same batch if
+// dropLegacy: the upgraded node's pods are never without their policies.
+func apply(c *nftables.Conn, r Ruleset, dropLegacy bool) error {
+	t := &nftables.Table{Name: Table, Family: nftables.TableFamilyINet}
 	c.AddTable(t) // so that the delete cannot fail on a fresh host
 	c.DelTable(t)
 	c.AddTable(t)
+	if dropLegacy {
+		c.AddTable(legacyTable)
+		c.DelTable(legacyTable)
+	}
 
 	sets := peerSets{table: t, byRanges: map[string]*nftables.Set{}}
-	var maps []*nftables.Set
+	maps := map[string]*nftables.Set{}
 	for _, d := range directions {
-		var elems []nftables.SetElement
+		elems := map[family][]nftables.SetElement{}
 		for i, ch := range d.chains(r) {
 			name := d.chainName(i)
 			chain := c.AddChain(&nftables.Chain{Name: name, Table: t})
 			for _, rule := range ch.Rules {
-				set, err := sets.get(c, rule.Peers)
+				rules, err := sets.ruleExprs(c, rule, d)
 				if err != nil {
 					return err
 				}
-				c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: ruleExprs(rule, d.peersOffset, set)})
+				for _, e := range rules {
+					c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: e})
+				}
 			}
 			c.AddRule(&nftables.Rule{Table: t, Chain: chain, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}})
 			for _, pod := range ch.Pods {
-				elems = append(elems, nftables.SetElement{
+				f := familyOf(pod)
+				elems[f] = append(elems[f], nftables.SetElement{
 					Key:         pod.AsSlice(),
 					VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name},
 				})
 			}
 		}
-		vmap := &nftables.Set{Table: t, Name: d.name + "-pods", IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
-		if err := c.AddSet(vmap, elems); err != nil {
-			return fmt.Errorf("add nftables set: %w", err)
+		for _, f := range families {
+			vmap := &nftables.Set{Table: t, Name: d.mapName(f), IsMap: true, KeyType: f.keyType, DataType: nftables.TypeVerdict}
+			if err := c.AddSet(vmap, elems[f]); err != nil {
+				return fmt.Errorf("add nftables set: %w", err)
+			}
+			maps[vmap.Name] = vmap
 		}
-		maps = append(maps, vmap)
 	}
 
 	// Only forwarded packets are checked: the node's own traffic to and
@@ -94,13 +155,29 @@ func Apply(c *nftables.Conn, r Ruleset) error {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}})
-	// ip saddr vmap @egress-pods, then ip daddr vmap @ingress-pods: a
-	// jump, as a packet between two pods of the node must pass both.
-	for i, d := range directions {
-		c.AddRule(&nftables.Rule{Table: t, Chain: forward, Exprs: []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: d.podOffset, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: maps[i].Name, SetID: maps[i].ID, IsDestRegSet: true, DestRegister: 0},
-		}})
+	// meta nfproto ipv6 meta l4proto ipv6-icmp icmpv6 type 133-137 accept: IPv6 finds its
+	// neighbours (router and neighbour solicitations and advertisements,
+	// redirects) with ICMPv6 that pods on one bridge forward to each other,
+	// to multicast addresses no policy names. ARP, its IPv4 counterpart,
+	// never reaches this hook.
+	c.AddRule(&nftables.Rule{Table: t, Chain: forward, Exprs: append(ipv6.match(),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{ndFirst}, ToData: []byte{ndLast}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	)})
+	// ip saddr vmap @egress-pods4, ip6 saddr vmap @egress-pods6, then the
+	// same of daddr for ingress: a jump, as a packet between two pods of
+	// the node must pass both.
+	for _, d := range directions {
+		for _, f := range families {
+			m := maps[d.mapName(f)]
+			c.AddRule(&nftables.Rule{Table: t, Chain: forward, Exprs: append(f.match(),
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: d.podsEnd(f), Len: f.addrLen},
+				&expr.Lookup{SourceRegister: 1, SetName: m.Name, SetID: m.ID, IsDestRegSet: true, DestRegister: 0},
+			)})
+		}
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("program nftables table %s: %w", Table, err)
@@ -108,11 +185,20 @@ func Apply(c *nftables.Conn, r Ruleset) error {
 	return nil
 }
 
-// Remove deletes the table, if there is one.
+// The ICMPv6 types of neighbour discovery (RFC 4861): router
+// solicitation to redirect.
+const (
+	ndFirst = 133
+	ndLast  = 137
+)
+
+// Remove deletes the table, and that of a kelp before dual-stack, if
+// there are any.
 func Remove(c *nftables.Conn) error {
-	t := &nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4}
-	c.AddTable(t) // so that the delete cannot fail if it is gone
-	c.DelTable(t)
+	for _, t := range []*nftables.Table{{Name: Table, Family: nftables.TableFamilyINet}, legacyTable} {
+		c.AddTable(t) // so that the delete cannot fail if it is gone
+		c.DelTable(t)
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("remove nftables table %s: %w", Table, err)
 	}
@@ -125,10 +211,14 @@ func intact(c *nftables.Conn, r Ruleset) (bool, error) {
 	want := map[string]int{"forward": forwardRules}
 	for _, d := range directions {
 		for i, ch := range d.chains(r) {
-			want[d.chainName(i)] = len(ch.Rules) + 1 // and the drop
+			n := 1 // the drop
+			for _, rule := range ch.Rules {
+				n += len(splitPeers(rule))
+			}
+			want[d.chainName(i)] = n
 		}
 	}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return false, fmt.Errorf("list nftables chains: %w", err)
 	}
@@ -153,30 +243,66 @@ func intact(c *nftables.Conn, r Ruleset) (bool, error) {
 	return found == len(want), nil
 }
 
-// ruleExprs are `[meta l4proto P] [th dport FIRST-LAST] [ip saddr|daddr
+// familyPeers are the peers of one family of a rule; no family and no
+// peers: any peer, of either family.
+type familyPeers struct {
+	family *family
+	peers  []Range
+}
+
+// splitPeers are the peers of r by family, one entry for each nftables
+// rule r comes to.
+func splitPeers(r Rule) []familyPeers {
+	if len(r.Peers) == 0 {
+		return []familyPeers{{}}
+	}
+	var out []familyPeers
+	v4, v6 := byFamily(r.Peers)
+	if len(v4) > 0 {
+		out = append(out, familyPeers{family: &ipv4, peers: v4})
+	}
+	if len(v6) > 0 {
+		out = append(out, familyPeers{family: &ipv6, peers: v6})
+	}
+	return out
+}
+
+// ruleExprs are the nftables rules of r in a chain of d, each `[meta
+// nfproto F] [meta l4proto P] [th dport FIRST-LAST] [ip|ip6 saddr|daddr
 // @peers] return`: return, not accept, so that a packet between two pods
 // of the node allowed out of one still faces the other's ingress.
-func ruleExprs(r Rule, peersOffset uint32, peers *nftables.Set) []expr.Any {
-	var e []expr.Any
-	if r.Protocol != 0 {
-		e = append(e,
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.Protocol}})
-	}
-	if r.FirstPort != 0 {
-		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
-		if r.FirstPort == r.LastPort {
-			e = append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port(r.FirstPort)})
-		} else {
-			e = append(e, &expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: port(r.FirstPort), ToData: port(r.LastPort)})
+func (s peerSets) ruleExprs(c *nftables.Conn, r Rule, d direction) ([][]expr.Any, error) {
+	var out [][]expr.Any
+	for _, fp := range splitPeers(r) {
+		var e []expr.Any
+		if fp.family != nil {
+			e = append(e, fp.family.match()...)
 		}
+		if r.Protocol != 0 {
+			e = append(e,
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.Protocol}})
+		}
+		if r.FirstPort != 0 {
+			e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2})
+			if r.FirstPort == r.LastPort {
+				e = append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port(r.FirstPort)})
+			} else {
+				e = append(e, &expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: port(r.FirstPort), ToData: port(r.LastPort)})
+			}
+		}
+		if fp.family != nil {
+			set, err := s.get(c, *fp.family, fp.peers)
+			if err != nil {
+				return nil, err
+			}
+			e = append(e,
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: d.peersEnd(*fp.family), Len: fp.family.addrLen},
+				&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID})
+		}
+		out = append(out, append(e, &expr.Verdict{Kind: expr.VerdictReturn}))
 	}
-	if peers != nil {
-		e = append(e,
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: peersOffset, Len: 4},
-			&expr.Lookup{SourceRegister: 1, SetName: peers.Name, SetID: peers.ID})
-	}
-	return append(e, &expr.Verdict{Kind: expr.VerdictReturn})
+	return out, nil
 }
 
 // port is a transport port in network order.
@@ -191,11 +317,8 @@ type peerSets struct {
 	byRanges map[string]*nftables.Set
 }
 
-// get is the set of rs, nil for an empty rs (any peer).
-func (s peerSets) get(c *nftables.Conn, rs []Range) (*nftables.Set, error) {
-	if len(rs) == 0 {
-		return nil, nil
-	}
+// get is the set of rs, ranges of family f.
+func (s peerSets) get(c *nftables.Conn, f family, rs []Range) (*nftables.Set, error) {
 	var key strings.Builder
 	for _, r := range rs {
 		fmt.Fprintf(&key, "%s-%s,", r.First, r.Last)
@@ -203,7 +326,7 @@ func (s peerSets) get(c *nftables.Conn, rs []Range) (*nftables.Set, error) {
 	if set, ok := s.byRanges[key.String()]; ok {
 		return set, nil
 	}
-	set := &nftables.Set{Table: s.table, Name: fmt.Sprintf("peers-%d", len(s.byRanges)), KeyType: nftables.TypeIPAddr, Interval: true}
+	set := &nftables.Set{Table: s.table, Name: fmt.Sprintf("peers%s-%d", f.suffix, len(s.byRanges)), KeyType: f.keyType, Interval: true}
 	if err := c.AddSet(set, intervalElements(rs)); err != nil {
 		return nil, fmt.Errorf("add nftables set: %w", err)
 	}

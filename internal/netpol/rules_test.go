@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"runtime"
 	"testing"
 	"time"
@@ -18,20 +19,52 @@ import (
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
-// setElements counts the elements of each set of the table.
+// setElements counts the elements of each set of the table. It fails the
+// test but does not stop it: TestRun calls it from another goroutine.
 func setElements(t *testing.T, c *nftables.Conn) map[string]int {
 	t.Helper()
-	sets, err := c.GetSets(&nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4})
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int{}
+	sets, err := c.GetSets(inet)
+	if err != nil {
+		t.Error(err)
+		return out
+	}
 	for _, s := range sets {
 		elems, err := c.GetSetElements(s)
 		if err != nil {
-			t.Fatalf("elements of %s: %v", s.Name, err)
+			t.Errorf("elements of %s: %v", s.Name, err)
 		}
 		out[s.Name] = len(elems)
+	}
+	return out
+}
+
+// inet is the table Apply programs.
+var inet = &nftables.Table{Name: Table, Family: nftables.TableFamilyINet}
+
+// addLegacyTable makes the table of a kelp before dual-stack, with a chain
+// that drops forwarded packets.
+func addLegacyTable(t *testing.T, c *nftables.Conn) {
+	t.Helper()
+	lt := c.AddTable(&nftables.Table{Name: Table, Family: nftables.TableFamilyIPv4})
+	c.AddChain(&nftables.Chain{Name: "forward", Table: lt, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tableNames are the tables of the namespace, as "family name". Like
+// setElements, it fails the test but does not stop it.
+func tableNames(t *testing.T, c *nftables.Conn) []string {
+	t.Helper()
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Error(err)
+	}
+	var out []string
+	for _, tb := range tables {
+		out = append(out, fmt.Sprintf("%d %s", tb.Family, tb.Name))
 	}
 	return out
 }
@@ -42,33 +75,39 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		everyoneElse := ranges("10.42.1.5", "10.42.2.0-10.42.2.255")
+		everyoneElse := ranges("10.42.1.5", "10.42.2.0-10.42.2.255", "fd42:0:0:1::5")
 		r := Ruleset{
 			Ingress: []Chain{
-				{Pods: addrs("10.42.0.10", "10.42.0.11"), Rules: []Rule{
-					{Protocol: unix.IPPROTO_TCP, FirstPort: 8000, LastPort: 8100},
+				{Pods: addrs("10.42.0.10", "10.42.0.11", "fd42::10"), Rules: []Rule{
+					{Protocol: unix.IPPROTO_TCP, FirstPort: 8000, LastPort: 8100}, // one rule for both families
 					{Peers: everyoneElse, Protocol: unix.IPPROTO_TCP, FirstPort: 80, LastPort: 80},
 					{Peers: everyoneElse, Protocol: unix.IPPROTO_UDP},
 					{Peers: ranges("0.0.0.0-9.255.255.255", "11.0.0.0-255.255.255.255")},
+					{Peers: ranges("fd00::-fdff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")},
 				}},
-				{Pods: addrs("10.42.0.12")},
+				{Pods: addrs("10.42.0.12", "fd42::12")},
 			},
-			Egress: []Chain{{Pods: addrs("10.42.0.11"), Rules: []Rule{
-				{Peers: ranges("10.43.0.10"), Protocol: unix.IPPROTO_UDP, FirstPort: 53, LastPort: 53},
+			Egress: []Chain{{Pods: addrs("10.42.0.11", "fd42::11"), Rules: []Rule{
+				{Peers: ranges("10.43.0.10", "fd43::a"), Protocol: unix.IPPROTO_UDP, FirstPort: 53, LastPort: 53},
 				{Protocol: unix.IPPROTO_SCTP, FirstPort: 9999, LastPort: 9999},
 			}}},
 		}
+		// A node upgraded from a kelp before dual-stack: its first apply
+		// removes the old table.
+		addLegacyTable(t, c)
+		if err := apply(c, Ruleset{Ingress: []Chain{{Pods: addrs("10.42.0.99")}}}, true); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := tableNames(t, c), []string{fmt.Sprintf("%d %s", nftables.TableFamilyINet, Table)}; !reflect.DeepEqual(got, want) {
+			t.Fatalf("tables after the first apply %v, want %v", got, want)
+		}
 		// The second apply replaces the first, and a third the second.
-		for _, r := range []Ruleset{{Ingress: []Chain{{Pods: addrs("10.42.0.99")}}}, {}, r} {
+		for _, r := range []Ruleset{{}, r} {
 			if err := Apply(c, r); err != nil {
 				t.Fatal(err)
 			}
 		}
-		tables, err := c.ListTables()
-		if err != nil || len(tables) != 1 || tables[0].Name != Table {
-			t.Fatalf("tables %v, %v", tables, err)
-		}
-		chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+		chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,13 +119,17 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 			}
 			rules[ch.Name] = len(got)
 		}
-		wantRules := map[string]int{"forward": 3, "ingress-0": 5, "ingress-1": 1, "egress-0": 3}
+		// A rule with peers of both families is a rule for each.
+		wantRules := map[string]int{"forward": 6, "ingress-0": 8, "ingress-1": 1, "egress-0": 4}
 		if fmt.Sprint(rules) != fmt.Sprint(wantRules) {
 			t.Errorf("rules per chain %v, want %v", rules, wantRules)
 		}
 		// Peer sets are shared by the rules that name the same peers; an
 		// interval ends at the address after it unless it runs to the end.
-		wantElems := map[string]int{"egress-pods": 1, "ingress-pods": 3, "peers-0": 2, "peers-1": 4, "peers-2": 3}
+		wantElems := map[string]int{
+			"egress-pods4": 1, "egress-pods6": 1, "ingress-pods4": 3, "ingress-pods6": 2,
+			"peers4-0": 2, "peers6-1": 2, "peers4-2": 4, "peers6-3": 2, "peers4-4": 3, "peers6-5": 2,
+		}
 		if got := setElements(t, c); fmt.Sprint(got) != fmt.Sprint(wantElems) {
 			t.Errorf("set elements %v, want %v", got, wantElems)
 		}
@@ -112,13 +155,14 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 			t.Errorf("intact without a rule = %v, %v", ok, err)
 		}
 
+		addLegacyTable(t, c)
 		for range 2 { // removing what is gone is no error
 			if err := Remove(c); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if tables, err := c.ListTables(); err != nil || len(tables) != 0 {
-			t.Errorf("after Remove: tables %v, %v", tables, err)
+		if got := tableNames(t, c); len(got) != 0 {
+			t.Errorf("after Remove: tables %v", got)
 		}
 		if ok, err := intact(c, r); err != nil || ok {
 			t.Errorf("intact without the table = %v, %v", ok, err)
@@ -174,7 +218,7 @@ func (p *podNetns) do(f func() error) error {
 func (p *podNetns) connects(addr string) (bool, error) {
 	var ok bool
 	err := p.do(func() error {
-		c, err := net.DialTimeout("tcp4", addr, 500*time.Millisecond)
+		c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
 		if err == nil {
 			ok = true
 			return c.Close()
@@ -187,13 +231,16 @@ func (p *podNetns) connects(addr string) (bool, error) {
 	return ok, err
 }
 
-// TestEnforcement puts four pods on a bridge, as the CNI bridge does, and
-// checks which connections between them the compiled policies let through.
+// TestEnforcement puts four dual-stack pods on a bridge, as the CNI bridge
+// does, and checks which connections between them the compiled policies
+// let through: over IPv6 just those they let through over IPv4.
 func TestEnforcement(t *testing.T) {
 	// br_netfilter hands bridged packets to the forward hook; it is in
 	// the kernel if its sysctls are.
-	if _, err := os.Stat("/proc/sys/net/bridge/bridge-nf-call-iptables"); err != nil {
-		t.Skip("needs br_netfilter")
+	for _, f := range []string{"iptables", "ip6tables"} {
+		if _, err := os.Stat("/proc/sys/net/bridge/bridge-nf-call-" + f); err != nil {
+			t.Skip("needs br_netfilter")
+		}
 	}
 	testcluster.InNewNetns(t, func() {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
@@ -205,8 +252,11 @@ func TestEnforcement(t *testing.T) {
 		}
 		var pods []*corev1.Pod
 		netns := map[string]*podNetns{}
+		// The addresses of each pod: IPv4 first, IPv6 second.
+		ips := map[string][2]string{}
 		for i, name := range []string{"a", "b", "c", "d"} {
-			ip := fmt.Sprintf("10.42.0.%d", 2+i)
+			ip, ip6 := fmt.Sprintf("10.42.0.%d", 2+i), fmt.Sprintf("fd42::%d", 2+i)
+			ips[name] = [2]string{ip, ip6}
 			p, err := newPodNetns(t)
 			if err != nil {
 				t.Fatal(err)
@@ -220,7 +270,11 @@ func TestEnforcement(t *testing.T) {
 				linkDo("pod-"+name, func(l netlink.Link) error { return netlink.LinkSetNsFd(l, p.fd) }),
 				p.do(func() error {
 					if err := linkDo("pod-"+name, func(l netlink.Link) error {
-						return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(ip).To4(), Mask: net.CIDRMask(24, 32)}})
+						if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(ip).To4(), Mask: net.CIDRMask(24, 32)}}); err != nil {
+							return err
+						}
+						// No duplicate address detection: usable at once.
+						return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(ip6), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD})
 					}); err != nil {
 						return err
 					}
@@ -231,7 +285,7 @@ func TestEnforcement(t *testing.T) {
 					t.Fatalf("pod %s: %v", name, err)
 				}
 			}
-			pod := pod("default", name, ip, node, map[string]string{"app": name})
+			pod := pod("default", name, ip, node, map[string]string{"app": name}, alsoIP(ip6))
 			if name == "b" {
 				ports(corev1.ContainerPort{Name: "http", ContainerPort: 8080})(pod)
 			}
@@ -239,24 +293,28 @@ func TestEnforcement(t *testing.T) {
 		}
 		for name, ports := range map[string][]int{"a": {8080}, "b": {8080, 9090}, "d": {8080}} {
 			for _, port := range ports {
-				if err := netns[name].do(func() error {
-					l, err := net.Listen("tcp4", fmt.Sprintf(":%d", port))
-					if err != nil {
-						return err
-					}
-					t.Cleanup(func() { l.Close() })
-					go func() {
-						for {
-							c, err := l.Accept()
-							if err != nil {
-								return
-							}
-							c.Close()
+				// A socket of each family: Go decides whether ":port" is
+				// both by a probe of the namespace it first listens in.
+				for _, network := range []string{"tcp4", "tcp6"} {
+					if err := netns[name].do(func() error {
+						l, err := net.Listen(network, fmt.Sprintf(":%d", port))
+						if err != nil {
+							return err
 						}
-					}()
-					return nil
-				}); err != nil {
-					t.Fatal(err)
+						t.Cleanup(func() { l.Close() })
+						go func() {
+							for {
+								c, err := l.Accept()
+								if err != nil {
+									return
+								}
+								c.Close()
+							}
+						}()
+						return nil
+					}); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 		}
@@ -278,6 +336,7 @@ func TestEnforcement(t *testing.T) {
 				PolicyTypes: egressOnly,
 				Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{
 					{IPBlock: &networkingv1.IPBlock{CIDR: "10.42.0.0/24", Except: []string{"10.42.0.5/32"}}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "fd42::/64", Except: []string{"fd42::5/128"}}},
 				}}},
 			}),
 		}
@@ -291,30 +350,36 @@ func TestEnforcement(t *testing.T) {
 		}
 		for _, tc := range []struct {
 			from, to string
+			port     int
 			want     bool
 			why      string
 		}{
-			{"a", "10.42.0.3:8080", true, "allowed peer and named port; the replies of b, which may not start connections, pass"},
-			{"a", "10.42.0.3:9090", false, "a port the policy does not name"},
-			{"d", "10.42.0.3:8080", false, "a peer the policy does not name"},
-			{"b", "10.42.0.2:8080", false, "b may not start connections"},
-			{"c", "10.42.0.2:8080", true, "c may reach its ipBlock, a is not isolated"},
-			{"c", "10.42.0.5:8080", false, "d is an except of c's ipBlock"},
-			{"c", "10.42.0.3:8080", false, "c may send, but b may not receive from c"},
-			{"d", "10.42.0.2:8080", true, "neither d nor a is isolated"},
+			{"a", "b", 8080, true, "allowed peer and named port; the replies of b, which may not start connections, pass"},
+			{"a", "b", 9090, false, "a port the policy does not name"},
+			{"d", "b", 8080, false, "a peer the policy does not name"},
+			{"b", "a", 8080, false, "b may not start connections"},
+			{"c", "a", 8080, true, "c may reach its ipBlock, a is not isolated"},
+			{"c", "d", 8080, false, "d is an except of c's ipBlock"},
+			{"c", "b", 8080, false, "c may send, but b may not receive from c"},
+			{"d", "a", 8080, true, "neither d nor a is isolated"},
 		} {
-			got, err := netns[tc.from].connects(tc.to)
-			if err != nil {
-				t.Errorf("%s -> %s: %v", tc.from, tc.to, err)
-			} else if got != tc.want {
-				t.Errorf("%s -> %s connects = %v, want %v: %s", tc.from, tc.to, got, tc.want, tc.why)
+			for family, ip := range ips[tc.to] {
+				to := net.JoinHostPort(ip, fmt.Sprint(tc.port))
+				got, err := netns[tc.from].connects(to)
+				if err != nil {
+					t.Errorf("%s -> %s (IPv%d): %v", tc.from, to, 4+2*family, err)
+				} else if got != tc.want {
+					t.Errorf("%s -> %s (IPv%d) connects = %v, want %v: %s", tc.from, to, 4+2*family, got, tc.want, tc.why)
+				}
 			}
 		}
 		if err := Remove(c); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := netns["d"].connects("10.42.0.3:8080"); err != nil || !ok {
-			t.Errorf("without the table d -> b connects = %v, %v", ok, err)
+		for _, to := range []string{"10.42.0.3:8080", "[fd42::3]:8080"} {
+			if ok, err := netns["d"].connects(to); err != nil || !ok {
+				t.Errorf("without the table d -> %s connects = %v, %v", to, ok, err)
+			}
 		}
 	})
 }
