@@ -16,6 +16,7 @@ import (
 	"github.com/coredns/caddy"
 	"github.com/coredns/coredns/core/dnsserver"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
@@ -24,7 +25,8 @@ import (
 )
 
 // AddressLabel marks the cluster DNS address kelp puts on the loopback
-// interface, so that `kelp killall` finds it.
+// interface, so that `kelp killall` finds it (an IPv4 one: IPv6 addresses
+// have no labels).
 const AddressLabel = "lo:kelpdns"
 
 // Config is what a node's DNS server is built from.
@@ -164,17 +166,34 @@ func (s *Server) Stop(ctx context.Context) error {
 	return s.stopErr
 }
 
+// addAddress puts ip, the cluster DNS address, on lo: of the primary
+// family of the service CIDRs, IPv6 in a cluster whose first service CIDR
+// is IPv6.
 func addAddress(ip netip.Addr) error {
-	if !ip.Is4() {
-		return fmt.Errorf("cluster DNS address %s: only IPv4 is supported so far", ip)
-	}
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("add the cluster DNS address to lo: %w", err)
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}, Label: AddressLabel}
+	bits := ip.BitLen()
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(bits, bits)}}
+	if ip.Is4() {
+		addr.Label = AddressLabel
+	} else {
+		// Usable at once: there is no one on lo to detect a duplicate.
+		// IPv6 addresses have no label.
+		addr.Flags = unix.IFA_F_NODAD
+	}
 	if err := netlink.AddrAdd(lo, addr); err != nil && !errors.Is(err, syscall.EEXIST) {
+		if ip.Is6() && ipv6Disabled() {
+			return fmt.Errorf("add the cluster DNS address %s to lo: IPv6 is disabled on this node (net.ipv6.conf.lo.disable_ipv6): enable it, or give the cluster an IPv4 service CIDR first", ip)
+		}
 		return fmt.Errorf("add the cluster DNS address %s to lo: %w", ip, err)
 	}
 	return nil
+}
+
+// ipv6Disabled reports whether IPv6 is off on lo, or not in the kernel.
+func ipv6Disabled() bool {
+	b, err := os.ReadFile("/proc/sys/net/ipv6/conf/lo/disable_ipv6")
+	return err != nil || strings.TrimSpace(string(b)) == "1"
 }
