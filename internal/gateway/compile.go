@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -463,30 +464,64 @@ func (c *compiler) gatewayStatus(gw *gatewayv1.Gateway, ls []*listener) gatewayv
 	case programmed == 0:
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonInvalid), "no listener is served: see their conditions", gen))
 	default:
-		st.Addresses = addrs
+		// More would fail the status's validation; the first nodes' stand
+		// for all: every node serves the Gateway.
+		st.Addresses = addrs[:min(len(addrs), maxStatusAddresses)]
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, true, string(gatewayv1.GatewayReasonProgrammed), "every node serves the Gateway", gen))
 	}
 	return st
 }
 
-// addresses are the nodes' addresses a Gateway is reached at: each node's
-// external IP if it has one, else its internal IP.
+// maxStatusAddresses is as many addresses as a Gateway's status holds
+// (the CRD's maxItems).
+const maxStatusAddresses = 16
+
+// addresses are the nodes' addresses a Gateway is reached at: of each
+// family a node has (IPv4 and IPv6 in a dual-stack cluster), in the order
+// of its addresses, its external IP of that family if it has one, else its
+// internal IP.
 func (c *compiler) addresses() []gatewayv1.GatewayStatusAddress {
 	nodes := slices.Clone(c.in.Nodes)
 	slices.SortFunc(nodes, func(a, b *corev1.Node) int { return cmp.Compare(a.Name, b.Name) })
 	var out []gatewayv1.GatewayStatusAddress
 	for _, n := range nodes {
-		var internal, external string
-		for _, a := range n.Status.Addresses {
-			switch {
-			case a.Type == corev1.NodeExternalIP && external == "":
-				external = a.Address
-			case a.Type == corev1.NodeInternalIP && internal == "":
-				internal = a.Address
-			}
+		for _, ip := range nodeAddresses(n) {
+			out = append(out, gatewayv1.GatewayStatusAddress{Type: ptr(gatewayv1.IPAddressType), Value: ip.String()})
 		}
-		if ip := cmp.Or(external, internal); ip != "" {
-			out = append(out, gatewayv1.GatewayStatusAddress{Type: ptr(gatewayv1.IPAddressType), Value: ip})
+	}
+	return out
+}
+
+// nodeAddresses are the addresses of n a Gateway is reached at, one of
+// each family.
+func nodeAddresses(n *corev1.Node) []netip.Addr {
+	type pick struct{ internal, external netip.Addr }
+	var families []*pick // by the order of the node's addresses
+	byFamily := map[bool]*pick{}
+	for _, a := range n.Status.Addresses {
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil || (a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP) {
+			continue
+		}
+		p := byFamily[ip.Is4()]
+		if p == nil {
+			p = &pick{}
+			byFamily[ip.Is4()] = p
+			families = append(families, p)
+		}
+		switch {
+		case a.Type == corev1.NodeExternalIP && !p.external.IsValid():
+			p.external = ip
+		case a.Type == corev1.NodeInternalIP && !p.internal.IsValid():
+			p.internal = ip
+		}
+	}
+	var out []netip.Addr
+	for _, p := range families {
+		if p.external.IsValid() {
+			out = append(out, p.external)
+		} else {
+			out = append(out, p.internal)
 		}
 	}
 	return out

@@ -7,8 +7,10 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -333,6 +335,75 @@ func TestCompileAddresses(t *testing.T) {
 	got := st.Gateways[types.NamespacedName{Namespace: "infra", Name: "gw"}].Addresses
 	if len(got) != 2 || got[0].Value != "10.0.0.1" || got[1].Value != "203.0.113.2" {
 		t.Errorf("addresses %+v, want 10.0.0.1 and 203.0.113.2 (n2's external IP)", got)
+	}
+}
+
+// In a dual-stack cluster a Gateway is reached at each node's address of
+// each family, the node's external IP of a family standing for its
+// internal one; Ingresses of the class kelp too.
+func TestCompileAddressesDualStack(t *testing.T) {
+	addrs := func(name string, as ...corev1.NodeAddress) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: as}}
+	}
+	internal := func(ip string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip}
+	}
+	external := func(ip string) corev1.NodeAddress {
+		return corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: ip}
+	}
+	nodes := []*corev1.Node{
+		addrs("n1", internal("10.0.0.1"), internal("fd00::1"), corev1.NodeAddress{Type: corev1.NodeHostName, Address: "n1"}),
+		// IPv6 first, an external IPv6 address, a second internal IPv4 one.
+		addrs("n2", internal("fd00::2"), internal("10.0.0.2"), internal("10.0.0.22"), external("2001:db8::2")),
+		addrs("n3", internal("fd00:0:0::3")), // IPv6 only, not canonical
+		addrs("n4", internal("10.0.0.4"), external("203.0.113.4"), internal("fd00::4")),
+	}
+	ing := &networkingv1.Ingress{ObjectMeta: meta("app", "web", 0), Spec: networkingv1.IngressSpec{
+		IngressClassName: ptr(IngressClassName),
+		DefaultBackend:   &networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: "web", Port: networkingv1.ServiceBackendPort{Number: 80}}},
+	}}
+	_, st := Compile(Objects{
+		GatewayClasses: []*gatewayv1.GatewayClass{kelpClass()},
+		Gateways:       []*gatewayv1.Gateway{gateway("infra", "gw", httpListener("http", 80, ""))},
+		Ingresses:      []*networkingv1.Ingress{ing},
+		Services:       []*corev1.Service{service("app", "web")},
+		Nodes:          nodes,
+	})
+	want := []string{"10.0.0.1", "fd00::1", "2001:db8::2", "10.0.0.2", "fd00::3", "203.0.113.4", "fd00::4"}
+	var got []string
+	for _, a := range st.Gateways[types.NamespacedName{Namespace: "infra", Name: "gw"}].Addresses {
+		if a.Type == nil || *a.Type != gatewayv1.IPAddressType {
+			t.Errorf("address %+v is not of type IPAddress", a)
+		}
+		got = append(got, a.Value)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("Gateway addresses %v, want %v", got, want)
+	}
+	got = nil
+	for _, a := range st.Ingresses[types.NamespacedName{Namespace: "app", Name: "web"}] {
+		got = append(got, a.IP)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("Ingress addresses %v, want %v", got, want)
+	}
+
+	// A Gateway's status holds 16 addresses at most: the first nodes'.
+	var many []*corev1.Node
+	for i := range 10 {
+		many = append(many, addrs(fmt.Sprintf("n%02d", i), internal(fmt.Sprintf("10.0.0.%d", i)), internal(fmt.Sprintf("fd00::%d", i))))
+	}
+	_, st = Compile(Objects{
+		GatewayClasses: []*gatewayv1.GatewayClass{kelpClass()},
+		Gateways:       []*gatewayv1.Gateway{gateway("infra", "gw", httpListener("http", 80, ""))},
+		Nodes:          many,
+	})
+	gw := st.Gateways[types.NamespacedName{Namespace: "infra", Name: "gw"}]
+	if n := len(gw.Addresses); n != 16 || gw.Addresses[15].Value != "fd00::7" {
+		t.Errorf("%d addresses %+v, want the 16 of n00 to n07", n, gw.Addresses)
+	}
+	if !apimeta.IsStatusConditionTrue(gw.Conditions, string(gatewayv1.GatewayConditionProgrammed)) {
+		t.Errorf("conditions %+v: want Programmed", gw.Conditions)
 	}
 }
 

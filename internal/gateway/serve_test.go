@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -15,12 +16,17 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
 // testDataPath serves cfg with the backend Service app/svc (port name web)
@@ -280,4 +286,53 @@ func TestMisdirectedRequests(t *testing.T) {
 		}
 		tr.CloseIdleConnections()
 	}
+}
+
+// The data path listens on every address of the node, of both families:
+// one socket on [::] that takes IPv4 too, or 0.0.0.0 where the node has no
+// IPv6.
+func TestListenEveryAddress(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range []string{"192.0.2.1/32", "2001:db8::1/128"} {
+			addr, _ := netlink.ParseAddr(a)
+			addr.Flags = unix.IFA_F_NODAD
+			if err := netlink.AddrAdd(lo, addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg := Config{Ports: []Port{{Port: 8080, Protocol: "HTTP", Hosts: []Host{{Routes: []Route{
+			{Name: "app/r", Path: PathMatch{Type: PathPrefix, Value: "/"}, Redirect: &Redirect{Hostname: "other.example", Status: 302}},
+		}}}}}}
+		d := testDataPath(t, cfg, "127.0.0.1:1")
+		d.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+		d.cfg = ServeConfig{NodeName: "n1"}
+		d.servers = map[int32]*portServer{}
+		d.listen(t.Context())
+		defer d.closeAll()
+		if len(d.failed) > 0 {
+			t.Fatalf("could not listen: %v", d.failed)
+		}
+		for _, host := range []string{"127.0.0.1", "192.0.2.1", "::1", "2001:db8::1"} {
+			// Dialled from this thread: in the test's namespace.
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(host, "8080"), 2*time.Second)
+			if err != nil {
+				t.Errorf("%s: %v", host, err)
+				continue
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = io.WriteString(c, "GET / HTTP/1.1\r\nHost: app.example\r\nConnection: close\r\n\r\n")
+			status, err := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if err != nil || !strings.HasPrefix(status, "HTTP/1.1 302") {
+				t.Errorf("%s: status %q, %v; want 302", host, status, err)
+			}
+		}
+	})
 }
