@@ -166,6 +166,26 @@ func (s *Server) Stop(ctx context.Context) error {
 	return s.stopErr
 }
 
+// BoundAddress is the cluster DNS address of the Corefile Start wrote at
+// corefile (its first bind). `kelp killall` removes it from lo by it where
+// it is IPv6, having no label to find it by.
+func BoundAddress(corefile string) (netip.Addr, error) {
+	b, err := os.ReadFile(corefile)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("read the Corefile: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if addr, ok := strings.CutPrefix(strings.TrimSpace(line), "bind "); ok {
+			ip, err := netip.ParseAddr(strings.TrimSpace(addr))
+			if err != nil {
+				return netip.Addr{}, fmt.Errorf("the Corefile %s binds %q: %w", corefile, addr, err)
+			}
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("the Corefile %s binds no address", corefile)
+}
+
 // addAddress puts ip, the cluster DNS address, on lo: of the primary
 // family of the service CIDRs, IPv6 in a cluster whose first service CIDR
 // is IPv6.

@@ -2,6 +2,8 @@ package dns
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -49,5 +51,36 @@ func TestCorefileCustom(t *testing.T) {
 	}
 	if plain := Corefile(Config{Address: netip.MustParseAddr("10.43.0.10"), Domain: "cluster.local"}, Custom{}); strings.Contains(plain, "hosts") {
 		t.Errorf("no hosts block without hosts:\n%s", plain)
+	}
+}
+
+func TestBoundAddress(t *testing.T) {
+	dir := t.TempDir()
+	custom := Custom{ServerBlocks: []string{"corp.example:53 {\n    bind 10.43.0.99\n}\n"}}
+	for _, tc := range []struct {
+		name, corefile, want string
+	}{
+		{"ipv4", Corefile(Config{Address: netip.MustParseAddr("10.43.0.10"), Domain: "cluster.local"}, custom), "10.43.0.10"},
+		{"ipv6", Corefile(Config{Address: netip.MustParseAddr("fd43::a"), Domain: "cluster.local"}, custom), "fd43::a"},
+		{"no bind", ".:53 {\n    errors\n}\n", ""},
+		{"bad bind", ".:53 {\n    bind lo\n}\n", ""},
+		{"missing", "", ""},
+	} {
+		path := filepath.Join(dir, tc.name)
+		if tc.name != "missing" {
+			if err := os.WriteFile(path, []byte(tc.corefile), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := BoundAddress(path)
+		if tc.want == "" {
+			if err == nil {
+				t.Errorf("%s: %s, want an error", tc.name, got)
+			}
+			continue
+		}
+		if err != nil || got != netip.MustParseAddr(tc.want) {
+			t.Errorf("%s: %s, %v; want %s", tc.name, got, err, tc.want)
+		}
 	}
 }

@@ -10,6 +10,7 @@ package killall
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -72,7 +73,7 @@ func Run(dataDir string) error {
 		removeNetns()
 	}
 	if !p.keep.network {
-		errs = append(errs, removeNetwork())
+		errs = append(errs, removeNetwork(c.dataDir))
 	}
 	if !p.keep.cgroups {
 		errs = append(errs, removeCgroups(c.paths.CgroupRoot))
@@ -253,8 +254,9 @@ func unescape(s string) string {
 }
 
 // removeNetwork deletes the pod bridge, the veths still on it, the cluster
-// DNS address, the overlay's device and routes, and kelp's nftables tables.
-func removeNetwork() error {
+// DNS address of the node with dataDir, the overlay's device and routes,
+// and kelp's nftables tables.
+func removeNetwork(dataDir string) error {
 	var errs []error
 	if err := overlay.Remove(); err != nil {
 		errs = append(errs, err)
@@ -272,8 +274,13 @@ func removeNetwork() error {
 	}
 	if lo, err := netlink.LinkByName("lo"); err == nil {
 		addrs, _ := netlink.AddrList(lo, netlink.FAMILY_ALL)
+		// An IPv6 cluster DNS address has no label: it is the one the
+		// node's Corefile binds.
+		dnsIPv6, _ := dns.BoundAddress(layout.Agent(dataDir).Corefile)
 		for _, a := range addrs {
-			if a.Label == dns.AddressLabel {
+			ip, _ := netip.AddrFromSlice(a.IP)
+			ones, _ := a.Mask.Size()
+			if a.Label == dns.AddressLabel || (dnsIPv6.Is6() && ip == dnsIPv6 && ones == 128) {
 				if err := netlink.AddrDel(lo, &a); err != nil {
 					errs = append(errs, fmt.Errorf("remove the cluster DNS address %s: %w", a.IPNet, err))
 				}
