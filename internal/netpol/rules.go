@@ -86,7 +86,7 @@ func (d direction) mapName(f family) string {
 }
 
 // forwardRules is the number of rules of the base chain: established,
-// neighbour discovery, and a verdict map lookup per direction and family.
+// address resolution, and a verdict map lookup per direction and family.
 var forwardRules = 2 + len(directions)*len(families)
 
 // Apply replaces the table with one that enforces r, in a single netlink
@@ -155,11 +155,12 @@ func apply(c *nftables.Conn, r Ruleset, dropLegacy bool) error {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}})
-	// meta nfproto ipv6 meta l4proto ipv6-icmp icmpv6 type 133-137 accept: IPv6 finds its
-	// neighbours (router and neighbour solicitations and advertisements,
-	// redirects) with ICMPv6 that pods on one bridge forward to each other,
-	// to multicast addresses no policy names. ARP, its IPv4 counterpart,
-	// never reaches this hook.
+	// meta nfproto ipv6 meta l4proto ipv6-icmp icmpv6 type
+	// {nd-neighbor-solicit, nd-neighbor-advert} accept: pods on one bridge
+	// find each other's link addresses with ICMPv6 they forward to each
+	// other, solicitations to multicast addresses no policy names. ARP,
+	// its IPv4 counterpart, never reaches this hook. Router advertisements
+	// and redirects meet the policies: only the node routes.
 	c.AddRule(&nftables.Rule{Table: t, Chain: forward, Exprs: append(ipv6.match(),
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
@@ -185,11 +186,11 @@ func apply(c *nftables.Conn, r Ruleset, dropLegacy bool) error {
 	return nil
 }
 
-// The ICMPv6 types of neighbour discovery (RFC 4861): router
-// solicitation to redirect.
+// The ICMPv6 types of address resolution (RFC 4861): neighbour
+// solicitation and advertisement.
 const (
-	ndFirst = 133
-	ndLast  = 137
+	ndFirst = 135
+	ndLast  = 136
 )
 
 // Remove deletes the table, and that of a kelp before dual-stack, if
