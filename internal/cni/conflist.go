@@ -3,6 +3,7 @@ package cni
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -25,14 +26,25 @@ const Bridge = "cni0"
 const ConflistName = "10-kelp.conflist"
 
 // Conflist returns the CNI network configuration for a node whose pods get
-// addresses from podCIDR; host-local keeps its leases under ipamDir. mtu is
-// the pods' MTU, smaller than the uplink's where the overlay encapsulates;
-// 0 leaves the plugin's default.
-func Conflist(podCIDR netip.Prefix, ipamDir string, mtu int) ([]byte, error) {
+// addresses from podCIDRs, the node's spec.podCIDRs: one address of each
+// range, the first of the primary family, and a default route of each
+// family through the bridge. host-local keeps its leases under ipamDir.
+// mtu is the pods' MTU, smaller than the uplink's where the overlay
+// encapsulates; 0 leaves the plugin's default.
+func Conflist(podCIDRs []netip.Prefix, ipamDir string, mtu int) ([]byte, error) {
 	type m = map[string]any
-	defaultRoute := "0.0.0.0/0"
-	if podCIDR.Addr().Is6() {
-		defaultRoute = "::/0"
+	if len(podCIDRs) == 0 {
+		return nil, errors.New("CNI config: the node has no pod CIDR")
+	}
+	var ranges [][]m
+	var routes []m
+	for _, cidr := range podCIDRs {
+		ranges = append(ranges, []m{{"subnet": cidr.String()}})
+		route := "0.0.0.0/0"
+		if cidr.Addr().Is6() {
+			route = "::/0"
+		}
+		routes = append(routes, m{"dst": route})
 	}
 	conf := m{
 		"cniVersion": "1.0.0",
@@ -49,8 +61,8 @@ func Conflist(podCIDR netip.Prefix, ipamDir string, mtu int) ([]byte, error) {
 				"ipam": m{
 					"type":    "host-local",
 					"dataDir": ipamDir,
-					"ranges":  [][]m{{{"subnet": podCIDR.String()}}},
-					"routes":  []m{{"dst": defaultRoute}},
+					"ranges":  ranges,
+					"routes":  routes,
 				},
 			},
 			{"type": "bandwidth", "capabilities": m{"bandwidth": true}},
@@ -64,8 +76,8 @@ func Conflist(podCIDR netip.Prefix, ipamDir string, mtu int) ([]byte, error) {
 
 // WriteConflist writes the configuration into dir atomically: containerd
 // watches the directory and must never read half a file.
-func WriteConflist(dir string, podCIDR netip.Prefix, ipamDir string, mtu int) error {
-	data, err := Conflist(podCIDR, ipamDir, mtu)
+func WriteConflist(dir string, podCIDRs []netip.Prefix, ipamDir string, mtu int) error {
+	data, err := Conflist(podCIDRs, ipamDir, mtu)
 	if err != nil {
 		return err
 	}
@@ -82,56 +94,69 @@ func WriteConflist(dir string, podCIDR netip.Prefix, ipamDir string, mtu int) er
 	return nil
 }
 
-// WaitPodCIDR watches the node until the controller-manager has given it a
-// pod CIDR, and returns it. The kubelet registers the node first.
-func WaitPodCIDR(ctx context.Context, client kubernetes.Interface, node string) (netip.Prefix, error) {
+// WaitPodCIDRs watches the node until the controller-manager has given it
+// its pod CIDRs (spec.podCIDRs: one of each family of the cluster), and
+// returns them. The kubelet registers the node first.
+func WaitPodCIDRs(ctx context.Context, client kubernetes.Interface, node string) ([]netip.Prefix, error) {
 	selector := fields.OneTermEqualSelector("metadata.name", node).String()
 	for {
 		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{FieldSelector: selector})
 		if err == nil {
-			if cidr, ok := podCIDR(list.Items); ok {
-				return cidr, nil
+			if cidrs := podCIDRs(list.Items); len(cidrs) > 0 {
+				return cidrs, nil
 			}
 			w, werr := client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: selector, ResourceVersion: list.ResourceVersion})
 			if werr == nil {
-				cidr, ok := watchPodCIDR(ctx, w)
+				cidrs := watchPodCIDRs(ctx, w)
 				w.Stop()
-				if ok {
-					return cidr, nil
+				if len(cidrs) > 0 {
+					return cidrs, nil
 				}
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return netip.Prefix{}, fmt.Errorf("node %s got no pod CIDR: %w", node, ctx.Err())
+			return nil, fmt.Errorf("node %s got no pod CIDR: %w", node, ctx.Err())
 		case <-time.After(time.Second):
 		}
 	}
 }
 
-func watchPodCIDR(ctx context.Context, w watch.Interface) (netip.Prefix, bool) {
+func watchPodCIDRs(ctx context.Context, w watch.Interface) []netip.Prefix {
 	for {
 		select {
 		case <-ctx.Done():
-			return netip.Prefix{}, false
+			return nil
 		case ev, open := <-w.ResultChan():
 			if !open {
-				return netip.Prefix{}, false
+				return nil
 			}
 			if n, ok := ev.Object.(*corev1.Node); ok {
-				if cidr, ok := podCIDR([]corev1.Node{*n}); ok {
-					return cidr, true
+				if cidrs := podCIDRs([]corev1.Node{*n}); len(cidrs) > 0 {
+					return cidrs
 				}
 			}
 		}
 	}
 }
 
-func podCIDR(nodes []corev1.Node) (netip.Prefix, bool) {
+// podCIDRs are the first node's pod CIDRs; spec.podCIDR alone on a Node
+// written before spec.podCIDRs existed.
+func podCIDRs(nodes []corev1.Node) []netip.Prefix {
 	for _, n := range nodes {
-		if p, err := netip.ParsePrefix(n.Spec.PodCIDR); err == nil {
-			return p, true
+		raw := n.Spec.PodCIDRs
+		if len(raw) == 0 && n.Spec.PodCIDR != "" {
+			raw = []string{n.Spec.PodCIDR}
+		}
+		var out []netip.Prefix
+		for _, s := range raw {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				out = append(out, p)
+			}
+		}
+		if len(out) > 0 {
+			return out
 		}
 	}
-	return netip.Prefix{}, false
+	return nil
 }

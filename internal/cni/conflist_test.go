@@ -13,15 +13,23 @@ import (
 func TestConflist(t *testing.T) {
 	const ipamDir = "/run/kelp/cni/networks"
 	tests := []struct {
-		cidr, route string
-		mtu         int
+		name   string
+		cidrs  []string
+		routes []string
+		mtu    int
 	}{
-		{"10.42.3.0/24", "0.0.0.0/0", 1450},
-		{"fd42:0:0:3::/64", "::/0", 0},
+		{"IPv4", []string{"10.42.3.0/24"}, []string{"0.0.0.0/0"}, 1450},
+		{"IPv6", []string{"fd42:0:0:3::/64"}, []string{"::/0"}, 0},
+		{"dual, IPv4 primary", []string{"10.42.3.0/24", "fd42:0:0:3::/64"}, []string{"0.0.0.0/0", "::/0"}, 1450},
+		{"dual, IPv6 primary", []string{"fd42:0:0:3::/64", "10.42.3.0/24"}, []string{"::/0", "0.0.0.0/0"}, 0},
 	}
 	for _, tt := range tests {
-		t.Run(tt.cidr, func(t *testing.T) {
-			data, err := Conflist(netip.MustParsePrefix(tt.cidr), ipamDir, tt.mtu)
+		t.Run(tt.name, func(t *testing.T) {
+			var cidrs []netip.Prefix
+			for _, c := range tt.cidrs {
+				cidrs = append(cidrs, netip.MustParsePrefix(c))
+			}
+			data, err := Conflist(cidrs, ipamDir, tt.mtu)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -49,12 +57,16 @@ func TestConflist(t *testing.T) {
 			if mtu, set := bridge["mtu"]; (tt.mtu == 0 && set) || (tt.mtu != 0 && mtu != float64(tt.mtu)) {
 				t.Errorf("plugins[0].mtu = %v, want %d (0: unset)", mtu, tt.mtu)
 			}
-			wantIPAM := map[string]any{
-				"type":    "host-local",
-				"dataDir": ipamDir,
-				"ranges":  []any{[]any{map[string]any{"subnet": tt.cidr}}},
-				"routes":  []any{map[string]any{"dst": tt.route}},
+			// One range set per family: host-local gives a pod one
+			// address of each.
+			var ranges, routes []any
+			for _, c := range tt.cidrs {
+				ranges = append(ranges, []any{map[string]any{"subnet": c}})
 			}
+			for _, r := range tt.routes {
+				routes = append(routes, map[string]any{"dst": r})
+			}
+			wantIPAM := map[string]any{"type": "host-local", "dataDir": ipamDir, "ranges": ranges, "routes": routes}
 			if !reflect.DeepEqual(bridge["ipam"], wantIPAM) {
 				t.Errorf("ipam %#v\nwant %#v", bridge["ipam"], wantIPAM)
 			}
@@ -64,12 +76,15 @@ func TestConflist(t *testing.T) {
 			}
 		})
 	}
+	if _, err := Conflist(nil, ipamDir, 0); err == nil {
+		t.Error("a node without pod CIDRs got a config")
+	}
 }
 
 func TestWriteConflist(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "cni")
 	path := filepath.Join(dir, ConflistName)
-	first := netip.MustParsePrefix("10.42.3.0/24")
+	first := []netip.Prefix{netip.MustParsePrefix("10.42.3.0/24")}
 	const ipamDir = "/run/kelp/cni/networks"
 
 	if err := WriteConflist(dir, first, ipamDir, 0); err != nil {
@@ -96,7 +111,7 @@ func TestWriteConflist(t *testing.T) {
 		t.Errorf("identical write touched the file: mtime %v, want %v", fi.ModTime(), old)
 	}
 
-	second := netip.MustParsePrefix("10.42.7.0/24")
+	second := []netip.Prefix{netip.MustParsePrefix("10.42.7.0/24"), netip.MustParsePrefix("fd42:0:0:7::/64")}
 	if err := WriteConflist(dir, second, ipamDir, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,8 @@ import (
 // own node, through the join API for an agent.
 type Agent struct {
 	Node
-	ClusterCIDR   netip.Prefix
+	// ClusterCIDRs are the pod ranges, the primary family first.
+	ClusterCIDRs  []netip.Prefix
 	ClusterDNS    netip.Addr
 	ClusterDomain string
 	Overlay       string // backend, see Server.Overlay
@@ -35,7 +36,7 @@ type Agent struct {
 func (s Server) Agent() Agent {
 	return Agent{
 		Node:                 s.Node,
-		ClusterCIDR:          s.ClusterCIDR,
+		ClusterCIDRs:         s.ClusterCIDRs,
 		ClusterDNS:           s.ClusterDNS,
 		ClusterDomain:        s.ClusterDomain,
 		Overlay:              s.Overlay,

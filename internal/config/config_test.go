@@ -101,8 +101,8 @@ kube-apiserver-arg: v=1
 	if s.HTTPSPort != 9443 {
 		t.Errorf("flag must beat env and file: %d", s.HTTPSPort)
 	}
-	if s.ClusterCIDR.String() != "10.200.0.0/16" {
-		t.Errorf("a later drop-in must override a scalar: %s", s.ClusterCIDR)
+	if FormatCIDRs(s.ClusterCIDRs) != "10.200.0.0/16" {
+		t.Errorf("a later drop-in must override a scalar: %s", s.ClusterCIDRs)
 	}
 	if got := strings.Join(s.TLSSANs, ","); got != "file-a,file-b,dropin,env-a,flag-a" {
 		t.Errorf("lists must accumulate file, drop-in, env, flag: %s", got)

@@ -4,18 +4,25 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 )
 
 // Host holds the facts about this machine that defaults are derived from.
 type Host struct {
 	Hostname string
 	IP       netip.Addr // address of the default route, or the first global one
+	// Networks are the machine's interface addresses with their prefix
+	// lengths (10.0.0.5/24): a node's network is the one holding its IP.
+	Networks []netip.Prefix
+	// IPv6Disabled is net.ipv6.conf.all.disable_ipv6, or a kernel without
+	// IPv6.
+	IPv6Disabled bool
 }
 
 // DetectHost reads the hostname and a usable node IP of this machine.
 func DetectHost() Host {
 	name, _ := os.Hostname()
-	return Host{Hostname: name, IP: detectIP()}
+	return Host{Hostname: name, IP: detectIP(), Networks: detectNetworks(), IPv6Disabled: ipv6Disabled()}
 }
 
 func detectIP() netip.Addr {
@@ -29,16 +36,36 @@ func detectIP() netip.Addr {
 			}
 		}
 	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return netip.Addr{}
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().Is4() && ip.IsGlobalUnicast() {
-				return ip.Unmap()
-			}
+	for _, n := range detectNetworks() {
+		if n.Addr().Is4() && n.Addr().IsGlobalUnicast() {
+			return n.Addr()
 		}
 	}
 	return netip.Addr{}
+}
+
+func detectNetworks() []netip.Prefix {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok {
+			continue
+		}
+		bits, _ := n.Mask.Size()
+		out = append(out, netip.PrefixFrom(ip.Unmap(), bits))
+	}
+	return out
+}
+
+func ipv6Disabled() bool {
+	data, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+	return err != nil || strings.TrimSpace(string(data)) == "1"
 }

@@ -74,7 +74,7 @@ func nodeFlags(in *nodeInput) []cli.Flag {
 		&cli.BoolFlag{Name: "debug", Aliases: []string{"v"}, EnvVars: env("debug"), Destination: &in.node.Debug, Usage: "log at debug level, including the Kubernetes components"},
 		dataDir,
 		&cli.StringFlag{Name: "node-name", EnvVars: env("node-name"), Destination: &in.node.NodeName, Usage: "node name (default: the hostname)"},
-		&cli.StringSliceFlag{Name: "node-ip", EnvVars: env("node-ip"), Destination: &in.nodeIPs, Usage: "IP address of this node (default: detected from the default route)"},
+		&cli.StringSliceFlag{Name: "node-ip", EnvVars: env("node-ip"), Destination: &in.nodeIPs, Usage: "IP address of this node, or an IPv4 and an IPv6 one, comma-separated, in a dual-stack cluster (default: detected from the default route)"},
 		&cli.StringSliceFlag{Name: "node-external-ip", EnvVars: env("node-external-ip"), Destination: &in.nodeExternalIPs, Usage: "external IP address of this node (its ExternalIP); repeatable"},
 		&cli.StringSliceFlag{Name: "node-label", EnvVars: env("node-label"), Destination: &in.nodeLabels, Usage: "label to register the node with, key=value"},
 		&cli.StringSliceFlag{Name: "node-taint", EnvVars: env("node-taint"), Destination: &in.nodeTaints, Usage: "taint to register the node with, key=value:Effect"},
@@ -115,6 +115,7 @@ func (in *nodeInput) parse(host Host, check func(error)) Node {
 		check(err)
 		n.NodeExternalIPs = append(n.NodeExternalIPs, ip)
 	}
+	check(checkNodeIPs(n.NodeIPs))
 	if len(n.NodeIPs) == 0 && host.IP.IsValid() {
 		n.NodeIPs = []netip.Addr{host.IP}
 	}

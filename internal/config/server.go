@@ -23,22 +23,27 @@ type Server struct {
 	// Node is the server's own node, run beside the control plane unless
 	// DisableAgent.
 	Node
-	BindAddress          netip.Addr
-	HTTPSPort            int
-	AdvertiseAddress     netip.Addr
-	TLSSANs              []string
-	ClusterCIDR          netip.Prefix
-	ServiceCIDR          netip.Prefix
+	BindAddress      netip.Addr
+	HTTPSPort        int
+	AdvertiseAddress netip.Addr
+	TLSSANs          []string
+	// ClusterCIDRs and ServiceCIDRs are the pod and Service ranges: one,
+	// or an IPv4 and an IPv6 one in a dual-stack cluster, the primary
+	// family first.
+	ClusterCIDRs         []netip.Prefix
+	ServiceCIDRs         []netip.Prefix
 	ServiceNodePortRange string
-	ClusterDNS           netip.Addr
-	ClusterDomain        string
-	WriteKubeconfig      string
-	WriteKubeconfigMode  os.FileMode
-	ClusterInit          bool
-	Datastore            Datastore
-	DisableAgent         bool
-	Disable              Disable
-	ExtraArgs            ExtraArgs
+	// ClusterDNS is the cluster DNS Service's address, of the primary
+	// family.
+	ClusterDNS          netip.Addr
+	ClusterDomain       string
+	WriteKubeconfig     string
+	WriteKubeconfigMode os.FileMode
+	ClusterInit         bool
+	Datastore           Datastore
+	DisableAgent        bool
+	Disable             Disable
+	ExtraArgs           ExtraArgs
 	// DisableRAMStore is --disable-ram-store: a server on SQLite keeps
 	// Leases and Events in state.db too, instead of in its RAM store.
 	DisableRAMStore bool
@@ -121,9 +126,21 @@ type ExtraArgs struct {
 	APIServer, ControllerManager, Scheduler []string
 }
 
-// FirstServiceIP is the ClusterIP of the kubernetes Service.
+// FirstServiceIP is the ClusterIP of the kubernetes Service: the first
+// address of the primary Service range.
 func (s Server) FirstServiceIP() netip.Addr {
-	return s.ServiceCIDR.Masked().Addr().Next()
+	return s.ServiceCIDRs[0].Masked().Addr().Next()
+}
+
+// FirstServiceIPs are the first addresses of every Service range, which
+// the apiserver's certificate names: a dual-stack kubernetes Service has
+// one of each family.
+func (s Server) FirstServiceIPs() []netip.Addr {
+	ips := make([]netip.Addr, len(s.ServiceCIDRs))
+	for i, p := range s.ServiceCIDRs {
+		ips[i] = p.Masked().Addr().Next()
+	}
+	return ips
 }
 
 // ServerInput holds the raw flag values of `kelp server` until Parse
@@ -155,8 +172,8 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.IntFlag{Name: "https-listen-port", EnvVars: env("https-listen-port"), Value: 6443, Destination: &in.httpsPort, Usage: "port of the apiserver"},
 		&cli.StringFlag{Name: "advertise-address", EnvVars: env("advertise-address"), Destination: &in.advertiseAddress, Usage: "address other members reach this server at (default: the node IP)"},
 		&cli.StringSliceFlag{Name: "tls-san", EnvVars: env("tls-san"), Destination: &in.tlsSANs, Usage: "extra host name or IP in the apiserver's serving certificate"},
-		&cli.StringFlag{Name: "cluster-cidr", EnvVars: env("cluster-cidr"), Value: "10.42.0.0/16", Destination: &in.clusterCIDR, Usage: "pod network"},
-		&cli.StringFlag{Name: "service-cidr", EnvVars: env("service-cidr"), Value: "10.43.0.0/16", Destination: &in.serviceCIDR, Usage: "Service ClusterIP network"},
+		&cli.StringFlag{Name: "cluster-cidr", EnvVars: env("cluster-cidr"), Value: "10.42.0.0/16", Destination: &in.clusterCIDR, Usage: "pod network; IPv4,IPv6 (either order, the first primary) for a dual-stack cluster"},
+		&cli.StringFlag{Name: "service-cidr", EnvVars: env("service-cidr"), Value: "10.43.0.0/16", Destination: &in.serviceCIDR, Usage: "Service ClusterIP network; IPv4,IPv6 for a dual-stack cluster (an IPv6 range a /108 or smaller)"},
 		&cli.StringFlag{Name: "service-node-port-range", EnvVars: env("service-node-port-range"), Value: "30000-32767", Destination: &in.serviceNodePortRange, Usage: "port range for NodePort Services"},
 		&cli.StringFlag{Name: "cluster-dns", EnvVars: env("cluster-dns"), Destination: &in.clusterDNS, Usage: "cluster DNS Service IP (default: the 10th address of --service-cidr)"},
 		&cli.StringFlag{Name: "cluster-domain", EnvVars: env("cluster-domain"), Value: "cluster.local", Destination: &in.clusterDomain, Usage: "cluster DNS domain"},
@@ -297,16 +314,17 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 	default:
 		check(errors.New("no node IP found: set --node-ip or --advertise-address"))
 	}
-	s.ClusterCIDR, err = parseCIDR("--cluster-cidr", in.clusterCIDR)
+	s.ClusterCIDRs, err = ParseCIDRs("--cluster-cidr", in.clusterCIDR)
 	check(err)
-	s.ServiceCIDR, err = parseCIDR("--service-cidr", in.serviceCIDR)
+	s.ServiceCIDRs, err = ParseCIDRs("--service-cidr", in.serviceCIDR)
 	check(err)
-	if s.ClusterCIDR.IsValid() && s.ServiceCIDR.IsValid() && s.ClusterCIDR.Overlaps(s.ServiceCIDR) {
-		check(fmt.Errorf("--cluster-cidr %s overlaps --service-cidr %s: pick ranges that do not overlap", s.ClusterCIDR, s.ServiceCIDR))
-	}
-	if s.ServiceCIDR.IsValid() {
-		s.ClusterDNS, err = clusterDNS(in.clusterDNS, s.ServiceCIDR)
+	check(checkNetworks(s.ClusterCIDRs, s.ServiceCIDRs, s.ExtraArgs.ControllerManager))
+	if len(s.ServiceCIDRs) > 0 {
+		s.ClusterDNS, err = clusterDNS(in.clusterDNS, s.ServiceCIDRs)
 		check(err)
+	}
+	if !s.DisableAgent && len(s.ClusterCIDRs) > 0 && len(s.NodeIPs) > 0 {
+		check(CheckNode(s.Node, host, s.ClusterCIDRs, s.ServiceCIDRs))
 	}
 	check(checkPortRange(in.serviceNodePortRange))
 	if in.clusterDomain == "" || strings.Trim(in.clusterDomain, ".") != in.clusterDomain {
@@ -393,11 +411,11 @@ func parseCIDR(flag, raw string) (netip.Prefix, error) {
 	return p, nil
 }
 
-// clusterDNS defaults to the 10th address of the service network, as
-// kubeadm and k3s do (10.43.0.10 for 10.43.0.0/16).
-func clusterDNS(raw string, services netip.Prefix) (netip.Addr, error) {
+// clusterDNS defaults to the 10th address of the primary service network,
+// as kubeadm and k3s do (10.43.0.10 for 10.43.0.0/16).
+func clusterDNS(raw string, services []netip.Prefix) (netip.Addr, error) {
 	if raw == "" {
-		ip := services.Addr()
+		ip := services[0].Addr()
 		for range 10 {
 			ip = ip.Next()
 		}
@@ -407,8 +425,8 @@ func clusterDNS(raw string, services netip.Prefix) (netip.Addr, error) {
 	if err != nil {
 		return ip, err
 	}
-	if !services.Contains(ip) {
-		return ip, fmt.Errorf("--cluster-dns %s is outside --service-cidr %s", ip, services)
+	if !services[0].Contains(ip) {
+		return ip, fmt.Errorf("--cluster-dns %s is outside --service-cidr %s: give an address of the primary Service range", ip, services[0])
 	}
 	return ip, nil
 }
