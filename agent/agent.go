@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containerd/containerd/v2/client"
@@ -83,10 +84,10 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		return nil, err
 	}
 
-	if err := cni.EnableForwarding(); err != nil {
+	if err := cni.EnableForwarding(slices.ContainsFunc(cfg.ClusterCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() })); err != nil {
 		return nil, err
 	}
-	if err := cni.EnsureMasquerade(cfg.ClusterCIDR); err != nil {
+	if err := cni.EnsureMasquerade(cfg.ClusterCIDRs); err != nil {
 		return nil, err
 	}
 	// Before any client is made: a test's short-lived certificates make the
@@ -112,7 +113,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	}
 	// Services work before the kubelet starts pods that use them.
 	if err := g.Go("service proxy", func(ctx context.Context) error {
-		return proxy.Run(ctx, clients.proxy, proxy.Config{ClusterCIDRs: []netip.Prefix{cfg.ClusterCIDR}, ClusterDNS: cfg.ClusterDNS, NodeName: cfg.NodeName, Pods: clients.kubelet})
+		return proxy.Run(ctx, clients.proxy, proxy.Config{ClusterCIDRs: cfg.ClusterCIDRs, ClusterDNS: cfg.ClusterDNS, NodeName: cfg.NodeName, Pods: clients.kubelet})
 	}); err != nil {
 		return nil, err
 	}
@@ -148,7 +149,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	if err := startLocalStorage(g, cfg, clients.controller); err != nil {
 		return nil, err
 	}
-	ocfg := overlay.Config{Backend: cfg.Overlay, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.OverlayIface, ClusterCIDR: cfg.ClusterCIDR}
+	ocfg := overlay.Config{Backend: cfg.Overlay, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.OverlayIface, ClusterCIDR: cfg.ClusterCIDRs[0]}
 	if err := ocfg.Validate(); err != nil {
 		return nil, fmt.Errorf("overlay: %w", err)
 	}
@@ -167,14 +168,17 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		if err := publishExternalIPs(ctx, clients.kubelet, cfg.NodeName, cfg.NodeExternalIPs); err != nil {
 			return err
 		}
-		cidr, err := cni.WaitPodCIDR(ctx, clients.kubelet, cfg.NodeName)
+		cidrs, err := cni.WaitPodCIDRs(ctx, clients.kubelet, cfg.NodeName)
 		if err != nil {
 			return err
 		}
-		if err := cni.WriteConflist(p.CNIConfDir, cidr, layout.CNINetworks, mtu); err != nil {
+		if len(cidrs) < len(cfg.ClusterCIDRs) {
+			log.WithField("podCIDRs", cidrs).Warnf("node %s has fewer pod ranges than the cluster has families (%s): a node registered before the cluster became dual-stack keeps its ranges; its pods get no address of the other family until the Node is deleted (kubectl delete node %s) and kelp restarted on it", cfg.NodeName, config.FormatCIDRs(cfg.ClusterCIDRs), cfg.NodeName)
+		}
+		if err := cni.WriteConflist(p.CNIConfDir, cidrs, layout.CNINetworks, mtu); err != nil {
 			return err
 		}
-		log.WithField("podCIDR", cidr).Info("pod network configured")
+		log.WithField("podCIDRs", cidrs).Info("pod network configured")
 		<-ctx.Done()
 		return nil
 	}); err != nil {

@@ -85,7 +85,7 @@ func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 	if err != nil {
 		return err
 	}
-	req := joinapi.JoinRequest{NodeName: cfg.Node.NodeName, Password: password}
+	req := joinapi.JoinRequest{NodeName: cfg.Node.NodeName, Password: password, CIDRLists: true}
 	for _, ip := range cfg.Node.NodeIPs {
 		req.NodeIPs = append(req.NodeIPs, ip.String())
 	}
@@ -105,7 +105,7 @@ func join(ctx context.Context, g *component.Group, cfg config.Join) error {
 	if err := files.Write(resp.ServerCA, resp.ClientCA, resp.Certs); err != nil {
 		return fmt.Errorf("save the credentials from the server: %w", err)
 	}
-	node, err := nodeConfig(cfg.Node, resp.Config)
+	node, err := nodeConfig(cfg.Node, config.DetectHost(), resp.Config)
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,8 @@ func nodePassword(path string) (string, error) {
 }
 
 // nodeConfig completes the node's own settings with the cluster's.
-func nodeConfig(node config.Node, cluster joinapi.AgentConfig) (config.Agent, error) {
+// host is the machine the node runs on.
+func nodeConfig(node config.Node, host config.Host, cluster joinapi.AgentConfig) (config.Agent, error) {
 	a := config.Agent{
 		Node:                 node,
 		ClusterDomain:        cluster.ClusterDomain,
@@ -228,11 +229,20 @@ func nodeConfig(node config.Node, cluster joinapi.AgentConfig) (config.Agent, er
 		DisableGateway:       cluster.DisableGateway,
 	}
 	var err error
-	if a.ClusterCIDR, err = netip.ParsePrefix(cluster.ClusterCIDR); err != nil {
-		return config.Agent{}, fmt.Errorf("the server's cluster CIDR %q: %w", cluster.ClusterCIDR, err)
+	if a.ClusterCIDRs, err = config.ParseCIDRs("the server's cluster CIDR", cluster.ClusterCIDR); err != nil {
+		return config.Agent{}, err
 	}
 	if a.ClusterDNS, err = netip.ParseAddr(cluster.ClusterDNS); err != nil {
 		return config.Agent{}, fmt.Errorf("the server's cluster DNS %q: %w", cluster.ClusterDNS, err)
+	}
+	var services []netip.Prefix
+	if cluster.ServiceCIDR != "" { // empty from a server of an early kelp
+		if services, err = config.ParseCIDRs("the server's service CIDR", cluster.ServiceCIDR); err != nil {
+			return config.Agent{}, err
+		}
+	}
+	if err := config.CheckNode(node, host, a.ClusterCIDRs, services); err != nil {
+		return config.Agent{}, fmt.Errorf("this node cannot join the cluster: %w", err)
 	}
 	return a, nil
 }

@@ -72,8 +72,8 @@ func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
 	req := joinapi.ServerJoinRequest{
 		Name:          cfg.NodeName,
 		Hostname:      hostname,
-		ClusterCIDR:   cfg.ClusterCIDR.String(),
-		ServiceCIDR:   cfg.ServiceCIDR.String(),
+		ClusterCIDR:   config.FormatCIDRs(cfg.ClusterCIDRs),
+		ServiceCIDR:   config.FormatCIDRs(cfg.ServiceCIDRs),
 		ClusterDomain: cfg.ClusterDomain,
 	}
 	if cfg.EmbeddedEtcd() {

@@ -69,8 +69,8 @@ func ensureTokens(cfg config.Server, certs pki.Files, clusterAgent string) (toke
 func agentConfig(cfg config.Server) joinapi.AgentConfig {
 	return joinapi.AgentConfig{
 		Servers:              []string{"https://" + net.JoinHostPort(cfg.AdvertiseAddress.String(), strconv.Itoa(cfg.HTTPSPort))},
-		ClusterCIDR:          cfg.ClusterCIDR.String(),
-		ServiceCIDR:          cfg.ServiceCIDR.String(),
+		ClusterCIDR:          config.FormatCIDRs(cfg.ClusterCIDRs),
+		ServiceCIDR:          config.FormatCIDRs(cfg.ServiceCIDRs),
 		ClusterDNS:           cfg.ClusterDNS.String(),
 		ClusterDomain:        cfg.ClusterDomain,
 		Overlay:              cfg.Overlay,

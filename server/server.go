@@ -159,7 +159,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 		BindAddress:              cfg.BindAddress,
 		Port:                     cfg.HTTPSPort,
 		AdvertiseAddress:         cfg.AdvertiseAddress,
-		ServiceCIDR:              cfg.ServiceCIDR,
+		ServiceCIDRs:             cfg.ServiceCIDRs,
 		ServiceNodePortRange:     cfg.ServiceNodePortRange,
 		ClusterDomain:            cfg.ClusterDomain,
 		Certs:                    certs,
@@ -246,8 +246,8 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 	}
 	if err := g.Start(controllermanager.Start(controllermanager.Config{
 		Kubeconfig:     paths.ControllerManagerKubeconfig,
-		ClusterCIDR:    cfg.ClusterCIDR,
-		ServiceCIDR:    cfg.ServiceCIDR,
+		ClusterCIDRs:   cfg.ClusterCIDRs,
+		ServiceCIDRs:   cfg.ServiceCIDRs,
 		Certs:          certs,
 		LeaderElection: !single,
 		ExtraArgs:      cfg.ExtraArgs.ControllerManager,
@@ -331,7 +331,9 @@ func routes(cfg config.Server, join joinapi.Config) map[string]http.Handler {
 
 func pkiConfig(cfg config.Server) pki.Config {
 	var ips []net.IP
-	for _, ip := range slices.Concat(cfg.NodeIPs, []netip.Addr{cfg.AdvertiseAddress}) {
+	// The kubernetes Service has an address of each family in a
+	// dual-stack cluster; its primary one is ServiceIP.
+	for _, ip := range slices.Concat(cfg.NodeIPs, []netip.Addr{cfg.AdvertiseAddress}, cfg.FirstServiceIPs()[1:]) {
 		ips = append(ips, net.IP(ip.AsSlice()))
 	}
 	return pki.Config{

@@ -36,10 +36,11 @@ const identityLeaseRenewInterval = time.Minute
 
 // Config is what the apiserver's flags are built from.
 type Config struct {
-	BindAddress          netip.Addr
-	Port                 int
-	AdvertiseAddress     netip.Addr
-	ServiceCIDR          netip.Prefix
+	BindAddress      netip.Addr
+	Port             int
+	AdvertiseAddress netip.Addr
+	// ServiceCIDRs are the Service ranges, the primary family first.
+	ServiceCIDRs         []netip.Prefix
 	ServiceNodePortRange string
 	ClusterDomain        string
 	Certs                pki.Files
@@ -95,7 +96,7 @@ func Args(cfg Config) []string {
 		"api-audiences":                      issuer,
 		"service-account-key-file":           cfg.Certs.ServiceAccountKey,
 		"service-account-signing-key-file":   cfg.Certs.ServiceAccountKey,
-		"service-cluster-ip-range":           cfg.ServiceCIDR.String(),
+		"service-cluster-ip-range":           cidrList(cfg.ServiceCIDRs),
 		"service-node-port-range":            cfg.ServiceNodePortRange,
 		"storage-backend":                    "etcd3",
 		"etcd-servers":                       strings.Join(cfg.Storage.Endpoints, ","),
@@ -268,4 +269,13 @@ func LocalURL(bind netip.Addr, port int) string {
 		host = bind.String()
 	}
 	return "https://" + net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// cidrList is prefixes as a comma list, the way the flag takes them.
+func cidrList(prefixes []netip.Prefix) string {
+	s := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
 }

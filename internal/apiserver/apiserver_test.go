@@ -20,7 +20,7 @@ func testConfig() Config {
 		BindAddress:          netip.MustParseAddr("0.0.0.0"),
 		Port:                 6443,
 		AdvertiseAddress:     netip.MustParseAddr("192.168.1.10"),
-		ServiceCIDR:          netip.MustParsePrefix("10.43.0.0/16"),
+		ServiceCIDRs:         []netip.Prefix{netip.MustParsePrefix("10.43.0.0/16")},
 		ServiceNodePortRange: "30000-32767",
 		ClusterDomain:        "cluster.local",
 		Certs:                pki.FilesIn("/tls"),
@@ -57,6 +57,13 @@ func TestArgs(t *testing.T) {
 				"--enable-aggregator-routing=true",
 			},
 			not: []string{"--etcd-cafile=", "--etcd-certfile=", "--etcd-servers-overrides=", "--feature-gates=", "--audit-log-path=", "--admission-control-config-file=", "--encryption-provider-config="},
+		},
+		{
+			name: "dual-stack",
+			change: func(c *Config) {
+				c.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.43.0.0/16"), netip.MustParsePrefix("fd43::/112")}
+			},
+			want: []string{"--service-cluster-ip-range=10.43.0.0/16,fd43::/112"},
 		},
 		{
 			name: "audit and admission",

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/spf13/pflag"
 	restclient "k8s.io/client-go/rest"
@@ -25,10 +26,12 @@ const securePort = "10257"
 
 // Config is what the controller-manager's flags are built from.
 type Config struct {
-	Kubeconfig  string
-	ClusterCIDR netip.Prefix
-	ServiceCIDR netip.Prefix
-	Certs       pki.Files
+	Kubeconfig string
+	// ClusterCIDRs and ServiceCIDRs are the pod and Service ranges, the
+	// primary family first; a node gets a pod range of each.
+	ClusterCIDRs []netip.Prefix
+	ServiceCIDRs []netip.Prefix
+	Certs        pki.Files
 	// LeaderElection is off where no second server can share the
 	// datastore (SQLite).
 	LeaderElection bool
@@ -44,8 +47,8 @@ func Args(cfg Config) []string {
 		"bind-address":                     "127.0.0.1",
 		"secure-port":                      securePort,
 		"allocate-node-cidrs":              "true",
-		"cluster-cidr":                     cfg.ClusterCIDR.String(),
-		"service-cluster-ip-range":         cfg.ServiceCIDR.String(),
+		"cluster-cidr":                     cidrList(cfg.ClusterCIDRs),
+		"service-cluster-ip-range":         cidrList(cfg.ServiceCIDRs),
 		"configure-cloud-routes":           "false",
 		"controllers":                      "*,tokencleaner",
 		"root-ca-file":                     cfg.Certs.ServerCA.Cert,
@@ -138,4 +141,13 @@ func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
 // nothing can wait for: it is ready on any answer.
 func Built() func(context.Context) error {
 	return component.GetOKWith(healthz, insecure(), "[+]"+names.ServiceAccountTokenController+" ok")
+}
+
+// cidrList is prefixes as a comma list, the way the flag takes them.
+func cidrList(prefixes []netip.Prefix) string {
+	s := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
 }

@@ -11,8 +11,8 @@ import (
 func TestArgs(t *testing.T) {
 	cfg := Config{
 		Kubeconfig:     "/cred/controller.kubeconfig",
-		ClusterCIDR:    netip.MustParsePrefix("10.42.0.0/16"),
-		ServiceCIDR:    netip.MustParsePrefix("10.43.0.0/16"),
+		ClusterCIDRs:   []netip.Prefix{netip.MustParsePrefix("10.42.0.0/16")},
+		ServiceCIDRs:   []netip.Prefix{netip.MustParsePrefix("10.43.0.0/16")},
 		Certs:          pki.FilesIn("/tls"),
 		LeaderElection: true,
 	}
@@ -42,6 +42,12 @@ func TestArgs(t *testing.T) {
 	cfg.LeaderElection = false
 	if args := Args(cfg); !slices.Contains(args, "--leader-elect=false") || slices.Contains(args, "--leader-elect-retry-period=10s") {
 		t.Errorf("without leader election: %v", args)
+	}
+	dual := cfg
+	dual.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("fd42::/56"), netip.MustParsePrefix("10.42.0.0/16")}
+	dual.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("fd43::/112"), netip.MustParsePrefix("10.43.0.0/16")}
+	if args := Args(dual); !slices.Contains(args, "--cluster-cidr=fd42::/56,10.42.0.0/16") || !slices.Contains(args, "--service-cluster-ip-range=fd43::/112,10.43.0.0/16") {
+		t.Errorf("dual-stack, the primary first: %v", args)
 	}
 	cfg.LeaderElection = true
 	cfg.ExtraArgs = []string{"leader-elect=false", "node-cidr-mask-size=26"}

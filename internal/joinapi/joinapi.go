@@ -73,16 +73,20 @@ type Config struct {
 
 // AgentConfig is what a joining node learns of the cluster.
 type AgentConfig struct {
-	Servers              []string `json:"servers"` // apiserver URLs
-	ClusterCIDR          string   `json:"clusterCIDR"`
-	ServiceCIDR          string   `json:"serviceCIDR"`
-	ClusterDNS           string   `json:"clusterDNS"`
-	ClusterDomain        string   `json:"clusterDomain"`
-	Overlay              string   `json:"overlay"`
-	DisableDNS           bool     `json:"disableDNS"`
-	DisableNetworkPolicy bool     `json:"disableNetworkPolicy"`
-	EmbeddedRegistry     bool     `json:"embeddedRegistry"`
-	DisableGateway       bool     `json:"disableGateway"`
+	Servers []string `json:"servers"` // apiserver URLs
+	// ClusterCIDR and ServiceCIDR are the flags' values: one CIDR, or an
+	// IPv4 and an IPv6 one separated by a comma, the primary first. A kelp
+	// from before dual-stack reads one only, so the server refuses its
+	// join into a dual-stack cluster (JoinRequest.CIDRLists).
+	ClusterCIDR          string `json:"clusterCIDR"`
+	ServiceCIDR          string `json:"serviceCIDR"`
+	ClusterDNS           string `json:"clusterDNS"`
+	ClusterDomain        string `json:"clusterDomain"`
+	Overlay              string `json:"overlay"`
+	DisableDNS           bool   `json:"disableDNS"`
+	DisableNetworkPolicy bool   `json:"disableNetworkPolicy"`
+	EmbeddedRegistry     bool   `json:"embeddedRegistry"`
+	DisableGateway       bool   `json:"disableGateway"`
 }
 
 // JoinRequest is what a node sends to join.
@@ -92,6 +96,9 @@ type JoinRequest struct {
 	// Password is the node's own secret, made at its first join: it keeps
 	// another machine from taking over the node's name.
 	Password string `json:"password"`
+	// CIDRLists says the node reads the comma lists of a dual-stack
+	// cluster in AgentConfig; false from a kelp that predates them.
+	CIDRLists bool `json:"cidrLists,omitempty"`
 }
 
 // JoinResponse is what a node gets when it joins.
@@ -176,6 +183,12 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	ips, err := validate(req)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if !renewal && !req.CIDRLists && strings.Contains(s.cfg.Agent.ClusterCIDR, ",") {
+		// Such a node would read one range and run half configured.
+		http.Error(w, fmt.Sprintf("this cluster is dual-stack (--cluster-cidr %s), which the kelp on node %s predates: install the servers' kelp on the node and start it again", s.cfg.Agent.ClusterCIDR, req.NodeName), http.StatusConflict)
+		log.WithFields(logrus.Fields{"from": r.RemoteAddr, "node": req.NodeName}).Warn("join refused: the node's kelp predates dual-stack clusters")
 		return
 	}
 	// Before the name is claimed: a refused join leaves nothing behind.

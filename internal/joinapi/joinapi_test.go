@@ -125,6 +125,39 @@ func TestJoin(t *testing.T) {
 	}
 }
 
+// TestJoinDualStack: a dual-stack cluster's ranges reach a node as comma
+// lists; a node whose kelp predates them (no cidrLists in its request)
+// would read one and is refused with what to do.
+func TestJoinDualStack(t *testing.T) {
+	s, _ := testJoinAPI(t)
+	s.cfg.Agent.ClusterCIDR = "10.42.0.0/16,fd42::/56"
+	s.cfg.Agent.ServiceCIDR = "10.43.0.0/16,fd43::/112"
+	old := JoinRequest{NodeName: "agent-1", NodeIPs: []string{"10.99.0.3", "fd99::3"}, Password: "0123456789abcdef0123"}
+	w := joinAs(s, "node:agent-secret", old)
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "this cluster is dual-stack (--cluster-cidr 10.42.0.0/16,fd42::/56), which the kelp on node agent-1 predates: install the servers' kelp on the node") {
+		t.Errorf("a node of an earlier kelp: %d %s", w.Code, w.Body)
+	}
+	// A request without the field is one of an earlier kelp.
+	if data, _ := json.Marshal(old); strings.Contains(string(data), "cidrLists") {
+		t.Errorf("a request of an earlier kelp carries %s", data)
+	}
+	current := old
+	current.CIDRLists = true
+	w = joinAs(s, "node:agent-secret", current)
+	var resp JoinResponse
+	if err := json.Unmarshal(w.Body.Bytes(), &resp); w.Code != http.StatusOK || err != nil {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if resp.Config.ClusterCIDR != "10.42.0.0/16,fd42::/56" || resp.Config.ServiceCIDR != "10.43.0.0/16,fd43::/112" {
+		t.Errorf("join answered %+v", resp.Config)
+	}
+	// An IPv4 cluster takes the earlier kelp as before.
+	s.cfg.Agent.ClusterCIDR, s.cfg.Agent.ServiceCIDR = "10.42.0.0/16", "10.43.0.0/16"
+	if w := joinAs(s, "node:agent-secret", old); w.Code != http.StatusOK {
+		t.Errorf("an earlier kelp into an IPv4 cluster: %d %s", w.Code, w.Body)
+	}
+}
+
 // TestJoinResponseWire pins the join API's JSON: nodes and servers of
 // different kelp versions speak it, so renaming a Go field must not rename
 // a key.
