@@ -101,6 +101,9 @@ func checkNetworks(cluster, service []netip.Prefix, cmArgs []string) error {
 				s, maxServiceBits, 128-maxServiceBits, netip.PrefixFrom(s.Addr(), 128-maxServiceBits)))
 		}
 	}
+	if DualStack(cluster) && slices.ContainsFunc(cmArgs, func(a string) bool { return strings.HasPrefix(strings.TrimLeft(a, "-"), "node-cidr-mask-size=") }) {
+		errs = append(errs, errors.New("--kube-controller-manager-arg node-cidr-mask-size is refused by the controller-manager in a dual-stack cluster: set node-cidr-mask-size-ipv4 and node-cidr-mask-size-ipv6 instead"))
+	}
 	for _, c := range cluster {
 		v6 := c.Addr().Is6()
 		flag, mask := "node-cidr-mask-size-ipv4", nodeMaskIPv4

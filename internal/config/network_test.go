@@ -71,6 +71,7 @@ func TestDualStackBadInput(t *testing.T) {
 		{"IPv6 cluster CIDR smaller than a node's", append([]string{"--cluster-cidr", "10.42.0.0/16,fd42::/72", "--service-cidr", "10.43.0.0/16,fd43::/112"}, dual...), "smaller than one node's pod range (a /64"},
 		{"IPv4 cluster CIDR smaller than a node's", []string{"--cluster-cidr", "10.42.0.0/25"}, "node-cidr-mask-size-ipv4=N with N of 25 or more"},
 		{"IPv6 cluster CIDR too large", append([]string{"--cluster-cidr", "10.42.0.0/16,fd42::/40", "--service-cidr", "10.43.0.0/16,fd43::/112"}, dual...), "use a /48 or smaller range (a /56 gives 256 nodes)"},
+		{"one node mask for two families", append([]string{"--cluster-cidr", "10.42.0.0/16,fd42::/56", "--service-cidr", "10.43.0.0/16,fd43::/112", "--kube-controller-manager-arg", "node-cidr-mask-size=24"}, dual...), "set node-cidr-mask-size-ipv4 and node-cidr-mask-size-ipv6 instead"},
 		{"bad node mask arg", []string{"--kube-controller-manager-arg", "node-cidr-mask-size-ipv4=x"}, "want a prefix length"},
 		{"two IPv4 node IPs", []string{"--node-ip", "192.168.1.10,192.168.1.11"}, "at most one address of each family"},
 		{"three node IPs", []string{"--node-ip", "192.168.1.10,2001:db8::10,2001:db8::11"}, "at most one address of each family"},
