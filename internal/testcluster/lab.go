@@ -13,8 +13,12 @@ import (
 // 10.99.0.1.
 const labBridge = "lab0"
 
-// labNet is the network of the nodes of a Lab.
-var labNet = netip.MustParsePrefix("10.99.0.0/24")
+// labNet is the network of the nodes of a Lab; labNet6 is its IPv6
+// network, for nodes made by NewDualStackNode.
+var (
+	labNet  = netip.MustParsePrefix("10.99.0.0/24")
+	labNet6 = netip.MustParsePrefix("fd99::/64")
+)
 
 // Lab is a network of several kelp nodes on one machine: a
 // machine.Network with a bridge the nodes are wired to. Its nodes are made
@@ -64,6 +68,37 @@ func (l *Lab) NewNode(name, ip string) *Node {
 	n.makeMachine()
 	if err := l.network.Wire(n.machine, "veth"+strconv.Itoa(len(l.nodes)), netip.PrefixFrom(addr, labNet.Bits()), labNet.Addr().Next()); err != nil {
 		t.Fatal(err)
+	}
+	return n
+}
+
+// NewDualStackNode makes a node of the lab as NewNode does, with an IPv6
+// address ip6 in fd99::/64 besides ip (not fd99::1, the gateway that
+// answers nothing) and a default IPv6 route via fd99::1. Its kelp gets
+// both addresses as --node-ip.
+func (l *Lab) NewDualStackNode(name, ip, ip6 string) *Node {
+	t := l.t
+	t.Helper()
+	addr, err := netip.ParseAddr(ip6)
+	if err != nil || !addr.Is6() || !labNet6.Contains(addr) || addr == labNet6.Addr() || addr == labNet6.Addr().Next() {
+		t.Fatalf("node IPv6 address %q: want a host address of %s other than fd99::1", ip6, labNet6)
+	}
+	for _, other := range l.nodes {
+		if other.IP6 == ip6 {
+			t.Fatalf("node %s %s: the lab has node %s %s", name, ip6, other.Name, other.IP6)
+		}
+	}
+	n := l.NewNode(name, ip)
+	n.IP6 = ip6
+	for _, args := range [][]string{
+		// nodad: the address is usable at once, not tentative for a
+		// second while the kernel looks for a duplicate no lab has.
+		{"-6", "addr", "add", netip.PrefixFrom(addr, labNet6.Bits()).String(), "dev", "eth0", "nodad"},
+		{"-6", "route", "add", "default", "via", labNet6.Addr().Next().String(), "dev", "eth0"},
+	} {
+		if out, err := n.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("node %s: ip %v: %v\n%s", name, args, err, out)
+		}
 	}
 	return n
 }

@@ -448,3 +448,48 @@ func checkHostnames(t *testing.T, nodes []*Node) {
 		}
 	}
 }
+
+// TestLabDualStack: nodes of NewDualStackNode reach each other over IPv6
+// too, seen with their own addresses, and their kelp gets both as
+// --node-ip; other nodes of the lab stay IPv4 only.
+func TestLabDualStack(t *testing.T) {
+	NeedRoot(t)
+	lab := NewLab(t)
+	a, b := lab.NewDualStackNode("lab-a", "10.99.0.11", "fd99::11"), lab.NewDualStackNode("lab-b", "10.99.0.12", "fd99::12")
+	plain := lab.NewNode("lab-c", "10.99.0.13")
+	l, err := b.Listen("tcp", net.JoinHostPort(b.IP6, "7000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		if conn, err := l.Accept(); err == nil {
+			_, _ = io.WriteString(conn, conn.RemoteAddr().String()+"\n")
+			conn.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := a.DialContext(ctx, "tcp", net.JoinHostPort(b.IP6, "7000"))
+	if err != nil {
+		t.Fatalf("TCP over IPv6 from %s to %s: %v", a.Name, b.Name, err)
+	}
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	seen, err := bufio.NewReader(conn).ReadString('\n')
+	conn.Close()
+	if host, _, _ := net.SplitHostPort(strings.TrimSpace(seen)); err != nil || host != a.IP6 {
+		t.Errorf("seen as %q (%v), want %s", seen, err, a.IP6)
+	}
+	if args := strings.Join(a.AgentArgs("https://10.99.0.12:6443", "/token"), " "); !strings.Contains(args, "--node-ip 10.99.0.11,fd99::11") {
+		t.Errorf("agent args %s", args)
+	}
+	if args := strings.Join(a.ServerArgs(), " "); !strings.Contains(args, "--node-ip 10.99.0.11,fd99::11") {
+		t.Errorf("server args %s", args)
+	}
+	if args := strings.Join(plain.ServerArgs(), " "); strings.Contains(args, "--node-ip") {
+		t.Errorf("an IPv4 node's server args %s", args)
+	}
+	if out, err := plain.Command("ip", "-6", "addr", "show", "dev", "eth0", "scope", "global").CombinedOutput(); err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Errorf("an IPv4 node has global IPv6 addresses: %s %v", out, err)
+	}
+}

@@ -35,9 +35,12 @@ const NodeName = "kelp-test"
 // Node is one kelp machine: a network and mount namespace held open by a
 // sleeping process, a data dir, and the kelp process started in it.
 type Node struct {
-	t          *testing.T
-	Name       string // --node-name
-	IP         string // the node's address
+	t    *testing.T
+	Name string // --node-name
+	IP   string // the node's address
+	// IP6 is the node's IPv6 address, on a node of NewDualStackNode;
+	// empty on others.
+	IP6        string
 	Dir        string // scratch space of the test
 	DataDir    string
 	Kubeconfig string
@@ -193,6 +196,9 @@ func (n *Node) withEnv(cmd *exec.Cmd) *exec.Cmd {
 // kubeconfig, and no node unless n.Agent.
 func (n *Node) ServerArgs(extra ...string) []string {
 	args := []string{"server", "--data-dir", n.DataDir, "--write-kubeconfig", n.Kubeconfig, "--node-name", n.Name}
+	if n.IP6 != "" {
+		args = append(args, "--node-ip", n.nodeIPs())
+	}
 	if n.Agent {
 		args = append(args, KubeletArgs...)
 	} else {
@@ -210,9 +216,17 @@ var KubeletArgs = []string{"--kubelet-arg", "eviction-hard=imagefs.available<1%,
 // AgentArgs are the flags every test agent gets: the server to join with
 // the token in tokenFile, its own data dir, n's name and address.
 func (n *Node) AgentArgs(serverURL, tokenFile string, extra ...string) []string {
-	args := []string{"agent", "--server", serverURL, "--token-file", tokenFile, "--data-dir", n.DataDir, "--node-name", n.Name, "--node-ip", n.IP}
+	args := []string{"agent", "--server", serverURL, "--token-file", tokenFile, "--data-dir", n.DataDir, "--node-name", n.Name, "--node-ip", n.nodeIPs()}
 	args = append(args, KubeletArgs...)
 	return append(args, extra...)
+}
+
+// nodeIPs is n's --node-ip: its address, and its IPv6 one if it has one.
+func (n *Node) nodeIPs() string {
+	if n.IP6 == "" {
+		return n.IP
+	}
+	return n.IP + "," + n.IP6
 }
 
 // URL is where agents join a server running on n.
