@@ -21,6 +21,9 @@ func TestDualStack(t *testing.T) {
 		{"dual, IPv6 primary",
 			[]string{"--cluster-cidr", "fd42::/56,10.42.0.0/16", "--service-cidr", "fd43::/112,10.43.0.0/16", "--node-ip", "2001:db8::10,192.168.1.10"},
 			"fd42::/56,10.42.0.0/16", "fd43::/112,10.43.0.0/16", "fd43::a", "fd43::1,10.43.0.1", "2001:db8::10,192.168.1.10"},
+		{"dual, IPv6 primary, node IPs IPv4 first",
+			[]string{"--cluster-cidr", "fd42::/56,10.42.0.0/16", "--service-cidr", "fd43::/112,10.43.0.0/16", "--node-ip", "192.168.1.10,2001:db8::10"},
+			"fd42::/56,10.42.0.0/16", "fd43::/112,10.43.0.0/16", "fd43::a", "fd43::1,10.43.0.1", "192.168.1.10,2001:db8::10"},
 		{"IPv6 only",
 			[]string{"--cluster-cidr", "fd42::/48", "--service-cidr", "fd43::/108", "--node-ip", "2001:db8::10"},
 			"fd42::/48", "fd43::/108", "fd43::a", "fd43::1", "2001:db8::10"},
@@ -42,6 +45,9 @@ func TestDualStack(t *testing.T) {
 			want := []string{tt.cluster, tt.service, tt.dns, tt.firstService, tt.nodeIPs}
 			if !slices.Equal(got, want) {
 				t.Errorf("cluster, service, dns, first service IPs, node IPs = %q, want %q", got, want)
+			}
+			if s.AdvertiseAddress.Is6() != s.ServiceCIDRs[0].Addr().Is6() {
+				t.Errorf("advertise address %s, not of the primary family of %v", s.AdvertiseAddress, s.ServiceCIDRs)
 			}
 			if s.FirstServiceIP() != s.FirstServiceIPs()[0] || !slices.Equal(s.Agent().ClusterCIDRs, s.ClusterCIDRs) {
 				t.Errorf("primary service IP %s, agent's cluster CIDRs %v", s.FirstServiceIP(), s.Agent().ClusterCIDRs)
@@ -72,6 +78,8 @@ func TestDualStackBadInput(t *testing.T) {
 		{"IPv4 cluster CIDR smaller than a node's", []string{"--cluster-cidr", "10.42.0.0/25"}, "node-cidr-mask-size-ipv4=N with N of 25 or more"},
 		{"IPv6 cluster CIDR too large", append([]string{"--cluster-cidr", "10.42.0.0/16,fd42::/40", "--service-cidr", "10.43.0.0/16,fd43::/112"}, dual...), "use a /48 or smaller range (a /56 gives 256 nodes)"},
 		{"one node mask for two families", append([]string{"--cluster-cidr", "10.42.0.0/16,fd42::/56", "--service-cidr", "10.43.0.0/16,fd43::/112", "--kube-controller-manager-arg", "node-cidr-mask-size=24"}, dual...), "set node-cidr-mask-size-ipv4 and node-cidr-mask-size-ipv6 instead"},
+		{"advertise address of the other family", append([]string{"--cluster-cidr", "10.42.0.0/16,fd42::/56", "--service-cidr", "10.43.0.0/16,fd43::/112", "--advertise-address", "2001:db8::10"}, dual...), "--advertise-address 2001:db8::10: want an address of the primary Service range's family, as 10.43.0.0/16"},
+		{"no node IP of the primary family to advertise", []string{"--disable-agent", "--cluster-cidr", "fd42::/56", "--service-cidr", "fd43::/112"}, "no node IP of the primary Service range's family (fd43::/112)"},
 		{"bad node mask arg", []string{"--kube-controller-manager-arg", "node-cidr-mask-size-ipv4=x"}, "want a prefix length"},
 		{"two IPv4 node IPs", []string{"--node-ip", "192.168.1.10,192.168.1.11"}, "at most one address of each family"},
 		{"three node IPs", []string{"--node-ip", "192.168.1.10,2001:db8::10,2001:db8::11"}, "at most one address of each family"},

@@ -305,15 +305,6 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 	if in.httpsPort < 1 || in.httpsPort > 65535 {
 		check(fmt.Errorf("--https-listen-port %d: want a port between 1 and 65535", in.httpsPort))
 	}
-	switch {
-	case in.advertiseAddress != "":
-		s.AdvertiseAddress, err = parseIP("--advertise-address", in.advertiseAddress)
-		check(err)
-	case len(s.NodeIPs) > 0:
-		s.AdvertiseAddress = s.NodeIPs[0]
-	default:
-		check(errors.New("no node IP found: set --node-ip or --advertise-address"))
-	}
 	s.ClusterCIDRs, err = ParseCIDRs("--cluster-cidr", in.clusterCIDR)
 	check(err)
 	s.ServiceCIDRs, err = ParseCIDRs("--service-cidr", in.serviceCIDR)
@@ -326,6 +317,8 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 	if !s.DisableAgent && len(s.ClusterCIDRs) > 0 && len(s.NodeIPs) > 0 {
 		check(CheckNode(s.Node, host, s.ClusterCIDRs, s.ServiceCIDRs))
 	}
+	s.AdvertiseAddress, err = advertiseAddress(in.advertiseAddress, s.NodeIPs, s.ServiceCIDRs)
+	check(err)
 	check(checkPortRange(in.serviceNodePortRange))
 	if in.clusterDomain == "" || strings.Trim(in.clusterDomain, ".") != in.clusterDomain {
 		check(fmt.Errorf("--cluster-domain %q: want a domain like cluster.local", in.clusterDomain))
@@ -409,6 +402,33 @@ func parseCIDR(flag, raw string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("%s %q: host bits are set, did you mean %s?", flag, raw, p.Masked())
 	}
 	return p, nil
+}
+
+// advertiseAddress is --advertise-address, or the node IP of the primary
+// Service family: the kubernetes Service, of that family, has the
+// apiserver's advertised address as its endpoint, and kube-apiserver
+// refuses one of the other family.
+func advertiseAddress(raw string, nodeIPs []netip.Addr, services []netip.Prefix) (netip.Addr, error) {
+	var primary netip.Prefix
+	if len(services) > 0 {
+		primary = services[0]
+	}
+	if raw != "" {
+		ip, err := parseIP("--advertise-address", raw)
+		if err == nil && primary.IsValid() && ip.Is6() != primary.Addr().Is6() {
+			return ip, fmt.Errorf("--advertise-address %s: want an address of the primary Service range's family, as %s (the apiserver's address is the kubernetes Service's endpoint)", ip, primary)
+		}
+		return ip, err
+	}
+	for _, ip := range nodeIPs {
+		if !primary.IsValid() || ip.Is6() == primary.Addr().Is6() {
+			return ip, nil
+		}
+	}
+	if len(nodeIPs) > 0 {
+		return netip.Addr{}, fmt.Errorf("no node IP of the primary Service range's family (%s) to advertise the apiserver at: set --node-ip or --advertise-address", primary)
+	}
+	return netip.Addr{}, errors.New("no node IP found: set --node-ip or --advertise-address")
 }
 
 // clusterDNS defaults to the 10th address of the primary service network,
