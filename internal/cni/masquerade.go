@@ -97,7 +97,11 @@ func EnableForwarding(ipv6 bool) error {
 			return fmt.Errorf("enable IPv6 forwarding (is IPv6 disabled on this machine? net.ipv6.conf.all.disable_ipv6 must be 0 in a dual-stack cluster): %w", err)
 		}
 	}
-	for _, f := range []string{"bridge-nf-call-iptables", "bridge-nf-call-ip6tables"} {
+	calls := []string{"bridge-nf-call-iptables"}
+	if ipv6 {
+		calls = append(calls, "bridge-nf-call-ip6tables")
+	}
+	for _, f := range calls {
 		path := "/proc/sys/net/bridge/" + f
 		if _, err := os.Stat(path); err == nil {
 			if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
