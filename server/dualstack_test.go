@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,7 +32,28 @@ spec:
     args: [serve]
 `
 
-// TestDualStackPods runs a dual-stack cluster (10.42.0.0/16,fd42::/56 and
+// dualStackService is the client pod's Service, of both families.
+const dualStackService = `
+apiVersion: v1
+kind: Service
+metadata: {name: client}
+spec:
+  ipFamilyPolicy: PreferDualStack
+  selector: {app: client}
+  ports: [{port: 80, targetPort: 8080}]
+`
+
+// denyClient isolates the client pod: no traffic in, of either family.
+const denyClient = `
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-client}
+spec:
+  podSelector: {matchLabels: {app: client}}
+  policyTypes: [Ingress]
+`
+
+// TestDualStack runs a dual-stack cluster (10.42.0.0/16,fd42::/56 and
 // 10.43.0.0/16,fd43::/112) of a server and an agent, each with an IPv4 and
 // an IPv6 node IP: each node gets a pod range of each family and both
 // addresses, each pod one address of each family from its node's ranges;
@@ -41,7 +63,7 @@ spec:
 // overlay's, tested where the overlay carries IPv6. Two nodes that cannot
 // run in the cluster are refused at their join, saying why: one without
 // an IPv6 address, one with IPv6 disabled.
-func TestDualStackPods(t *testing.T) {
+func TestDualStack(t *testing.T) {
 	t.Parallel()
 	lab := testcluster.NewLab(t)
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
@@ -92,7 +114,7 @@ func TestDualStackPods(t *testing.T) {
 	}
 
 	waitServiceAccount(t, c, "default")
-	apply(t, srv, spreadWorkload+"---\n"+dualStackClient)
+	apply(t, srv, spreadWorkload+"---\n"+dualStackClient+"---\n"+dualStackService)
 	rolloutStatus(t, srv, "daemonset/web", 170*time.Second)
 	eventually(t, "the client pod", func() (bool, error) {
 		p, err := c.CoreV1().Pods("default").Get(context.Background(), "client", metav1.GetOptions{})
@@ -131,6 +153,62 @@ func TestDualStackPods(t *testing.T) {
 			out, err := exec("client", "/testapp", "get", "http://"+net.JoinHostPort(v6[web.Name], "8080")+"/", "3s")
 			return err == nil && strings.HasPrefix(out, web.Name+" "+net.JoinHostPort(v6["client"], "")), nil
 		})
+	})
+	t.Run("pod to pod across nodes over IPv6", func(t *testing.T) {
+		web := pods["agent-1"]
+		eventually(t, "the client reaches the agent's web pod by its IPv6 address", func() (bool, error) {
+			out, err := exec("client", "/testapp", "get", "http://"+net.JoinHostPort(v6[web.Name], "8080")+"/", "3s")
+			return err == nil && strings.HasPrefix(out, web.Name+" "+net.JoinHostPort(v6["client"], "")), nil
+		})
+	})
+	svc, err := c.CoreV1().Services("default").Get(context.Background(), "client", metav1.GetOptions{})
+	if err != nil || len(svc.Spec.ClusterIPs) != 2 {
+		t.Fatalf("the PreferDualStack Service client: ClusterIPs %v, %v", svc.Spec.ClusterIPs, err)
+	}
+	fromAgent := func(ip string) (string, error) {
+		return exec(pods["agent-1"].Name, "/testapp", "get", "http://"+net.JoinHostPort(ip, "80")+"/", "3s")
+	}
+	t.Run("a PreferDualStack Service over both families from the other node", func(t *testing.T) {
+		for _, ip := range svc.Spec.ClusterIPs {
+			eventually(t, "the client Service at "+ip+" from the agent's pod", func() (bool, error) {
+				out, err := fromAgent(ip)
+				return err == nil && strings.HasPrefix(out, "client "), nil
+			})
+		}
+	})
+	t.Run("DNS answers both families", func(t *testing.T) {
+		eventually(t, "A and AAAA of the client Service", func() (bool, error) {
+			out, err := exec(pods["agent-1"].Name, "/testapp", "lookup", "client.default.svc.cluster.local")
+			got := strings.Fields(out)
+			slices.Sort(got)
+			want := slices.Clone(svc.Spec.ClusterIPs)
+			slices.Sort(want)
+			return err == nil && slices.Equal(got, want), nil
+		})
+		eventually(t, "PTR of the IPv6 ClusterIP", func() (bool, error) {
+			out, err := exec(pods["agent-1"].Name, "/testapp", "ptr", svc.Spec.ClusterIPs[1])
+			return err == nil && out == "client.default.svc.cluster.local.", nil
+		})
+	})
+	t.Run("a NetworkPolicy denies IPv6 as it does IPv4", func(t *testing.T) {
+		apply(t, srv, denyClient)
+		for _, ip := range append(slices.Clone(svc.Spec.ClusterIPs), client.Status.PodIPs[0].IP, client.Status.PodIPs[1].IP) {
+			port := "80"
+			if !slices.Contains(svc.Spec.ClusterIPs, ip) {
+				port = "8080"
+			}
+			eventually(t, "the client pod isolated at "+ip, func() (bool, error) {
+				_, err := exec(pods["agent-1"].Name, "/testapp", "get", "http://"+net.JoinHostPort(ip, port)+"/", "2s")
+				return err != nil, nil
+			})
+		}
+		kubectl(t, srv, "delete", "networkpolicy", "deny-client")
+		for _, ip := range svc.Spec.ClusterIPs {
+			eventually(t, "the client Service at "+ip+" once the policy is gone", func() (bool, error) {
+				out, err := fromAgent(ip)
+				return err == nil && strings.HasPrefix(out, "client "), nil
+			})
+		}
 	})
 	t.Run("node to its pod over IPv6", func(t *testing.T) {
 		web := pods["server"]
