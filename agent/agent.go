@@ -149,7 +149,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	if err := startLocalStorage(g, cfg, clients.controller); err != nil {
 		return nil, err
 	}
-	ocfg := overlay.Config{Backend: cfg.Overlay, NodeName: cfg.NodeName, NodeIP: cfg.NodeIPs[0], Iface: cfg.OverlayIface, ClusterCIDR: cfg.ClusterCIDRs[0]}
+	ocfg := overlay.Config{Backend: cfg.Overlay, NodeName: cfg.NodeName, NodeIPs: cfg.NodeIPs, Iface: cfg.OverlayIface, ClusterCIDRs: cfg.ClusterCIDRs}
 	if err := ocfg.Validate(); err != nil {
 		return nil, fmt.Errorf("overlay: %w", err)
 	}

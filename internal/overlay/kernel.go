@@ -20,51 +20,83 @@ const (
 	// vxlanPort is flannel's rather than IANA's 4789, so firewalls opened
 	// for k3s and flannel clusters let kelp's overlay through too.
 	vxlanPort = 8472
-	// vxlanOverhead is what encapsulation adds to a packet: outer IPv4
-	// (20), UDP (8) and VXLAN (8) headers and the inner Ethernet header (14).
-	vxlanOverhead = 50
+	// vxlanOverhead4 and vxlanOverhead6 are what encapsulation adds to
+	// a packet: the outer IPv4 (20) or IPv6 (40) header, UDP (8) and
+	// VXLAN (8) headers and the inner Ethernet header (14).
+	vxlanOverhead4 = 50
+	vxlanOverhead6 = 70
 	// protocol marks kelp's routes: routes on the uplink are shared with
 	// the rest of the system, and their protocol is what tells kelp's
 	// apart. 0x6b ("k") is not in iproute2's list of routing daemons.
 	protocol netlink.RouteProtocol = 0x6b
 )
 
+// overhead is what VXLAN over f adds to a packet.
+func overhead(f family) int {
+	if f == ipv6 {
+		return vxlanOverhead6
+	}
+	return vxlanOverhead4
+}
+
 // local is this node's end of the overlay.
 type local struct {
 	backend string
-	ip      netip.Addr
-	uplink  string // the interface name
-	mac     net.HardwareAddr
-	podCIDR netip.Prefix
+	// ip is the node IP the VXLAN device runs over.
+	ip netip.Addr
+	// uplinks are the interface names overlay traffic of each family
+	// leaves by: VXLAN's by that of ip's family, host-gw's by that of the
+	// pods' family.
+	uplinks  map[family]string
+	mac      net.HardwareAddr
+	podCIDRs []netip.Prefix
+}
+
+// uplink returns the link of l that traffic of family f leaves by.
+func (l local) uplink(f family) (netlink.Link, error) {
+	name, ok := l.uplinks[f]
+	if !ok {
+		return nil, fmt.Errorf("no %s node IP: nothing leads to %s peers", f, f)
+	}
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("uplink %s: %w", name, err)
+	}
+	return link, nil
 }
 
 // program makes the kernel route to peers and to nothing else kelp
 // routed to before. Only what differs is changed, so existing flows are
 // not disturbed. An entry that cannot be programmed does not stop the
 // others; their errors are returned together.
+//
+// Both families are synced whatever the cluster has, so what kelp
+// programmed of a family the cluster dropped goes like a stale peer.
 func program(l local, peers []Peer) error {
-	up, err := netlink.LinkByName(l.uplink)
-	if err != nil {
-		return fmt.Errorf("uplink %s: %w", l.uplink, err)
-	}
 	var errs []error
 	var routes []netlink.Route
 	switch l.backend {
 	case BackendVXLAN:
+		up, err := l.uplink(familyOf(l.ip))
+		if err != nil {
+			return err
+		}
 		dev, err := ensureDevice(l, up)
 		if err != nil {
 			return err
 		}
-		if err := syncAddress(dev, l.podCIDR); err != nil {
+		if err := syncAddresses(dev, l.podCIDRs); err != nil {
 			return err
 		}
-		errs = append(errs, syncFDB(dev, peers), syncNeighbours(dev, peers))
+		errs = append(errs, syncFDB(dev, familyOf(l.ip), peers), syncNeighbours(dev, peers))
 		for _, p := range peers {
-			// The gateway is the peer's device, which has the network
-			// address of its pod CIDR; it is on no subnet of this node,
-			// hence onlink.
-			routes = append(routes, netlink.Route{LinkIndex: dev.Attrs().Index, Dst: prefixNet(p.PodCIDR),
-				Gw: p.PodCIDR.Addr().AsSlice(), Flags: int(netlink.FLAG_ONLINK), Protocol: protocol})
+			for _, cidr := range p.PodCIDRs {
+				// The gateway is the peer's device, which has the
+				// network address of its pod CIDR; it is on no subnet
+				// of this node, hence onlink.
+				routes = append(routes, netlink.Route{LinkIndex: dev.Attrs().Index, Dst: prefixNet(cidr),
+					Gw: cidr.Addr().AsSlice(), Flags: int(netlink.FLAG_ONLINK), Protocol: protocol})
+			}
 		}
 	case BackendHostGW:
 		// A node switched from vxlan: peers stopped sending to the device.
@@ -72,8 +104,16 @@ func program(l local, peers []Peer) error {
 			return err
 		}
 		for _, p := range peers {
-			routes = append(routes, netlink.Route{LinkIndex: up.Attrs().Index, Dst: prefixNet(p.PodCIDR),
-				Gw: p.IP.AsSlice(), Protocol: protocol})
+			for _, cidr := range p.PodCIDRs {
+				f := familyOf(cidr.Addr())
+				up, err := l.uplink(f)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("route to %s of node %s: %w", cidr, p.Name, err))
+					continue
+				}
+				routes = append(routes, netlink.Route{LinkIndex: up.Attrs().Index, Dst: prefixNet(cidr),
+					Gw: nodeIP(p.IPs, f).AsSlice(), Protocol: protocol})
+			}
 		}
 	default:
 		return fmt.Errorf("backend %q programs nothing", l.backend)
@@ -86,7 +126,7 @@ func program(l local, peers []Peer) error {
 // creating it or, when its tunnel settings are wrong, re-creating it.
 func ensureDevice(l local, up netlink.Link) (netlink.Link, error) {
 	want := &netlink.Vxlan{
-		LinkAttrs: netlink.LinkAttrs{Name: Device, MTU: up.Attrs().MTU - vxlanOverhead, HardwareAddr: l.mac},
+		LinkAttrs: netlink.LinkAttrs{Name: Device, MTU: up.Attrs().MTU - overhead(familyOf(l.ip)), HardwareAddr: l.mac},
 		VxlanId:   vni, VtepDevIndex: up.Attrs().Index, SrcAddr: l.ip.AsSlice(), Port: vxlanPort,
 		// Peers are known from the API: the kernel must neither learn
 		// nor flood.
@@ -146,44 +186,63 @@ func fixDevice(link netlink.Link, want *netlink.Vxlan) error {
 	return nil
 }
 
-// syncAddress gives dev the network address of podCIDR, and no other
-// address. Peers route to this node's pods through that address, and
-// traffic from the node itself to other nodes' pods leaves with it, so the
-// replies come back through the overlay.
-func syncAddress(dev netlink.Link, podCIDR netip.Prefix) error {
-	want := netip.PrefixFrom(podCIDR.Addr(), 32)
-	addrs, err := retried(func() ([]netlink.Addr, error) { return netlink.AddrList(dev, netlink.FAMILY_V4) })
+// syncAddresses gives dev the network address of each of podCIDRs, and no
+// other address but the kernel's IPv6 link-local one. Peers route to this
+// node's pods through those addresses, and traffic from the node itself to
+// other nodes' pods leaves with them, so the replies come back through the
+// overlay.
+func syncAddresses(dev netlink.Link, podCIDRs []netip.Prefix) error {
+	want := map[netip.Prefix]bool{}
+	for _, cidr := range podCIDRs {
+		want[netip.PrefixFrom(cidr.Addr(), cidr.Addr().BitLen())] = true
+	}
+	addrs, err := retried(func() ([]netlink.Addr, error) { return netlink.AddrList(dev, netlink.FAMILY_ALL) })
 	if err != nil {
 		return fmt.Errorf("addresses of %s: %w", Device, err)
 	}
-	have := false
 	for _, a := range addrs {
-		if netPrefix(a.IPNet) == want {
-			have = true
+		have := netPrefix(a.IPNet)
+		if have.Addr().IsLinkLocalUnicast() {
+			continue
+		}
+		if want[have] {
+			delete(want, have)
 			continue
 		}
 		if err := netlink.AddrDel(dev, &a); err != nil {
 			return fmt.Errorf("delete address %s of %s: %w", a.IPNet, Device, err)
 		}
 	}
-	if !have {
-		if err := netlink.AddrAdd(dev, &netlink.Addr{IPNet: prefixNet(want)}); err != nil {
-			return fmt.Errorf("add address %s to %s: %w", want, Device, err)
+	for addr := range want {
+		// No duplicate address detection: the address is this node's
+		// by its pod CIDR, and it would be unusable for a second or
+		// more while the kernel looked.
+		if err := netlink.AddrAdd(dev, &netlink.Addr{IPNet: prefixNet(addr), Flags: unix.IFA_F_NODAD}); err != nil {
+			if addr.Addr().Is6() {
+				return fmt.Errorf("add address %s to %s: %w (is IPv6 disabled? see sysctl net.ipv6.conf.all.disable_ipv6 and the kernel's ipv6.disable)", addr, Device, err)
+			}
+			return fmt.Errorf("add address %s to %s: %w", addr, Device, err)
 		}
 	}
 	return nil
 }
 
 // syncFDB makes the VXLAN device send the frames for each peer's VTEP MAC
-// to the peer's IP.
-func syncFDB(dev netlink.Link, peers []Peer) error {
+// to the peer's node IP of family f, the device's.
+func syncFDB(dev netlink.Link, f family, peers []Peer) error {
 	entry := func(mac net.HardwareAddr, ip net.IP) *netlink.Neigh {
 		return &netlink.Neigh{LinkIndex: dev.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF,
 			State: netlink.NUD_PERMANENT, HardwareAddr: mac, IP: ip}
 	}
-	want := map[string]Peer{}
+	type fdbEntry struct {
+		name string
+		mac  net.HardwareAddr
+		ip   netip.Addr
+	}
+	want := map[string]fdbEntry{}
 	for _, p := range peers {
-		want[p.MAC.String()+" "+p.IP.String()] = p
+		ip := nodeIP(p.IPs, f)
+		want[p.MAC.String()+" "+ip.String()] = fdbEntry{p.Name, p.MAC, ip}
 	}
 	have, err := retried(func() ([]netlink.Neigh, error) { return netlink.NeighList(dev.Attrs().Index, unix.AF_BRIDGE) })
 	if err != nil {
@@ -201,26 +260,37 @@ func syncFDB(dev netlink.Link, peers []Peer) error {
 			errs = append(errs, fmt.Errorf("delete FDB entry %s: %w", key, err))
 		}
 	}
-	for key, p := range want {
+	for key, e := range want {
 		log.WithField("entry", key).Debug("adding FDB entry")
-		if err := netlink.NeighSet(entry(p.MAC, p.IP.AsSlice())); err != nil {
-			errs = append(errs, fmt.Errorf("FDB entry for node %s (%s): %w", p.Name, key, err))
+		if err := netlink.NeighSet(entry(e.mac, e.ip.AsSlice())); err != nil {
+			errs = append(errs, fmt.Errorf("FDB entry for node %s (%s): %w", e.name, key, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
 // syncNeighbours tells the VXLAN device the VTEP MAC of each peer's device
-// address: its ARP requests would go nowhere, as it has no FDB entry to
-// flood them to.
+// addresses: its ARP and neighbour solicitations would go nowhere, as it
+// has no FDB entry to flood them to.
 func syncNeighbours(dev netlink.Link, peers []Peer) error {
-	want := map[string]Peer{}
-	for _, p := range peers {
-		want[p.PodCIDR.Addr().String()+" "+p.MAC.String()] = p
+	type neighbour struct {
+		name string
+		ip   netip.Addr
+		mac  net.HardwareAddr
 	}
-	have, err := retried(func() ([]netlink.Neigh, error) { return netlink.NeighList(dev.Attrs().Index, netlink.FAMILY_V4) })
-	if err != nil {
-		return fmt.Errorf("neighbours of %s: %w", Device, err)
+	want := map[string]neighbour{}
+	for _, p := range peers {
+		for _, cidr := range p.PodCIDRs {
+			want[cidr.Addr().String()+" "+p.MAC.String()] = neighbour{p.Name, cidr.Addr(), p.MAC}
+		}
+	}
+	var have []netlink.Neigh
+	for _, f := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		neighs, err := retried(func() ([]netlink.Neigh, error) { return netlink.NeighList(dev.Attrs().Index, f) })
+		if err != nil {
+			return fmt.Errorf("neighbours of %s: %w", Device, err)
+		}
+		have = append(have, neighs...)
 	}
 	var errs []error
 	for _, n := range have {
@@ -237,11 +307,15 @@ func syncNeighbours(dev netlink.Link, peers []Peer) error {
 			errs = append(errs, fmt.Errorf("delete neighbour %s: %w", key, err))
 		}
 	}
-	for key, p := range want {
+	for key, n := range want {
 		log.WithField("entry", key).Debug("adding neighbour")
-		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: dev.Attrs().Index, Family: netlink.FAMILY_V4,
-			State: netlink.NUD_PERMANENT, Type: unix.RTN_UNICAST, IP: p.PodCIDR.Addr().AsSlice(), HardwareAddr: p.MAC}); err != nil {
-			errs = append(errs, fmt.Errorf("neighbour for node %s (%s): %w", p.Name, key, err))
+		fam := netlink.FAMILY_V4
+		if n.ip.Is6() {
+			fam = netlink.FAMILY_V6
+		}
+		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: dev.Attrs().Index, Family: fam,
+			State: netlink.NUD_PERMANENT, Type: unix.RTN_UNICAST, IP: n.ip.AsSlice(), HardwareAddr: n.mac}); err != nil {
+			errs = append(errs, fmt.Errorf("neighbour for node %s (%s): %w", n.name, key, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -292,7 +366,7 @@ func sameRoute(a, b netlink.Route) bool {
 // kelpRoutes lists the routes kelp made, on any device.
 func kelpRoutes() ([]netlink.Route, error) {
 	routes, err := retried(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: protocol, Table: unix.RT_TABLE_MAIN},
+		return netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: protocol, Table: unix.RT_TABLE_MAIN},
 			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
@@ -339,43 +413,72 @@ func Remove() error {
 	return errors.Join(errs...)
 }
 
-// uplink returns the interface overlay traffic leaves by: cfg.Iface, or
-// the one that has the node IP.
-func uplink(cfg Config) (netlink.Link, error) {
-	if cfg.Iface != "" {
-		link, err := netlink.LinkByName(cfg.Iface)
+// uplinks returns the interfaces overlay traffic leaves by, by family:
+// for host-gw one for each family of the cluster, else the one of the node
+// IP VXLAN runs over. Each is cfg.Iface, or the one that has the node IP of
+// its family.
+func uplinks(cfg Config) (map[family]netlink.Link, error) {
+	ips := []netip.Addr{cfg.underlay()}
+	if cfg.Backend == BackendHostGW {
+		ips = nil
+		for _, cidr := range cfg.ClusterCIDRs {
+			ips = append(ips, nodeIP(cfg.NodeIPs, familyOf(cidr.Addr())))
+		}
+	}
+	out := map[family]netlink.Link{}
+	for _, ip := range ips {
+		up, err := uplink(cfg.Iface, ip)
 		if err != nil {
-			return nil, fmt.Errorf("interface %s: %w", cfg.Iface, err)
+			return nil, err
+		}
+		out[familyOf(ip)] = up
+	}
+	return out, nil
+}
+
+// uplink returns iface or, if that is "", the interface that has ip.
+func uplink(iface string, ip netip.Addr) (netlink.Link, error) {
+	if iface != "" {
+		link, err := netlink.LinkByName(iface)
+		if err != nil {
+			return nil, fmt.Errorf("interface %s: %w", iface, err)
 		}
 		return link, nil
 	}
-	addrs, err := retried(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
+	addrs, err := retried(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return nil, fmt.Errorf("list addresses: %w", err)
 	}
 	for _, a := range addrs {
-		if netPrefix(a.IPNet).Addr() == cfg.NodeIP {
+		if netPrefix(a.IPNet).Addr() == ip {
 			link, err := netlink.LinkByIndex(a.LinkIndex)
 			if err != nil {
-				return nil, fmt.Errorf("interface of %s: %w", cfg.NodeIP, err)
+				return nil, fmt.Errorf("interface of %s: %w", ip, err)
 			}
 			return link, nil
 		}
 	}
-	return nil, fmt.Errorf("no interface has the node IP %s: name the interface the nodes reach each other on", cfg.NodeIP)
+	return nil, fmt.Errorf("no interface has the node IP %s: name the interface the nodes reach each other on", ip)
 }
 
 // MTU returns the MTU to give pods: the uplink's, less the encapsulation
-// overhead for backend vxlan.
+// overhead of its family for backend vxlan; for host-gw the least of the
+// uplinks', since a pod has one MTU for both families.
 func MTU(cfg Config) (int, error) {
-	up, err := uplink(cfg)
+	ups, err := uplinks(cfg)
 	if err != nil {
 		return 0, err
 	}
-	if cfg.Backend == BackendVXLAN {
-		return up.Attrs().MTU - vxlanOverhead, nil
+	if f := familyOf(cfg.underlay()); cfg.Backend == BackendVXLAN {
+		return ups[f].Attrs().MTU - overhead(f), nil
 	}
-	return up.Attrs().MTU, nil
+	mtu := 0
+	for _, up := range ups {
+		if mtu == 0 || up.Attrs().MTU < mtu {
+			mtu = up.Attrs().MTU
+		}
+	}
+	return mtu, nil
 }
 
 // retried calls list again when the kernel says the dump was interrupted
@@ -394,8 +497,8 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// netPrefix converts n, which the kernel gives as IPv4, to a Prefix; the
-// zero Prefix for nil (the default route).
+// netPrefix converts n, whose IPv4 addresses the kernel may give in their
+// 16-byte form, to a Prefix; the zero Prefix for nil (the default route).
 func netPrefix(n *net.IPNet) netip.Prefix {
 	if n == nil {
 		return netip.Prefix{}

@@ -69,7 +69,7 @@ func (n *netns) do(f func() error) error {
 // dial connects to addr over TCP from the namespace and hangs up.
 func (n *netns) dial(addr string) error {
 	return n.do(func() error {
-		c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 		if err != nil {
 			return err
 		}
@@ -82,7 +82,7 @@ func (n *netns) dial(addr string) error {
 func (n *netns) listen(t *testing.T, addr string) {
 	t.Helper()
 	if err := n.do(func() error {
-		l, err := net.Listen("tcp4", addr)
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			return err
 		}
@@ -119,7 +119,9 @@ func addAddr(name, cidr string) func() error {
 		if err != nil {
 			return err
 		}
-		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: prefixNet(netip.MustParsePrefix(cidr))}); err != nil {
+		// No duplicate address detection: an IPv6 address would be
+		// tentative, unusable, for a second or more.
+		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: prefixNet(netip.MustParsePrefix(cidr)), Flags: unix.IFA_F_NODAD}); err != nil {
 			return fmt.Errorf("address %s on %s: %w", cidr, name, err)
 		}
 		return nil
@@ -145,15 +147,15 @@ func addLink(link netlink.Link) func() error {
 	}
 }
 
-// addUplink gives the thread's namespace an uplink0 with addr, up, whose
-// other end uplink1 is up too so that it has a carrier.
-func addUplink(addr string) error {
-	return inOrder(
-		addLink(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink0"}, PeerName: "uplink1"}),
-		addAddr("uplink0", addr),
-		setUp("uplink0"),
-		setUp("uplink1"),
-	)
+// addUplink gives the thread's namespace an uplink0 with the addresses in
+// the comma-separated list addrs, up, whose other end uplink1 is up too so
+// that it has a carrier.
+func addUplink(addrs string) error {
+	steps := []func() error{addLink(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink0"}, PeerName: "uplink1"})}
+	for _, addr := range strings.Split(addrs, ",") {
+		steps = append(steps, addAddr("uplink0", addr))
+	}
+	return inOrder(append(steps, setUp("uplink0"), setUp("uplink1"))...)
 }
 
 // state is what there is of routes, neighbours and the VXLAN device in the
@@ -177,7 +179,7 @@ func dump() (state, error) {
 	for _, l := range links {
 		names[l.Attrs().Index] = l.Attrs().Name
 	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return s, err
 	}
@@ -195,7 +197,11 @@ func dump() (state, error) {
 	if err != nil {
 		return s, err
 	}
-	for _, n := range neighs {
+	neighs6, err := netlink.NeighList(0, netlink.FAMILY_V6)
+	if err != nil {
+		return s, err
+	}
+	for _, n := range append(neighs, neighs6...) {
 		if n.State&netlink.NUD_PERMANENT != 0 {
 			s.Neighs = append(s.Neighs, fmt.Sprintf("%s lladdr %s dev %s", n.IP, n.HardwareAddr, names[n.LinkIndex]))
 		}
@@ -213,12 +219,14 @@ func dump() (state, error) {
 	}
 	s.Device = fmt.Sprintf("vni %d port %d local %s parent %s learning %v mtu %d mac %s up %v",
 		v.VxlanId, v.Port, v.SrcAddr, names[v.VtepDevIndex], v.Learning, v.MTU, v.HardwareAddr, v.Flags&net.FlagUp != 0)
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
 		return s, err
 	}
 	for _, a := range addrs {
-		s.Addrs = append(s.Addrs, a.IPNet.String())
+		if !a.IP.IsLinkLocalUnicast() { // the kernel's own
+			s.Addrs = append(s.Addrs, a.IPNet.String())
+		}
 	}
 	fdb, err := netlink.NeighList(link.Attrs().Index, unix.AF_BRIDGE)
 	if err != nil {
@@ -250,8 +258,17 @@ func checkState(t *testing.T, when string, want state) {
 	}
 }
 
-func peerOf(name, podCIDR, ip string, mac net.HardwareAddr) Peer {
-	return Peer{Name: name, PodCIDR: netip.MustParsePrefix(podCIDR), IP: netip.MustParseAddr(ip), MAC: mac}
+// peerOf is the peer of the pod CIDRs and node IPs in the
+// comma-separated lists podCIDRs and ips.
+func peerOf(name, podCIDRs, ips string, mac net.HardwareAddr) Peer {
+	return Peer{Name: name, PodCIDRs: prefixes(podCIDRs), IPs: addrs(ips), MAC: mac}
+}
+
+// localOf is this node's end over the node IP ip, its only one, with the
+// pod CIDRs in the comma-separated list podCIDRs.
+func localOf(backend, ip, podCIDRs string) local {
+	return local{backend: backend, ip: netip.MustParseAddr(ip), uplinks: map[family]string{familyOf(netip.MustParseAddr(ip)): "uplink0"},
+		mac: vtepMAC("node-a"), podCIDRs: prefixes(podCIDRs)}
 }
 
 // TestProgram programs peers, changes and removes them, and repairs what
@@ -292,7 +309,7 @@ func TestProgram(t *testing.T) {
 		others := []string{"10.42.9.0/24 via 10.99.0.9 dev uplink0 proto 0x3", "192.0.2.0/24 via 10.99.0.1 dev uplink0 proto 0x4"}
 		foreignNeighs := []string{"10.99.0.50 lladdr 0a:00:00:00:00:50 dev uplink0"}
 
-		a := local{backend: BackendVXLAN, ip: netip.MustParseAddr("10.99.0.2"), uplink: "uplink0", mac: macA, podCIDR: netip.MustParsePrefix("10.42.0.0/24")}
+		a := localOf(BackendVXLAN, "10.99.0.2", "10.42.0.0/24")
 		peers := []Peer{peerOf("node-b", "10.42.1.0/24", "10.99.0.3", macB), peerOf("node-c", "10.42.2.0/24", "10.99.0.4", macC)}
 		want := state{
 			Device: fmt.Sprintf("vni 1 port 8472 local 10.99.0.2 parent uplink0 learning false mtu 1450 mac %s up true", macA),
@@ -358,7 +375,7 @@ func TestProgram(t *testing.T) {
 		// CIDR, node-d joins; this node gets another pod CIDR and its
 		// uplink a smaller MTU.
 		macC2 := mac("0a:00:00:00:00:0c")
-		a.podCIDR = netip.MustParsePrefix("10.42.10.0/24")
+		a.podCIDRs = prefixes("10.42.10.0/24")
 		peers = []Peer{
 			peerOf("node-b", "10.42.1.0/24", "10.99.0.13", macB),
 			peerOf("node-c", "10.42.5.0/24", "10.99.0.4", macC2),
@@ -406,7 +423,7 @@ func TestProgram(t *testing.T) {
 		checkState(t, "vxlan with a new node IP", want)
 
 		// The switch to host-gw takes the device and its entries away.
-		hostGW := local{backend: BackendHostGW, ip: netip.MustParseAddr("10.99.0.2"), uplink: "uplink0", podCIDR: netip.MustParsePrefix("10.42.0.0/24")}
+		hostGW := localOf(BackendHostGW, "10.99.0.2", "10.42.0.0/24")
 		if err := program(hostGW, []Peer{peerOf("node-b", "10.42.1.0/24", "10.99.0.3", nil), peerOf("node-d", "10.42.3.0/24", "10.99.0.5", nil)}); err != nil {
 			t.Fatal(err)
 		}
@@ -447,7 +464,11 @@ func TestProgram(t *testing.T) {
 
 func TestMTU(t *testing.T) {
 	testcluster.InNewNetns(t, func() {
-		if err := addUplink("10.99.0.2/24"); err != nil {
+		if err := inOrder(
+			func() error { return addUplink("10.99.0.2/24,fd99::2/64") },
+			addLink(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink6", MTU: 1300}, PeerName: "uplink7"}),
+			addAddr("uplink6", "fd98::2/64"),
+		); err != nil {
 			t.Fatal(err)
 		}
 		up, err := netlink.LinkByName("uplink0")
@@ -457,18 +478,31 @@ func TestMTU(t *testing.T) {
 		if err := netlink.LinkSetMTU(up, 1400); err != nil {
 			t.Fatal(err)
 		}
+		const v4, dual, dual6, only6 = "10.42.0.0/16", "10.42.0.0/16,fd42::/56", "fd42::/56,10.42.0.0/16", "fd42::/56"
 		for _, tc := range []struct {
-			backend, iface, ip string
-			want               int
-			err                string
+			backend, iface, ips, cidrs string
+			want                       int
+			err                        string
 		}{
-			{backend: BackendVXLAN, ip: "10.99.0.2", want: 1350},
-			{backend: BackendHostGW, ip: "10.99.0.2", want: 1400},
-			{backend: BackendVXLAN, iface: "uplink1", ip: "10.99.0.2", want: 1450},
-			{backend: BackendVXLAN, ip: "10.99.0.3", err: "no interface has the node IP 10.99.0.3"},
-			{backend: BackendVXLAN, iface: "eth9", ip: "10.99.0.2", err: "interface eth9"},
+			{backend: BackendVXLAN, ips: "10.99.0.2", cidrs: v4, want: 1350},
+			{backend: BackendHostGW, ips: "10.99.0.2", cidrs: v4, want: 1400},
+			{backend: BackendNone, ips: "10.99.0.2", cidrs: v4, want: 1400},
+			{backend: BackendVXLAN, iface: "uplink1", ips: "10.99.0.2", cidrs: v4, want: 1450},
+			{backend: BackendVXLAN, ips: "10.99.0.3", cidrs: v4, err: "no interface has the node IP 10.99.0.3"},
+			{backend: BackendVXLAN, iface: "eth9", ips: "10.99.0.2", cidrs: v4, err: "interface eth9"},
+			// The IPv6 header is 20 bytes longer.
+			{backend: BackendVXLAN, ips: "fd99::2", cidrs: only6, want: 1330},
+			{backend: BackendVXLAN, iface: "uplink1", ips: "fd99::2", cidrs: only6, want: 1430},
+			{backend: BackendVXLAN, ips: "10.99.0.2,fd99::2", cidrs: dual, want: 1350},
+			{backend: BackendVXLAN, ips: "10.99.0.2,fd99::2", cidrs: dual6, want: 1330},
+			{backend: BackendVXLAN, ips: "10.99.0.2,fd99::3", cidrs: dual6, err: "no interface has the node IP fd99::3"},
+			// host-gw: the least MTU of the uplinks of both families.
+			{backend: BackendHostGW, ips: "10.99.0.2,fd99::2", cidrs: dual, want: 1400},
+			{backend: BackendHostGW, ips: "10.99.0.2,fd98::2", cidrs: dual, want: 1300},
+			{backend: BackendHostGW, ips: "10.99.0.2,fd98::2", cidrs: v4, want: 1400},
 		} {
-			cfg := Config{Backend: tc.backend, Iface: tc.iface, NodeIP: netip.MustParseAddr(tc.ip)}
+			cfg := configOf(tc.backend, tc.ips, tc.cidrs)
+			cfg.Iface = tc.iface
 			got, err := MTU(cfg)
 			if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 				t.Errorf("MTU(%+v) = %d, %v; want %d, %q", cfg, got, err, tc.want, tc.err)
@@ -477,18 +511,149 @@ func TestMTU(t *testing.T) {
 	})
 }
 
-// TestPodToPod builds two nodes joined by a link, each with a pod behind
-// its bridge as the CNI bridge plugin sets it up, and checks that the pods
-// reach each other with each backend, and do not without kelp.
+// TestProgramDualStack programs peers of both families over each
+// family, checks what there is, and that what kelp programmed of a family
+// the cluster no longer has goes.
+func TestProgramDualStack(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		if err := addUplink("10.99.0.2/24,fd99::2/64"); err != nil {
+			t.Fatal(err)
+		}
+		macA, macB, macC := vtepMAC("node-a"), vtepMAC("node-b"), vtepMAC("node-c")
+		both := map[family]string{ipv4: "uplink0", ipv6: "uplink0"}
+		overV4 := local{backend: BackendVXLAN, ip: netip.MustParseAddr("10.99.0.2"), uplinks: both, mac: macA,
+			podCIDRs: prefixes("10.42.0.0/24,fd42::/64")}
+		peers := []Peer{
+			peerOf("node-b", "10.42.1.0/24,fd42:0:0:1::/64", "10.99.0.3,fd99::3", macB),
+			peerOf("node-c", "10.42.2.0/24,fd42:0:0:2::/64", "10.99.0.4,fd99::4", macC),
+		}
+		sorted := func(s state) state {
+			for _, l := range [][]string{s.Addrs, s.Routes, s.Neighs, s.FDB} {
+				slices.Sort(l)
+			}
+			return s
+		}
+		vxlanRoutes := []string{
+			"10.42.1.0/24 via 10.42.1.0 dev kelp.vxlan proto 0x6b onlink",
+			"10.42.2.0/24 via 10.42.2.0 dev kelp.vxlan proto 0x6b onlink",
+			"fd42:0:0:1::/64 via fd42:0:0:1:: dev kelp.vxlan proto 0x6b onlink",
+			"fd42:0:0:2::/64 via fd42:0:0:2:: dev kelp.vxlan proto 0x6b onlink",
+		}
+		vxlanNeighs := []string{
+			fmt.Sprintf("10.42.1.0 lladdr %s dev kelp.vxlan", macB),
+			fmt.Sprintf("10.42.2.0 lladdr %s dev kelp.vxlan", macC),
+			fmt.Sprintf("fd42:0:0:1:: lladdr %s dev kelp.vxlan", macB),
+			fmt.Sprintf("fd42:0:0:2:: lladdr %s dev kelp.vxlan", macC),
+		}
+		want := sorted(state{
+			Device: fmt.Sprintf("vni 1 port 8472 local 10.99.0.2 parent uplink0 learning false mtu 1450 mac %s up true", macA),
+			Addrs:  []string{"10.42.0.0/32", "fd42::/128"},
+			Routes: slices.Clone(vxlanRoutes),
+			Neighs: slices.Clone(vxlanNeighs),
+			FDB:    []string{fmt.Sprintf("%s dst 10.99.0.3", macB), fmt.Sprintf("%s dst 10.99.0.4", macC)},
+		})
+		for _, when := range []string{"vxlan over IPv4", "vxlan over IPv4 programmed again"} {
+			if err := program(overV4, peers); err != nil {
+				t.Fatal(err)
+			}
+			checkState(t, when, want)
+		}
+
+		// Over IPv6 the device is made anew, 20 bytes smaller.
+		overV6 := overV4
+		overV6.ip = netip.MustParseAddr("fd99::2")
+		if err := program(overV6, peers); err != nil {
+			t.Fatal(err)
+		}
+		want.Device = fmt.Sprintf("vni 1 port 8472 local fd99::2 parent uplink0 learning false mtu 1430 mac %s up true", macA)
+		want.FDB = []string{fmt.Sprintf("%s dst fd99::3", macB), fmt.Sprintf("%s dst fd99::4", macC)}
+		want = sorted(want)
+		checkState(t, "vxlan over IPv6", want)
+
+		// The cluster drops IPv4: its address, routes and neighbours go.
+		v6Only := overV6
+		v6Only.podCIDRs = prefixes("fd42::/64")
+		if err := program(v6Only, []Peer{
+			peerOf("node-b", "fd42:0:0:1::/64", "10.99.0.3,fd99::3", macB),
+			peerOf("node-c", "fd42:0:0:2::/64", "fd99::4", macC),
+		}); err != nil {
+			t.Fatal(err)
+		}
+		want.Addrs, want.Routes, want.Neighs = []string{"fd42::/128"}, vxlanRoutes[2:], vxlanNeighs[2:]
+		checkState(t, "vxlan over IPv6, IPv6 only", want)
+
+		// Back to both families over IPv4, then the cluster drops IPv6.
+		if err := program(overV4, peers); err != nil {
+			t.Fatal(err)
+		}
+		v4Only := overV4
+		v4Only.podCIDRs = prefixes("10.42.0.0/24")
+		if err := program(v4Only, []Peer{
+			peerOf("node-b", "10.42.1.0/24", "10.99.0.3,fd99::3", macB),
+			peerOf("node-c", "10.42.2.0/24", "10.99.0.4", macC),
+		}); err != nil {
+			t.Fatal(err)
+		}
+		checkState(t, "vxlan over IPv4, IPv4 only", sorted(state{
+			Device: fmt.Sprintf("vni 1 port 8472 local 10.99.0.2 parent uplink0 learning false mtu 1450 mac %s up true", macA),
+			Addrs:  []string{"10.42.0.0/32"},
+			Routes: vxlanRoutes[:2],
+			Neighs: vxlanNeighs[:2],
+			FDB:    []string{fmt.Sprintf("%s dst 10.99.0.3", macB), fmt.Sprintf("%s dst 10.99.0.4", macC)},
+		}))
+
+		// host-gw routes each family via the node IP of that family.
+		hostGW := local{backend: BackendHostGW, uplinks: both, podCIDRs: overV4.podCIDRs}
+		if err := program(hostGW, []Peer{
+			peerOf("node-b", "10.42.1.0/24,fd42:0:0:1::/64", "10.99.0.3,fd99::3", nil),
+			peerOf("node-c", "10.42.2.0/24,fd42:0:0:2::/64", "10.99.0.4,fd99::4", nil),
+		}); err != nil {
+			t.Fatal(err)
+		}
+		want = sorted(state{Routes: []string{
+			"10.42.1.0/24 via 10.99.0.3 dev uplink0 proto 0x6b",
+			"10.42.2.0/24 via 10.99.0.4 dev uplink0 proto 0x6b",
+			"fd42:0:0:1::/64 via fd99::3 dev uplink0 proto 0x6b",
+			"fd42:0:0:2::/64 via fd99::4 dev uplink0 proto 0x6b",
+		}})
+		checkState(t, "host-gw", want)
+
+		// A node without an IPv6 uplink routes its IPv4 peers, and says
+		// why not the IPv6 ones.
+		hostGW.uplinks = map[family]string{ipv4: "uplink0"}
+		err := program(hostGW, []Peer{peerOf("node-b", "10.42.1.0/24,fd42:0:0:1::/64", "10.99.0.3,fd99::3", nil)})
+		if err == nil || !strings.Contains(err.Error(), "route to fd42:0:0:1::/64 of node node-b: no IPv6 node IP") {
+			t.Errorf("program host-gw without an IPv6 uplink: %v, want an error about the IPv6 route", err)
+		}
+		checkState(t, "host-gw without an IPv6 uplink", state{Routes: []string{"10.42.1.0/24 via 10.99.0.3 dev uplink0 proto 0x6b"}})
+
+		if err := program(overV6, peers); err != nil {
+			t.Fatal(err)
+		}
+		if err := Remove(); err != nil {
+			t.Fatal(err)
+		}
+		checkState(t, "after Remove", state{})
+	})
+}
+
+// TestPodToPod builds two nodes joined by a link, each with a pod of both
+// families behind its bridge as the CNI bridge plugin sets it up, and
+// checks that the pods reach each other over both with each backend (VXLAN
+// over either family), and do not without kelp.
 func TestPodToPod(t *testing.T) {
 	type side struct {
-		name, ip, podCIDR, bridgeIP, podIP string
+		name                               string
+		ips, podCIDRs, bridgeIPs, podAddrs []string // IPv4, IPv6
 		node, pod                          *netns
 	}
 	sides := []*side{
-		{name: "node-a", ip: "10.99.0.2", podCIDR: "10.42.0.0/24", bridgeIP: "10.42.0.1", podIP: "10.42.0.5"},
-		{name: "node-b", ip: "10.99.0.3", podCIDR: "10.42.1.0/24", bridgeIP: "10.42.1.1", podIP: "10.42.1.5"},
+		{name: "node-a", ips: []string{"10.99.0.2/24", "fd99::2/64"}, podCIDRs: []string{"10.42.0.0/24", "fd42::/64"},
+			bridgeIPs: []string{"10.42.0.1/24", "fd42::1/64"}, podAddrs: []string{"10.42.0.5/24", "fd42::5/64"}},
+		{name: "node-b", ips: []string{"10.99.0.3/24", "fd99::3/64"}, podCIDRs: []string{"10.42.1.0/24", "fd42:0:0:1::/64"},
+			bridgeIPs: []string{"10.42.1.1/24", "fd42:0:0:1::1/64"}, podAddrs: []string{"10.42.1.5/24", "fd42:0:0:1::5/64"}},
 	}
+	addr := func(cidr string) netip.Addr { return netip.MustParsePrefix(cidr).Addr() }
 	for _, s := range sides {
 		s.node, s.pod = newNetns(t), newNetns(t)
 	}
@@ -500,10 +665,13 @@ func TestPodToPod(t *testing.T) {
 		err := s.node.do(func() error {
 			return inOrder(
 				func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) },
-				addAddr("uplink0", s.ip+"/24"),
+				func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644) },
+				addAddr("uplink0", s.ips[0]),
+				addAddr("uplink0", s.ips[1]),
 				setUp("uplink0"),
 				addLink(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cni0"}}),
-				addAddr("cni0", s.bridgeIP+"/24"),
+				addAddr("cni0", s.bridgeIPs[0]),
+				addAddr("cni0", s.bridgeIPs[1]),
 				setUp("cni0"),
 				func() error {
 					br, err := netlink.LinkByName("cni0")
@@ -521,11 +689,13 @@ func TestPodToPod(t *testing.T) {
 		}
 		err = s.pod.do(func() error {
 			return inOrder(
-				addAddr("eth0", s.podIP+"/24"),
+				addAddr("eth0", s.podAddrs[0]),
+				addAddr("eth0", s.podAddrs[1]),
 				setUp("eth0"),
 				setUp("lo"),
+				func() error { return netlink.RouteAdd(&netlink.Route{Gw: addr(s.bridgeIPs[0]).AsSlice()}) },
 				func() error {
-					return netlink.RouteAdd(&netlink.Route{Gw: net.ParseIP(s.bridgeIP)})
+					return netlink.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("::/0")), Gw: addr(s.bridgeIPs[1]).AsSlice()})
 				},
 			)
 		})
@@ -533,44 +703,80 @@ func TestPodToPod(t *testing.T) {
 			t.Fatalf("pod of %s: %v", s.name, err)
 		}
 	}
-	b.pod.listen(t, b.podIP+":8080")
-	podB := b.podIP + ":8080"
+	var podB []string // IPv4, IPv6
+	for _, cidr := range b.podAddrs {
+		ap := netip.AddrPortFrom(addr(cidr), 8080).String()
+		b.pod.listen(t, ap)
+		podB = append(podB, ap)
+	}
 
-	// programAll programs each node for the other; with peers false, for
-	// no peers.
-	programAll := func(backend string, peers bool) {
+	// programAll programs each node for the other over the node IPs of
+	// family over, routing the pod CIDRs of the families in fams; with
+	// fams empty, for no peers.
+	programAll := func(backend string, over family, fams ...family) {
 		t.Helper()
 		for i, s := range sides {
 			o := sides[1-i]
+			l := local{backend: backend, ip: addr(s.ips[0]), uplinks: map[family]string{ipv4: "uplink0", ipv6: "uplink0"}, mac: vtepMAC(s.name)}
+			if over == ipv6 {
+				l.ip = addr(s.ips[1])
+			}
+			p := Peer{Name: o.name, IPs: []netip.Addr{addr(o.ips[0]), addr(o.ips[1])}}
+			if backend == BackendVXLAN {
+				p.MAC = vtepMAC(o.name)
+			}
+			for _, f := range fams {
+				i := map[family]int{ipv4: 0, ipv6: 1}[f]
+				l.podCIDRs = append(l.podCIDRs, netip.MustParsePrefix(s.podCIDRs[i]))
+				p.PodCIDRs = append(p.PodCIDRs, netip.MustParsePrefix(o.podCIDRs[i]))
+			}
 			var ps []Peer
-			if peers {
-				ps = []Peer{{Name: o.name, PodCIDR: netip.MustParsePrefix(o.podCIDR), IP: netip.MustParseAddr(o.ip)}}
-				if backend == BackendVXLAN {
-					ps[0].MAC = vtepMAC(o.name)
-				}
+			if len(fams) > 0 {
+				ps = []Peer{p}
 			}
-			l := local{backend: backend, ip: netip.MustParseAddr(s.ip), uplink: "uplink0", mac: vtepMAC(s.name), podCIDR: netip.MustParsePrefix(s.podCIDR)}
 			if err := s.node.do(func() error { return program(l, ps) }); err != nil {
-				t.Fatalf("program %s for %s: %v", s.name, backend, err)
+				t.Fatalf("program %s for %s over %s: %v", s.name, backend, over, err)
 			}
 		}
 	}
-	if err := a.pod.dial(podB); err == nil {
-		t.Fatal("pod A reaches pod B before the overlay is programmed")
+	// reach checks that pod A and node A reach pod B over the families
+	// in fams, and pod A does not over the others.
+	reach := func(when string, fams ...family) {
+		t.Helper()
+		for i, f := range []family{ipv4, ipv6} {
+			if !slices.Contains(fams, f) {
+				if err := a.pod.dial(podB[i]); err == nil {
+					t.Errorf("%s: pod A reaches pod B over %s", when, f)
+				}
+				continue
+			}
+			if err := a.pod.dial(podB[i]); err != nil {
+				t.Errorf("%s: pod A cannot reach pod B over %s: %v", when, f, err)
+			}
+			// The node's own traffic to a remote pod comes back too:
+			// over vxlan it leaves with the address of the device.
+			if err := a.node.dial(podB[i]); err != nil {
+				t.Errorf("%s: node A cannot reach pod B over %s: %v", when, f, err)
+			}
+		}
 	}
-	for _, backend := range []string{BackendVXLAN, BackendHostGW} {
-		programAll(backend, true)
-		if err := a.pod.dial(podB); err != nil {
-			t.Errorf("%s: pod A cannot reach pod B: %v", backend, err)
-		}
-		// The node's own traffic to a remote pod comes back too: over
-		// vxlan it leaves with the address of the device.
-		if err := a.node.dial(podB); err != nil {
-			t.Errorf("%s: node A cannot reach pod B: %v", backend, err)
-		}
-		programAll(backend, false)
-		if err := a.pod.dial(podB); err == nil {
-			t.Errorf("%s: pod A reaches pod B after its peer was removed", backend)
-		}
+	reach("before the overlay is programmed")
+	for _, tc := range []struct {
+		backend string
+		over    family
+	}{
+		{BackendVXLAN, ipv4},
+		{BackendVXLAN, ipv6},
+		{BackendHostGW, ipv4},
+	} {
+		name := tc.backend + " over " + tc.over.String()
+		programAll(tc.backend, tc.over, ipv4, ipv6)
+		reach(name, ipv4, ipv6)
+		programAll(tc.backend, tc.over, ipv4)
+		reach(name+", IPv4 only", ipv4)
+		programAll(tc.backend, tc.over, ipv6)
+		reach(name+", IPv6 only", ipv6)
+		programAll(tc.backend, tc.over)
+		reach(name + " without peers")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,13 +54,17 @@ type Config struct {
 	// of a cluster need the same.
 	Backend  string
 	NodeName string
-	// NodeIP is where other nodes send this node's overlay traffic.
-	NodeIP netip.Addr
+	// NodeIPs are where other nodes send this node's overlay traffic, at
+	// most one per family. VXLAN runs over the one of the cluster's
+	// primary family (see Config.underlay); host-gw routes each family's
+	// pods via the node IP of that family.
+	NodeIPs []netip.Addr
 	// Iface is the interface overlay traffic leaves by; "" is the one
-	// that has NodeIP.
+	// that has the node IP of the traffic's family.
 	Iface string
-	// ClusterCIDR holds all pod CIDRs; kelp routes nothing outside it.
-	ClusterCIDR netip.Prefix
+	// ClusterCIDRs hold all pod CIDRs, the primary first, at most one per
+	// family; kelp routes nothing outside them.
+	ClusterCIDRs []netip.Prefix
 }
 
 // Validate reports what is wrong with cfg.
@@ -72,13 +77,100 @@ func (cfg Config) Validate() error {
 	if cfg.NodeName == "" {
 		return errors.New("no node name")
 	}
-	if !cfg.NodeIP.Is4() {
-		return fmt.Errorf("node IP %v: only IPv4 node IPs are supported so far", cfg.NodeIP)
+	if len(cfg.NodeIPs) == 0 {
+		return errors.New("no node IP: pass --node-ip")
 	}
-	if !cfg.ClusterCIDR.Addr().Is4() {
-		return fmt.Errorf("cluster CIDR %v: only IPv4 cluster networks are supported so far", cfg.ClusterCIDR)
+	seen := map[family]netip.Addr{}
+	for _, ip := range cfg.NodeIPs {
+		if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() || ip.Is4In6() || ip.Zone() != "" {
+			return fmt.Errorf("node IP %v: not a unicast IP address other nodes can reach", ip)
+		}
+		if other, ok := seen[familyOf(ip)]; ok {
+			return fmt.Errorf("node IPs %v and %v: give at most one %s node IP", other, ip, familyOf(ip))
+		}
+		seen[familyOf(ip)] = ip
+	}
+	if len(cfg.ClusterCIDRs) == 0 {
+		return errors.New("no cluster CIDR")
+	}
+	cidrs := map[family]netip.Prefix{}
+	for _, cidr := range cfg.ClusterCIDRs {
+		if !cidr.IsValid() || cidr.Addr().Is4In6() {
+			return fmt.Errorf("cluster CIDR %v: not a valid IPv4 or IPv6 CIDR", cidr)
+		}
+		if other, ok := cidrs[familyOf(cidr.Addr())]; ok {
+			return fmt.Errorf("cluster CIDRs %v and %v: give at most one %s cluster CIDR", other, cidr, familyOf(cidr.Addr()))
+		}
+		cidrs[familyOf(cidr.Addr())] = cidr
+	}
+	if cfg.Backend == BackendHostGW {
+		// host-gw has no tunnel to carry one family over the other.
+		for f, cidr := range cidrs {
+			if _, ok := seen[f]; !ok {
+				return fmt.Errorf("backend host-gw routes the %s pods of cluster CIDR %v via the nodes' %s node IPs, and this node has none: add one to --node-ip, or use --overlay %s",
+					f, cidr, f, BackendVXLAN)
+			}
+		}
 	}
 	return nil
+}
+
+// family is an IP address family.
+type family int
+
+const (
+	ipv4 family = 4
+	ipv6 family = 6
+)
+
+func familyOf(a netip.Addr) family {
+	if a.Is4() || a.Is4In6() {
+		return ipv4
+	}
+	return ipv6
+}
+
+func (f family) String() string {
+	if f == ipv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// nodeIP returns the address of family f among ips; the zero Addr if
+// there is none.
+func nodeIP(ips []netip.Addr, f family) netip.Addr {
+	for _, ip := range ips {
+		if familyOf(ip) == f {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// underlayOf picks, of a node's node IPs, the one VXLAN runs over: the one
+// of the cluster's primary family, or the node's only one. Every node
+// picks its own and its peers' by this rule, so a VXLAN device (which
+// sends and receives over one family) only ever talks to peers of its
+// family.
+func underlayOf(ips []netip.Addr, primary family) netip.Addr {
+	if ip := nodeIP(ips, primary); ip.IsValid() {
+		return ip
+	}
+	if len(ips) == 0 {
+		return netip.Addr{}
+	}
+	return ips[0]
+}
+
+// underlay is the node IP this node's VXLAN device runs over.
+func (cfg Config) underlay() netip.Addr {
+	return underlayOf(cfg.NodeIPs, cfg.primary())
+}
+
+// primary is the cluster's primary family, that of the first cluster CIDR.
+func (cfg Config) primary() family {
+	return familyOf(cfg.ClusterCIDRs[0].Addr())
 }
 
 // Run publishes this node's overlay annotations and, once the node has a
@@ -97,7 +189,7 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync ti
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	o := &overlay{client: client, cfg: cfg, local: local{backend: cfg.Backend, ip: cfg.NodeIP, mac: vtepMAC(cfg.NodeName)}}
+	o := &overlay{client: client, cfg: cfg, local: local{backend: cfg.Backend, ip: cfg.underlay(), mac: vtepMAC(cfg.NodeName)}}
 	if cfg.Backend == BackendNone {
 		// The CNI the user brings routes the same pod CIDRs: what kelp
 		// routed before the switch to none would get in its way.
@@ -105,15 +197,18 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync ti
 			return err
 		}
 	} else {
-		up, err := uplink(cfg)
+		ups, err := uplinks(cfg)
 		if err != nil {
 			return err
 		}
-		o.local.uplink = up.Attrs().Name
+		o.local.uplinks = map[family]string{}
+		for f, up := range ups {
+			o.local.uplinks[f] = up.Attrs().Name
+		}
 		// Made now, not once the node has a pod CIDR, so a kernel
 		// without VXLAN fails kelp at start, where it is seen.
 		if cfg.Backend == BackendVXLAN {
-			if _, err := ensureDevice(o.local, up); err != nil {
+			if _, err := ensureDevice(o.local, ups[familyOf(o.local.ip)]); err != nil {
 				return err
 			}
 		}
@@ -136,17 +231,18 @@ type overlay struct {
 	cfg    Config
 	local  local
 	nodes  corelisters.NodeLister
-	// peers are those last programmed, and podCIDR the node's then.
-	peers   []Peer
-	podCIDR netip.Prefix
+	// peers are those last programmed, and podCIDRs the node's then.
+	peers    []Peer
+	podCIDRs []netip.Prefix
 	// programmed says whether programming succeeded once, from when on
 	// changes of peers are logged; clean whether the last one did.
 	programmed, clean bool
 }
 
 // sync publishes the node's annotations and programs the kernel when the
-// node has a pod CIDR and the peers changed, the last programming failed
-// or it is the resync tick's pass (someone may have deleted an entry).
+// node has its pod CIDRs and the peers changed, the last programming
+// failed or it is the resync tick's pass (someone may have deleted an
+// entry).
 func (o *overlay) sync(ctx context.Context, resync bool) error {
 	self, err := o.nodes.Get(o.cfg.NodeName)
 	if err != nil {
@@ -159,33 +255,32 @@ func (o *overlay) sync(ctx context.Context, resync bool) error {
 	if o.cfg.Backend == BackendNone {
 		return nil
 	}
-	podCIDR, err := netip.ParsePrefix(self.Spec.PodCIDR)
-	if err != nil || !podCIDR.Addr().Is4() {
-		log.WithField("pod-cidr", self.Spec.PodCIDR).Debug("waiting for the node to get an IPv4 pod CIDR")
+	podCIDRs, err := nodePodCIDRs(self, o.cfg)
+	if err != nil {
+		log.WithError(err).Debug("waiting for the node to get its pod CIDRs")
 		return nil
 	}
-	podCIDR = podCIDR.Masked()
 	all, err := o.nodes.List(labels.Everything())
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}
 	peers := Peers(all, o.cfg)
-	if !resync && o.clean && podCIDR == o.podCIDR && reflect.DeepEqual(peers, o.peers) {
+	if !resync && o.clean && slices.Equal(podCIDRs, o.podCIDRs) && reflect.DeepEqual(peers, o.peers) {
 		return nil
 	}
 	l := o.local
-	l.podCIDR = podCIDR
+	l.podCIDRs = podCIDRs
 	err = program(l, peers)
 	switch {
 	case err != nil:
 		log.WithError(err).Warn("could not program the overlay; trying again")
 	case !o.programmed:
-		log.WithFields(logrus.Fields{"backend": o.cfg.Backend, "pod-cidr": podCIDR, "peers": len(peers)}).Info("pod network overlay programmed")
+		log.WithFields(logrus.Fields{"backend": o.cfg.Backend, "pod-cidrs": podCIDRs, "peers": len(peers)}).Info("pod network overlay programmed")
 	}
 	if o.programmed {
 		logChanges(o.peers, peers)
 	}
-	o.peers, o.podCIDR, o.clean = peers, podCIDR, err == nil
+	o.peers, o.podCIDRs, o.clean = peers, podCIDRs, err == nil
 	o.programmed = o.programmed || err == nil
 	return nil
 }
@@ -197,7 +292,7 @@ func logChanges(before, after []Peer) {
 		old[p.Name] = p
 	}
 	for _, p := range after {
-		fields := logrus.Fields{"node": p.Name, "pod-cidr": p.PodCIDR, "ip": p.IP}
+		fields := logrus.Fields{"node": p.Name, "pod-cidrs": p.PodCIDRs, "ips": p.IPs}
 		if p.MAC != nil {
 			fields["mac"] = p.MAC
 		}
@@ -216,10 +311,15 @@ func logChanges(before, after []Peer) {
 }
 
 // annotations are what node publishes; a nil value is an annotation it
-// must not have, left by another backend.
+// must not have, left by another backend or a node IP it no longer has.
 func annotations(cfg Config) map[string]*string {
-	backend, ip := cfg.Backend, cfg.NodeIP.String()
-	a := map[string]*string{AnnotationBackend: &backend, AnnotationPublicIP: &ip, AnnotationVTEPMAC: nil}
+	a := map[string]*string{AnnotationBackend: &cfg.Backend, AnnotationPublicIP: nil, AnnotationPublicIPv6: nil, AnnotationVTEPMAC: nil}
+	for f, key := range map[family]string{ipv4: AnnotationPublicIP, ipv6: AnnotationPublicIPv6} {
+		if ip := nodeIP(cfg.NodeIPs, f); ip.IsValid() {
+			s := ip.String()
+			a[key] = &s
+		}
+	}
 	if cfg.Backend == BackendVXLAN {
 		mac := vtepMAC(cfg.NodeName).String()
 		a[AnnotationVTEPMAC] = &mac
@@ -246,7 +346,7 @@ func publish(ctx context.Context, client kubernetes.Interface, node *corev1.Node
 	if _, err := client.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, data, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("patch annotations of node %s: %w", node.Name, err)
 	}
-	log.WithFields(logrus.Fields{"backend": cfg.Backend, "public-ip": cfg.NodeIP}).Info("published the node's overlay annotations")
+	log.WithFields(logrus.Fields{"backend": cfg.Backend, "public-ips": cfg.NodeIPs}).Info("published the node's overlay annotations")
 	return nil
 }
 
@@ -269,6 +369,6 @@ func trimNode(obj any) (any, error) {
 	}
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: node.Name, ResourceVersion: node.ResourceVersion, Annotations: ann},
-		Spec:       corev1.NodeSpec{PodCIDR: node.Spec.PodCIDR},
+		Spec:       corev1.NodeSpec{PodCIDR: node.Spec.PodCIDR, PodCIDRs: node.Spec.PodCIDRs},
 	}, nil
 }

@@ -31,10 +31,26 @@ func TestValidate(t *testing.T) {
 		{change: func(c *Config) { c.Backend = "" }, err: `unknown overlay backend ""`},
 		{change: func(c *Config) { c.Backend = "wireguard" }, err: `unknown overlay backend "wireguard"`},
 		{change: func(c *Config) { c.NodeName = "" }, err: "no node name"},
-		{change: func(c *Config) { c.NodeIP = netip.Addr{} }, err: "node IP invalid IP"},
-		{change: func(c *Config) { c.NodeIP = netip.MustParseAddr("fd00::2") }, err: "only IPv4 node IPs"},
-		{change: func(c *Config) { c.ClusterCIDR = netip.Prefix{} }, err: "cluster CIDR invalid Prefix"},
-		{change: func(c *Config) { c.ClusterCIDR = netip.MustParsePrefix("fd00:42::/56") }, err: "only IPv4 cluster networks"},
+		{change: func(c *Config) { c.NodeIPs = nil }, err: "no node IP: pass --node-ip"},
+		{change: func(c *Config) { c.NodeIPs = []netip.Addr{{}} }, err: "node IP invalid IP"},
+		{change: func(c *Config) { c.NodeIPs = addrs("0.0.0.0") }, err: "node IP 0.0.0.0: not a unicast IP address"},
+		{change: func(c *Config) { c.NodeIPs = addrs("ff02::1") }, err: "node IP ff02::1: not a unicast"},
+		{change: func(c *Config) { c.NodeIPs = addrs("::ffff:10.99.0.2") }, err: "node IP ::ffff:10.99.0.2: not a unicast"},
+		{change: func(c *Config) { c.NodeIPs = addrs("10.99.0.2,10.99.0.3") }, err: "give at most one IPv4 node IP"},
+		{change: func(c *Config) { c.NodeIPs = addrs("fd99::2") }},
+		{change: func(c *Config) { c.NodeIPs = addrs("fd99::2,10.99.0.2") }},
+		{change: func(c *Config) { c.NodeIPs = addrs("10.99.0.2,fd99::2,fd99::3") }, err: "give at most one IPv6 node IP"},
+		{change: func(c *Config) { c.ClusterCIDRs = nil }, err: "no cluster CIDR"},
+		{change: func(c *Config) { c.ClusterCIDRs = []netip.Prefix{{}} }, err: "cluster CIDR invalid Prefix"},
+		{change: func(c *Config) { c.ClusterCIDRs = prefixes("10.42.0.0/16,10.44.0.0/16") }, err: "give at most one IPv4 cluster CIDR"},
+		{change: func(c *Config) { c.ClusterCIDRs = prefixes("10.42.0.0/16,fd42::/56") }},
+		{change: func(c *Config) { c.ClusterCIDRs = prefixes("fd42::/56,10.42.0.0/16") }},
+		{change: func(c *Config) { c.ClusterCIDRs = prefixes("fd42::/56") }},
+		{change: func(c *Config) { c.ClusterCIDRs = prefixes("fd42::/56,fd43::/56") }, err: "give at most one IPv6 cluster CIDR"},
+		{change: func(c *Config) { *c = configOf(BackendHostGW, "10.99.0.2,fd99::2", "10.42.0.0/16,fd42::/56") }},
+		{change: func(c *Config) { *c = configOf(BackendHostGW, "10.99.0.2", "10.42.0.0/16,fd42::/56") },
+			err: "backend host-gw routes the IPv6 pods of cluster CIDR fd42::/56 via the nodes' IPv6 node IPs, and this node has none: add one to --node-ip, or use --overlay vxlan"},
+		{change: func(c *Config) { *c = configOf(BackendHostGW, "fd99::2", "10.42.0.0/16") }, err: "IPv4 pods of cluster CIDR 10.42.0.0/16"},
 	} {
 		cfg := config(BackendVXLAN)
 		tc.change(&cfg)
@@ -47,7 +63,8 @@ func TestValidate(t *testing.T) {
 
 // The nodes the informer holds are trimmed; what Peers reads survives.
 func TestTrimNode(t *testing.T) {
-	n := node("node-b", "10.42.1.0/24", BackendVXLAN, "10.99.0.3")
+	cfg := configOf(BackendVXLAN, "10.99.0.2,fd99::2", "10.42.0.0/16,fd42::/56")
+	n := node("node-b", "10.42.1.0/24,fd42:0:0:1::/64", BackendVXLAN, "10.99.0.3,fd99::3")
 	n.Annotations["big"] = "yes"
 	n.Labels = map[string]string{"kubernetes.io/hostname": "node-b"}
 	n.Status.Images = []corev1.ContainerImage{{Names: []string{"pause"}}}
@@ -59,8 +76,8 @@ func TestTrimNode(t *testing.T) {
 	if trimmed.Annotations["big"] != "" || trimmed.Labels != nil || trimmed.Status.Images != nil {
 		t.Errorf("not trimmed: %+v", trimmed)
 	}
-	want := Peers([]*corev1.Node{n}, config(BackendVXLAN))
-	if got := Peers([]*corev1.Node{trimmed}, config(BackendVXLAN)); len(want) != 1 || !reflect.DeepEqual(got, want) {
+	want := Peers([]*corev1.Node{n}, cfg)
+	if got := Peers([]*corev1.Node{trimmed}, cfg); len(want) != 1 || len(want[0].PodCIDRs) != 2 || len(want[0].IPs) != 2 || !reflect.DeepEqual(got, want) {
 		t.Errorf("trimmed too much: Peers %+v, want %+v", got, want)
 	}
 	if got, _ := trimNode(&corev1.Pod{}); got == nil {
@@ -76,23 +93,41 @@ func TestPublish(t *testing.T) {
 	}}}
 	client := fake.NewClientset(stale)
 	ctx := context.Background()
-	for i, backend := range []string{BackendHostGW, BackendVXLAN, BackendVXLAN} {
+	for i, tc := range []struct {
+		backend, ips string
+		patch        bool
+	}{
+		{backend: BackendHostGW, ips: "10.99.0.2", patch: true},
+		{backend: BackendVXLAN, ips: "10.99.0.2", patch: true},
+		{backend: BackendVXLAN, ips: "10.99.0.2"},
+		{backend: BackendVXLAN, ips: "10.99.0.2,fd99::2", patch: true},
+		{backend: BackendVXLAN, ips: "fd99::2,10.99.0.2"},
+		{backend: BackendVXLAN, ips: "fd99::2", patch: true},
+	} {
+		backend := tc.backend
 		n, err := client.CoreV1().Nodes().Get(ctx, self, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		before := len(client.Actions())
-		if err := publish(ctx, client, n, config(backend)); err != nil {
+		if err := publish(ctx, client, n, configOf(backend, tc.ips, "10.42.0.0/16")); err != nil {
 			t.Fatal(err)
 		}
-		if patched, wantPatch := len(client.Actions()) > before, i < 2; patched != wantPatch {
-			t.Errorf("%d: %s: patched %v, want %v", i, backend, patched, wantPatch)
+		if patched := len(client.Actions()) > before; patched != tc.patch {
+			t.Errorf("%d: %s: patched %v, want %v", i, backend, patched, tc.patch)
 		}
 		n, err = client.CoreV1().Nodes().Get(ctx, self, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]string{AnnotationBackend: backend, AnnotationPublicIP: "10.99.0.2", "other": "kept"}
+		want := map[string]string{AnnotationBackend: backend, "other": "kept"}
+		for _, ip := range addrs(tc.ips) {
+			if ip.Is6() {
+				want[AnnotationPublicIPv6] = ip.String()
+			} else {
+				want[AnnotationPublicIP] = ip.String()
+			}
+		}
 		if backend == BackendVXLAN {
 			want[AnnotationVTEPMAC] = vtepMAC(self).String()
 		}
@@ -211,6 +246,75 @@ func TestRun(t *testing.T) {
 		// The overlay stays while kelp is stopped or restarts.
 		if s, err := dump(); err != nil || s.Device == "" || s.Addrs == nil {
 			t.Errorf("after run:\n%s\n%v\nwant the device kept", s, err)
+		}
+	})
+}
+
+// TestRunDualStack runs a node of an IPv6-first dual-stack cluster: it
+// publishes both node IPs and, once it has its pod CIDRs (spec.podCIDRs),
+// routes both of its peer's through a VXLAN device over IPv6.
+func TestRunDualStack(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		if err := addUplink("10.99.0.2/24,fd99::2/64"); err != nil {
+			t.Fatal(err)
+		}
+		fd := testcluster.NetnsFD(t)
+		client := fake.NewClientset(
+			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: self}},
+			node("node-b", "fd42:0:0:1::/64,10.42.1.0/24", BackendVXLAN, "10.99.0.3,fd99::3"),
+		)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			defer cancel()
+			runtime.LockOSThread() // never unlocked: Go retires the thread
+			if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+				t.Errorf("setns: %v", err)
+				return
+			}
+			var a *corev1.Node
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				n, err := client.CoreV1().Nodes().Get(ctx, self, metav1.GetOptions{})
+				if err == nil && n.Annotations[AnnotationPublicIP] == "10.99.0.2" && n.Annotations[AnnotationPublicIPv6] == "fd99::2" {
+					a = n
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("annotations never published: %v, %v", n, err)
+					return
+				}
+			}
+			a.Spec.PodCIDR, a.Spec.PodCIDRs = "fd42::/64", []string{"fd42::/64", "10.42.0.0/24"}
+			if _, err := client.CoreV1().Nodes().Update(ctx, a, metav1.UpdateOptions{}); err != nil {
+				t.Error(err)
+				return
+			}
+			mac := vtepMAC("node-b").String()
+			want := state{
+				Device: fmt.Sprintf("vni 1 port 8472 local fd99::2 parent uplink0 learning false mtu 1430 mac %s up true", vtepMAC(self)),
+				Addrs:  []string{"10.42.0.0/32", "fd42::/128"},
+				Routes: []string{
+					"10.42.1.0/24 via 10.42.1.0 dev kelp.vxlan proto 0x6b onlink",
+					"fd42:0:0:1::/64 via fd42:0:0:1:: dev kelp.vxlan proto 0x6b onlink",
+				},
+				Neighs: []string{"10.42.1.0 lladdr " + mac + " dev kelp.vxlan", "fd42:0:0:1:: lladdr " + mac + " dev kelp.vxlan"},
+				FDB:    []string{mac + " dst fd99::3"},
+			}
+			var last state
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				s, err := dump()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if last = s; reflect.DeepEqual(s, want) {
+					return
+				}
+			}
+			t.Errorf("never programmed; there is\n%s\nwant\n%s", last, want)
+		}()
+		if err := run(ctx, client, configOf(BackendVXLAN, "10.99.0.2,fd99::2", "fd42::/56,10.42.0.0/16"), 50*time.Millisecond); err != nil {
+			t.Errorf("run: %v", err)
 		}
 	})
 }
