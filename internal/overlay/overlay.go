@@ -211,6 +211,11 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync ti
 			if _, err := ensureDevice(o.local, ups[familyOf(o.local.ip)]); err != nil {
 				return err
 			}
+			if slices.ContainsFunc(cfg.ClusterCIDRs, func(c netip.Prefix) bool { return c.Addr().Is6() }) {
+				if err := ensureIPv6(Device); err != nil {
+					return fmt.Errorf("the cluster has IPv6 pods (cluster CIDRs %v): %w", cfg.ClusterCIDRs, err)
+				}
+			}
 		}
 	}
 

@@ -2,9 +2,11 @@ package overlay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"reflect"
 	"runtime"
 	"slices"
@@ -315,6 +317,40 @@ func TestRunDualStack(t *testing.T) {
 		}()
 		if err := run(ctx, client, configOf(BackendVXLAN, "10.99.0.2,fd99::2", "fd42::/56,10.42.0.0/16"), 50*time.Millisecond); err != nil {
 			t.Errorf("run: %v", err)
+		}
+	})
+}
+
+// A node of a cluster with IPv6 pods refuses to start while IPv6 is off,
+// and turns it on for the VXLAN device made while it was.
+func TestRunIPv6Off(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		const sysctl = "/proc/sys/net/ipv6/conf/default/disable_ipv6"
+		if err := inOrder(
+			func() error { return addUplink("10.99.0.2/24") },
+			func() error { return os.WriteFile(sysctl, []byte("1"), 0o644) },
+		); err != nil {
+			t.Fatal(err)
+		}
+		cfg := configOf(BackendVXLAN, "10.99.0.2", "10.42.0.0/16,fd42::/56")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := run(ctx, fake.NewClientset(), cfg, time.Second)
+		if want := "IPv6 is off on this node (sysctl net.ipv6.conf.default.disable_ipv6=1)"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("run with IPv6 off: %v, want %q", err, want)
+		}
+		if err := os.WriteFile(sysctl, []byte("0"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// Past its checks run waits for the informer, which a stopped
+		// context ends.
+		ctx, cancel = context.WithCancel(context.Background())
+		cancel()
+		if err := run(ctx, fake.NewClientset(), cfg, time.Second); err == nil || !errors.Is(err, context.Canceled) {
+			t.Errorf("run with IPv6 on: %v, want it to get as far as the informer", err)
+		}
+		if data, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + Device + "/disable_ipv6"); err != nil || string(data) != "0\n" {
+			t.Errorf("disable_ipv6 of %s: %q, %v; want 0", Device, data, err)
 		}
 	})
 }
