@@ -268,3 +268,49 @@ func TestDualStack(t *testing.T) {
 		}
 	})
 }
+
+// TestIPv6Only runs a server with its node on IPv6 alone (fd42::/56 and
+// fd43::/112, node IP fd99::2): the kubernetes Service and the cluster
+// DNS are IPv6, a pod gets one IPv6 address and reaches a Service by its
+// DNS name, answered AAAA.
+func TestIPv6Only(t *testing.T) {
+	t.Parallel()
+	lab := testcluster.NewLab(t)
+	srv := lab.NewDualStackNode("server", "10.99.0.2", "fd99::2")
+	srv.IP6 = "" // its --node-ip is given below: the IPv6 one alone
+	srv.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
+	srv.Agent = true
+	srv.Start("--node-ip", "fd99::2", "--cluster-cidr", "fd42::/56", "--service-cidr", "fd43::/112")
+	srv.WaitReady(startTimeout)
+	srv.WaitLog("kelp node is running", startTimeout)
+	c := srv.Client()
+	waitNodeReady(t, c)
+	if svc, err := c.CoreV1().Services("default").Get(context.Background(), "kubernetes", metav1.GetOptions{}); err != nil || svc.Spec.ClusterIP != "fd43::1" {
+		t.Errorf("the kubernetes Service's ClusterIP: %v %v", svc.Spec.ClusterIP, err)
+	}
+	waitServiceAccount(t, c, "default")
+	apply(t, srv, dualStackClient+"---\n"+dualStackService)
+	eventually(t, "the client pod", func() (bool, error) {
+		p, err := c.CoreV1().Pods("default").Get(context.Background(), "client", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning && len(p.Status.PodIPs) > 0, nil
+	})
+	client, err := c.CoreV1().Pods("default").Get(context.Background(), "client", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ips := client.Status.PodIPs; len(ips) != 1 || !netip.MustParsePrefix("fd42::/56").Contains(netip.MustParseAddr(ips[0].IP)) {
+		t.Fatalf("the pod's addresses %v, want one of fd42::/56", ips)
+	}
+	svc, err := c.CoreV1().Services("default").Get(context.Background(), "client", metav1.GetOptions{})
+	if err != nil || len(svc.Spec.ClusterIPs) != 1 || !strings.HasPrefix(svc.Spec.ClusterIP, "fd43::") {
+		t.Fatalf("the client Service's ClusterIPs %v, %v", svc.Spec.ClusterIPs, err)
+	}
+	eventually(t, "the client Service by its DNS name, over IPv6", func() (bool, error) {
+		out, err := srv.Kubectl("exec", "client", "--", "/testapp", "get", "http://client.default.svc.cluster.local/", "3s")
+		return err == nil && strings.HasPrefix(out, "client "), nil
+	})
+	out, err := srv.Kubectl("exec", "client", "--", "/testapp", "lookup", "client.default.svc.cluster.local")
+	if err != nil || strings.TrimSpace(out) != svc.Spec.ClusterIP {
+		t.Errorf("lookup of the client Service: %q %v, want %s", out, err, svc.Spec.ClusterIP)
+	}
+}
