@@ -156,11 +156,17 @@ func putOnNodes(t *testing.T, name string, data []byte, nodes ...*testcluster.No
 
 func createUpgrade(t *testing.T, dyn dynamic.Interface, name, sum, path string) {
 	t.Helper()
+	createUpgradeSpec(t, dyn, name, map[string]any{"sha256": sum, "path": path, "drainTimeout": "1m", "nodeTimeout": "4m"})
+}
+
+// createUpgradeSpec creates the Upgrade name of spec.
+func createUpgradeSpec(t *testing.T, dyn dynamic.Interface, name string, spec map[string]any) {
+	t.Helper()
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": fleet.Group + "/" + fleet.Version,
 		"kind":       fleet.Kind,
 		"metadata":   map[string]any{"name": name},
-		"spec":       map[string]any{"sha256": sum, "path": path, "drainTimeout": "1m", "nodeTimeout": "4m"},
+		"spec":       spec,
 	}}
 	err := wait.PollUntilContextTimeout(context.Background(), time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, err := dyn.Resource(fleet.Resource).Create(ctx, obj, metav1.CreateOptions{})
@@ -171,10 +177,12 @@ func createUpgrade(t *testing.T, dyn dynamic.Interface, name, sum, path string) 
 	}
 }
 
-// waitUpgrade waits until the Upgrade name is Succeeded or Failed.
+// waitUpgrade waits until the Upgrade name is Succeeded or Failed,
+// logging each change of its phase and its nodes' states.
 func waitUpgrade(t *testing.T, dyn dynamic.Interface, name string, timeout time.Duration) *fleet.Upgrade {
 	t.Helper()
 	var u fleet.Upgrade
+	began, last := time.Now(), ""
 	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		obj, err := dyn.Resource(fleet.Resource).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -183,6 +191,14 @@ func waitUpgrade(t *testing.T, dyn dynamic.Interface, name string, timeout time.
 		u = fleet.Upgrade{}
 		if err := fromUnstructured(obj, &u); err != nil {
 			return false, err
+		}
+		states := u.Status.Phase
+		for _, n := range u.Status.Nodes {
+			states += " " + n.Name + "=" + n.State
+		}
+		if states != last {
+			t.Logf("%4.0f s  Upgrade %s: %s", time.Since(began).Seconds(), name, states)
+			last = states
 		}
 		return u.Status.Phase == fleet.PhaseSucceeded || u.Status.Phase == fleet.PhaseFailed, nil
 	})

@@ -204,12 +204,18 @@ type installed struct {
 // newInstalled installs the kelp under test for node n.
 func newInstalled(t *testing.T, n *testcluster.Node) installed {
 	t.Helper()
+	return newInstalledFrom(t, n, testcluster.Binary(t))
+}
+
+// newInstalledFrom installs the kelp file from for node n.
+func newInstalledFrom(t *testing.T, n *testcluster.Node, from string) installed {
+	t.Helper()
 	bin := filepath.Join(n.Dir, "bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	b := installed{t: t, kelp: filepath.Join(bin, "kelp"), previous: filepath.Join(bin, "kelp.previous")}
-	copyBinary(t, testcluster.Binary(t), b.kelp)
+	copyBinary(t, from, b.kelp)
 	b.original = readFile(t, b.kelp)
 	n.Bin = b.kelp
 	return b
