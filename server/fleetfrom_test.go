@@ -82,18 +82,19 @@ spec:
 // install.sh does, holding Deployments, a DaemonSet, a claim whose volume
 // holds a file, a CRD with objects of it and Secrets. Once the rollout
 // has Succeeded, both nodes run the new kelp (the earlier one kept as
-// kelp.previous) and report its Kubernetes version, everything is there,
-// the Secrets still encrypted, the server took its snapshot named for the
-// upgrade, and the DaemonSet's pods, which drains leave, are the same pods
-// in the same containers. Skipped without $KELP_UPGRADE_FROM: CI builds
-// one kelp only.
+// kelp.previous), report its Kubernetes version and run its bundle's
+// containerd; everything is there, the Secrets still encrypted; the
+// server took its snapshot named for the upgrade; and the DaemonSet's
+// pods, which drains leave, are the same pods in the same containers.
+// Skipped without $KELP_UPGRADE_FROM: CI builds one kelp only.
 func TestFleetUpgradeFromEarlier(t *testing.T) {
 	from := os.Getenv(upgradeFromEnv)
 	if from == "" {
 		t.Skip("set " + upgradeFromEnv + " to a kelp of an older Kubernetes minor (scripts/upgrade-check.sh fleet builds one)")
 	}
 	to := testcluster.Binary(t)
-	fromKube, toKube := kubernetesOf(t, from), kubernetesOf(t, to)
+	fromVersions, toVersions := versionsOf(t, from), versionsOf(t, to)
+	fromKube, toKube := fromVersions["kubernetes"], toVersions["kubernetes"]
 	if !version.NewerMinor(toKube, fromKube) {
 		t.Fatalf("%s=%s runs Kubernetes %s and the kelp under test %s: want an earlier minor to upgrade from", upgradeFromEnv, from, fromKube, toKube)
 	}
@@ -115,9 +116,11 @@ func TestFleetUpgradeFromEarlier(t *testing.T) {
 	ctx := context.Background()
 	waitNodesReady(t, c, 2)
 	for _, name := range []string{"server", "agent-1"} {
-		if got := kubeletVersion(t, c, name); !strings.HasPrefix(got, fromKube) {
-			t.Fatalf("node %s runs kubelet %s before the upgrade, want %s", name, got, fromKube)
+		info := nodeInfo(t, c, name)
+		if !strings.HasPrefix(info.KubeletVersion, fromKube) {
+			t.Fatalf("node %s runs kubelet %s before the upgrade, want %s", name, info.KubeletVersion, fromKube)
 		}
+		t.Logf("node %s runs kubelet %s on %s", name, info.KubeletVersion, info.ContainerRuntimeVersion)
 	}
 
 	// What the cluster holds.
@@ -141,7 +144,7 @@ func TestFleetUpgradeFromEarlier(t *testing.T) {
 	if len(dataPod) != 1 || len(daemons) != 2 {
 		t.Fatalf("pods of deployment/data %v and daemonset/everywhere %v, want one and two", dataPod, daemons)
 	}
-	t.Logf("made by kelp %s: deployments kept (2 pods) and data (its claim's volume on node %s holds a file), daemonset everywhere, CRD widgets.kelp.test with 2 objects, 2 Secrets encrypted at rest", fromKube, dataPod[0].Spec.NodeName)
+	t.Logf("made by the earlier kelp (Kubernetes %s): deployments kept (2 pods) and data (its claim's volume on node %s holds a file), daemonset everywhere, CRD widgets.kelp.test with 2 objects, 2 Secrets encrypted at rest", fromKube, dataPod[0].Spec.NodeName)
 	for _, s := range []string{"precious", "kept"} {
 		atRest(t, srv, s)
 	}
@@ -175,8 +178,11 @@ func TestFleetUpgradeFromEarlier(t *testing.T) {
 	}
 	waitNodesReady(t, c, 2)
 	for _, name := range []string{"server", "agent-1"} {
-		got := kubeletVersion(t, c, name)
-		check(t, fmt.Sprintf("node %s reports kubelet %s", name, got), strings.HasPrefix(got, toKube))
+		info := nodeInfo(t, c, name)
+		check(t, fmt.Sprintf("node %s reports kubelet %s", name, info.KubeletVersion), strings.HasPrefix(info.KubeletVersion, toKube))
+		// The new kelp's bundle carries the containerd of its --version.
+		runtime := strings.TrimPrefix(strings.TrimPrefix(info.ContainerRuntimeVersion, "containerd://"), "v")
+		check(t, fmt.Sprintf("node %s runs %s", name, info.ContainerRuntimeVersion), runtime == strings.TrimPrefix(toVersions["containerd"], "v"))
 		node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		check(t, "node "+name+" uncordoned", err == nil && !node.Spec.Unschedulable)
 	}
@@ -224,29 +230,33 @@ func check(t *testing.T, what string, ok bool) {
 	t.Errorf("FAIL %s", what)
 }
 
-// kubernetesOf is the Kubernetes version kelp binary bin says it runs.
-func kubernetesOf(t *testing.T, bin string) string {
+// versionsOf reads what kelp binary bin says it is made of (--version):
+// each line's first word, and the version after it.
+func versionsOf(t *testing.T, bin string) map[string]string {
 	t.Helper()
 	out, err := exec.Command(bin, "--version").CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s --version: %v\n%s", bin, err, out)
 	}
+	versions := map[string]string{}
 	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, "kubernetes "); ok {
-			return strings.TrimSpace(v)
+		if name, v, ok := strings.Cut(line, " "); ok {
+			versions[name] = strings.TrimSpace(v)
 		}
 	}
-	t.Fatalf("%s --version names no Kubernetes version:\n%s", bin, out)
-	return ""
+	if versions["kubernetes"] == "" || versions["containerd"] == "" {
+		t.Fatalf("%s --version names no Kubernetes or containerd version:\n%s", bin, out)
+	}
+	return versions
 }
 
-func kubeletVersion(t *testing.T, c kubernetes.Interface, node string) string {
+func nodeInfo(t *testing.T, c kubernetes.Interface, node string) corev1.NodeSystemInfo {
 	t.Helper()
 	n, err := c.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n.Status.NodeInfo.KubeletVersion
+	return n.Status.NodeInfo
 }
 
 // podsOf are the pods of selector in default, by node.
