@@ -31,22 +31,7 @@ const upgradeFromEnv = "KELP_UPGRADE_FROM"
 // fromEarlierWorkload is what the cluster made by the earlier kelp holds
 // besides fleetWorkload: a DaemonSet, whose pods no drain evicts, and a
 // Deployment whose claim's local volume ties its pod to one node.
-const fromEarlierWorkload = `
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: everywhere}
-spec:
-  selector: {matchLabels: {app: everywhere}}
-  template:
-    metadata: {labels: {app: everywhere}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: web
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
----
+const fromEarlierWorkload = haDaemonSet + `---
 apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {name: data}
