@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kelp-dev/kelp/internal/layout"
 )
 
@@ -166,5 +168,41 @@ func TestResultAfterRollback(t *testing.T) {
 	res, err = e.result(p)
 	if err != nil || res.OK || !strings.Contains(res.Message, "boot guard rolled back from kelp v9.9.9") || !strings.Contains(res.Message, "the last with: boom") {
 		t.Errorf("after the boot guard's rollback: %+v, %v", res, err)
+	}
+}
+
+// TestApplyDiskFull: a new kelp that does not fit beside the running one
+// is refused saying so, and nothing is swapped or left behind.
+func TestApplyDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	n := newTestNode(t)
+	binDir := filepath.Dir(n.bin)
+	if err := unix.Mount("tmpfs", binDir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=64k,mode=0755"); err != nil {
+		t.Skipf("mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(binDir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", binDir, err)
+		}
+	})
+	write(t, n.bin, "the running kelp")
+	big := newKelp + "# " + strings.Repeat("x", 1<<20) + "\n"
+	write(t, filepath.Join(layout.Agent(n.dataDir).Upgrades, "kelp-big"), big)
+
+	e := Executor{DataDir: n.dataDir, Binary: n.bin}
+	err := e.apply(context.Background(), "up/"+sum(big), Spec{SHA256: sum(big), Path: "kelp-big"})
+	if err == nil || !strings.Contains(err.Error(), "the disk is full: free space there") {
+		t.Fatalf("a new kelp larger than the bin dir's free space: %v", err)
+	}
+	if read(n.bin) != "the running kelp" {
+		t.Errorf("kelp was replaced")
+	}
+	if left := leftovers(t, binDir, "kelp"); len(left) > 0 {
+		t.Errorf("left in the bin dir: %v", left)
+	}
+	if _, err := os.Stat(layout.Agent(n.dataDir).UpgradePending); !os.IsNotExist(err) {
+		t.Errorf("an upgrade is recorded as pending: %v", err)
 	}
 }
