@@ -4,7 +4,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"strings"
+
+	"github.com/kelp-dev/kelp/internal/hostcheck"
 )
 
 // Host holds the facts about this machine that defaults are derived from.
@@ -66,6 +67,6 @@ func detectNetworks() []netip.Prefix {
 }
 
 func ipv6Disabled() bool {
-	data, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6")
-	return err != nil || strings.TrimSpace(string(data)) == "1"
+	off, err := hostcheck.IPv6Off("all")
+	return off || err != nil
 }

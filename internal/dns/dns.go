@@ -21,6 +21,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/logging"
 )
 
@@ -204,16 +205,10 @@ func addAddress(ip netip.Addr) error {
 		addr.Flags = unix.IFA_F_NODAD
 	}
 	if err := netlink.AddrAdd(lo, addr); err != nil && !errors.Is(err, syscall.EEXIST) {
-		if ip.Is6() && ipv6Disabled() {
+		if off, _ := hostcheck.IPv6Off("lo"); ip.Is6() && off {
 			return fmt.Errorf("add the cluster DNS address %s to lo: IPv6 is disabled on this node (net.ipv6.conf.lo.disable_ipv6): enable it, or give the cluster an IPv4 service CIDR first", ip)
 		}
 		return fmt.Errorf("add the cluster DNS address %s to lo: %w", ip, err)
 	}
 	return nil
-}
-
-// ipv6Disabled reports whether IPv6 is off on lo, or not in the kernel.
-func ipv6Disabled() bool {
-	b, err := os.ReadFile("/proc/sys/net/ipv6/conf/lo/disable_ipv6")
-	return err != nil || strings.TrimSpace(string(b)) == "1"
 }

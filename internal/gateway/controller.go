@@ -8,7 +8,6 @@ import (
 	"reflect"
 	"time"
 
-	"github.com/kelp-dev/kelp/internal/reconcile"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
@@ -25,6 +24,8 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gatewayinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+
+	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
 // fieldManager is systemobjects.FieldManager, kelp's, which that package

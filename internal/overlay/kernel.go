@@ -4,16 +4,16 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kelp-dev/kelp/internal/hostcheck"
 )
 
 // Device is the VXLAN device of backend vxlan.
@@ -490,19 +490,11 @@ func MTU(cfg Config) (int, error) {
 // was made while it was off (an interface takes its setting from
 // net.ipv6.conf.default when it is made).
 func ensureIPv6(dev string) error {
-	const conf = "/proc/sys/net/ipv6/conf"
-	if _, err := os.Stat(conf); errors.Is(err, fs.ErrNotExist) {
+	if !hostcheck.KernelHasIPv6() {
 		return errors.New("the kernel has IPv6 off (ipv6.disable=1 on its command line): remove that and reboot, or give the cluster no IPv6 --cluster-cidr")
 	}
-	off := func(iface string) (bool, error) {
-		data, err := os.ReadFile(filepath.Join(conf, iface, "disable_ipv6"))
-		if err != nil {
-			return false, fmt.Errorf("is IPv6 on for %s: %w", iface, err)
-		}
-		return strings.TrimSpace(string(data)) != "0", nil
-	}
 	for _, iface := range []string{"all", "default"} {
-		isOff, err := off(iface)
+		isOff, err := hostcheck.IPv6Off(iface)
 		if err != nil {
 			return err
 		}
@@ -510,11 +502,11 @@ func ensureIPv6(dev string) error {
 			return fmt.Errorf("IPv6 is off on this node (sysctl net.ipv6.conf.%s.disable_ipv6=1): turn it on (sysctl -w net.ipv6.conf.all.disable_ipv6=0 net.ipv6.conf.default.disable_ipv6=0) and start kelp again, or give the cluster no IPv6 --cluster-cidr", iface)
 		}
 	}
-	isOff, err := off(dev)
+	isOff, err := hostcheck.IPv6Off(dev)
 	if err != nil || !isOff {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(conf, dev, "disable_ipv6"), []byte("0"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(hostcheck.IPv6Conf, dev, "disable_ipv6"), []byte("0"), 0o644); err != nil {
 		return fmt.Errorf("turn IPv6 on for %s: %w", dev, err)
 	}
 	log.WithField("device", dev).Info("turned IPv6 on for the VXLAN device, made while it was off on the node")
