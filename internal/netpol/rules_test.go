@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"reflect"
-	"runtime"
 	"testing"
 	"time"
 
@@ -170,54 +169,15 @@ func TestApplyProgramsTheKernel(t *testing.T) {
 	})
 }
 
-// podNetns is a network namespace standing in for a pod's, with a thread
-// in it that runs what it is given.
-type podNetns struct {
-	fd    int
-	funcs chan func()
-}
-
-func newPodNetns(t *testing.T) (*podNetns, error) {
-	p := &podNetns{funcs: make(chan func())}
-	ready := make(chan error)
-	go func() {
-		runtime.LockOSThread() // never unlocked: Go retires the thread
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ready <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			ready <- err
-			return
-		}
-		p.fd = fd
-		ready <- nil
-		for f := range p.funcs {
-			f()
-		}
-	}()
-	if err := <-ready; err != nil {
-		return nil, err
-	}
-	t.Cleanup(func() {
-		close(p.funcs)
-		unix.Close(p.fd)
-	})
-	return p, nil
-}
-
-func (p *podNetns) do(f func() error) error {
-	errs := make(chan error)
-	p.funcs <- func() { errs <- f() }
-	return <-errs
-}
+// podNetns is a pod's network namespace (testcluster.Netns) that tells
+// whether it connects.
+type podNetns struct{ *testcluster.Netns }
 
 // connects reports whether a TCP connection from p to addr is set up, or
 // is dropped (times out).
 func (p *podNetns) connects(addr string) (bool, error) {
 	var ok bool
-	err := p.do(func() error {
+	err := p.Do(func() error {
 		c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
 		if err == nil {
 			ok = true
@@ -257,18 +217,15 @@ func TestEnforcement(t *testing.T) {
 		for i, name := range []string{"a", "b", "c", "d"} {
 			ip, ip6 := fmt.Sprintf("10.42.0.%d", 2+i), fmt.Sprintf("fd42::%d", 2+i)
 			ips[name] = [2]string{ip, ip6}
-			p, err := newPodNetns(t)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p := &podNetns{testcluster.NewNetns(t)}
 			netns[name] = p
 			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth-" + name, MasterIndex: br.Index}, PeerName: "pod-" + name}); err != nil {
 				t.Fatal(err)
 			}
 			for _, err := range []error{
 				linkDo("veth-"+name, netlink.LinkSetUp),
-				linkDo("pod-"+name, func(l netlink.Link) error { return netlink.LinkSetNsFd(l, p.fd) }),
-				p.do(func() error {
+				linkDo("pod-"+name, func(l netlink.Link) error { return netlink.LinkSetNsFd(l, p.FD) }),
+				p.Do(func() error {
 					if err := linkDo("pod-"+name, func(l netlink.Link) error {
 						if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(ip).To4(), Mask: net.CIDRMask(24, 32)}}); err != nil {
 							return err
@@ -296,7 +253,7 @@ func TestEnforcement(t *testing.T) {
 				// A socket of each family: Go decides whether ":port" is
 				// both by a probe of the namespace it first listens in.
 				for _, network := range []string{"tcp4", "tcp6"} {
-					if err := netns[name].do(func() error {
+					if err := netns[name].Do(func() error {
 						l, err := net.Listen(network, fmt.Sprintf(":%d", port))
 						if err != nil {
 							return err

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -19,56 +18,15 @@ import (
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
-// netns is a network namespace with a thread in it that runs what it is
-// given; it goes with the thread when the test ends.
-type netns struct {
-	fd    int
-	funcs chan func()
-}
+// netns is a network namespace of the test's (testcluster.Netns) that
+// dials and listens.
+type netns struct{ *testcluster.Netns }
 
-func newNetns(t *testing.T) *netns {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
-	}
-	n := &netns{funcs: make(chan func())}
-	ready := make(chan error)
-	go func() {
-		runtime.LockOSThread() // never unlocked: Go retires the thread
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ready <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			ready <- err
-			return
-		}
-		n.fd = fd
-		ready <- nil
-		for f := range n.funcs {
-			f()
-		}
-	}()
-	if err := <-ready; err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		close(n.funcs)
-		unix.Close(n.fd)
-	})
-	return n
-}
-
-func (n *netns) do(f func() error) error {
-	errs := make(chan error)
-	n.funcs <- func() { errs <- f() }
-	return <-errs
-}
+func newNetns(t *testing.T) *netns { return &netns{testcluster.NewNetns(t)} }
 
 // dial connects to addr over TCP from the namespace and hangs up.
 func (n *netns) dial(addr string) error {
-	return n.do(func() error {
+	return n.Do(func() error {
 		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 		if err != nil {
 			return err
@@ -81,7 +39,7 @@ func (n *netns) dial(addr string) error {
 // until the test ends.
 func (n *netns) listen(t *testing.T, addr string) {
 	t.Helper()
-	if err := n.do(func() error {
+	if err := n.Do(func() error {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			return err
@@ -658,11 +616,11 @@ func TestPodToPod(t *testing.T) {
 		s.node, s.pod = newNetns(t), newNetns(t)
 	}
 	a, b := sides[0], sides[1]
-	if err := a.node.do(addLink(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink0"}, PeerName: "uplink0", PeerNamespace: netlink.NsFd(b.node.fd)})); err != nil {
+	if err := a.node.Do(addLink(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink0"}, PeerName: "uplink0", PeerNamespace: netlink.NsFd(b.node.FD)})); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range sides {
-		err := s.node.do(func() error {
+		err := s.node.Do(func() error {
 			return inOrder(
 				func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) },
 				func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644) },
@@ -679,7 +637,7 @@ func TestPodToPod(t *testing.T) {
 						return err
 					}
 					return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth0", MasterIndex: br.Attrs().Index},
-						PeerName: "eth0", PeerNamespace: netlink.NsFd(s.pod.fd)})
+						PeerName: "eth0", PeerNamespace: netlink.NsFd(s.pod.FD)})
 				},
 				setUp("veth0"),
 			)
@@ -687,7 +645,7 @@ func TestPodToPod(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
-		err = s.pod.do(func() error {
+		err = s.pod.Do(func() error {
 			return inOrder(
 				addAddr("eth0", s.podAddrs[0]),
 				addAddr("eth0", s.podAddrs[1]),
@@ -734,7 +692,7 @@ func TestPodToPod(t *testing.T) {
 			if len(fams) > 0 {
 				ps = []Peer{p}
 			}
-			if err := s.node.do(func() error { return program(l, ps) }); err != nil {
+			if err := s.node.Do(func() error { return program(l, ps) }); err != nil {
 				t.Fatalf("program %s for %s over %s: %v", s.name, backend, over, err)
 			}
 		}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -191,7 +190,7 @@ func TestServicesAnswer(t *testing.T) {
 				return err
 			}
 			if tc.from == "pod" {
-				err = pod.do(exchange)
+				err = pod.Do(exchange)
 			} else {
 				err = exchange()
 			}
@@ -211,13 +210,13 @@ func TestServicesAnswer(t *testing.T) {
 // fd42::5 (on the node: what matters is the DNAT, not where the endpoint
 // is). The service networks are not the pods', and routed elsewhere (as
 // by a node's default route).
-func newPodNetwork(t *testing.T) *podNetns {
+func newPodNetwork(t *testing.T) *testcluster.Netns {
 	t.Helper()
-	pod := newPodNetns(t)
+	pod := testcluster.NewNetns(t)
 	for _, err := range []error{
 		netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pods"}, PeerName: "eth0"}),
 		netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink"}, PeerName: "uplink-peer"}),
-		linkDo("eth0", func(l netlink.Link) error { return netlink.LinkSetNsFd(l, pod.fd) }),
+		linkDo("eth0", func(l netlink.Link) error { return netlink.LinkSetNsFd(l, pod.FD) }),
 		addrs("pods", "10.42.0.1/24", "10.42.0.5/24", "fd42::1/64", "fd42::5/64"),
 		linkDo("lo", netlink.LinkSetUp),
 		linkDo("pods", netlink.LinkSetUp),
@@ -226,7 +225,7 @@ func newPodNetwork(t *testing.T) *podNetns {
 		routes("uplink", "10.43.0.0/16", "fd43::/112"),
 		os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644),
 		os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644),
-		pod.do(func() error {
+		pod.Do(func() error {
 			return errors.Join(
 				addrs("eth0", "10.42.0.9/24", "fd42::9/64"),
 				linkDo("lo", netlink.LinkSetUp),
@@ -276,7 +275,7 @@ func TestForgetUDPFlows(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, to := range []string{"10.43.0.53:53", "[fd43::53]:53", "10.42.0.1:30053", "[fd42::1]:30053"} {
-			if err := pod.do(func() error {
+			if err := pod.Do(func() error {
 				got, err := exchange("udp", to)
 				if err == nil && got != "hello\n" {
 					err = fmt.Errorf("answer %q", got)
@@ -341,46 +340,6 @@ func exchange(network, to string) (string, error) {
 	}
 	b, err := io.ReadAll(conn)
 	return string(b), err
-}
-
-// podNetns is a network namespace of its own, with a thread in it that
-// runs what do hands it.
-type podNetns struct {
-	fd  int
-	run chan func()
-}
-
-func newPodNetns(t *testing.T) *podNetns {
-	t.Helper()
-	p := &podNetns{run: make(chan func())}
-	ready := make(chan error)
-	go func() {
-		runtime.LockOSThread() // never unlocked: Go retires the thread
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ready <- err
-			return
-		}
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		p.fd = fd
-		ready <- err
-		for f := range p.run {
-			f()
-		}
-	}()
-	if err := <-ready; err != nil {
-		t.Fatalf("a pod's network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		close(p.run)
-		unix.Close(p.fd)
-	})
-	return p
-}
-
-func (p *podNetns) do(f func() error) error {
-	errc := make(chan error)
-	p.run <- func() { errc <- f() }
-	return <-errc
 }
 
 // addrs adds addresses to the link called name, usable at once (no

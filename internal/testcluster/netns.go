@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"testing"
@@ -40,4 +41,54 @@ func NetnsFD(t *testing.T) int {
 	}
 	t.Cleanup(func() { unix.Close(fd) })
 	return fd
+}
+
+// Netns is a network namespace of a test's own, with a thread in it that
+// runs what Do hands it; both go when the test ends.
+type Netns struct {
+	// FD is the namespace, to move links into.
+	FD    int
+	funcs chan func()
+}
+
+// NewNetns makes a network namespace for the test.
+func NewNetns(t *testing.T) *Netns {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	n := &Netns{funcs: make(chan func())}
+	ready := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked: Go retires the thread
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ready <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			ready <- err
+			return
+		}
+		n.FD = fd
+		ready <- nil
+		for f := range n.funcs {
+			f()
+		}
+	}()
+	if err := <-ready; err != nil {
+		t.Fatalf("a network namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		close(n.funcs)
+		unix.Close(n.FD)
+	})
+	return n
+}
+
+// Do runs f on the namespace's thread, in the namespace.
+func (n *Netns) Do(f func() error) error {
+	errs := make(chan error)
+	n.funcs <- func() { errs <- f() }
+	return <-errs
 }
