@@ -253,25 +253,7 @@ func TestEnforcement(t *testing.T) {
 				// A socket of each family: Go decides whether ":port" is
 				// both by a probe of the namespace it first listens in.
 				for _, network := range []string{"tcp4", "tcp6"} {
-					if err := netns[name].Do(func() error {
-						l, err := net.Listen(network, fmt.Sprintf(":%d", port))
-						if err != nil {
-							return err
-						}
-						t.Cleanup(func() { l.Close() })
-						go func() {
-							for {
-								c, err := l.Accept()
-								if err != nil {
-									return
-								}
-								c.Close()
-							}
-						}()
-						return nil
-					}); err != nil {
-						t.Fatal(err)
-					}
+					netns[name].Accept(t, network, fmt.Sprintf(":%d", port))
 				}
 			}
 		}

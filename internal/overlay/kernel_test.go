@@ -19,7 +19,7 @@ import (
 )
 
 // netns is a network namespace of the test's (testcluster.Netns) that
-// dials and listens.
+// dials.
 type netns struct{ *testcluster.Netns }
 
 func newNetns(t *testing.T) *netns { return &netns{testcluster.NewNetns(t)} }
@@ -33,31 +33,6 @@ func (n *netns) dial(addr string) error {
 		}
 		return c.Close()
 	})
-}
-
-// listen accepts (and closes) TCP connections on addr in the namespace
-// until the test ends.
-func (n *netns) listen(t *testing.T, addr string) {
-	t.Helper()
-	if err := n.Do(func() error {
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				c.Close()
-			}
-		}()
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // inOrder runs the steps one after the other, stopping at the
@@ -664,7 +639,7 @@ func TestPodToPod(t *testing.T) {
 	var podB []string // IPv4, IPv6
 	for _, cidr := range b.podAddrs {
 		ap := netip.AddrPortFrom(addr(cidr), 8080).String()
-		b.pod.listen(t, ap)
+		b.pod.Accept(t, "tcp", ap)
 		podB = append(podB, ap)
 	}
 

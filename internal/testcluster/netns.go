@@ -2,6 +2,7 @@ package testcluster
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"testing"
@@ -91,4 +92,29 @@ func (n *Netns) Do(f func() error) error {
 	errs := make(chan error)
 	n.funcs <- func() { errs <- f() }
 	return <-errs
+}
+
+// Accept listens on addr of network ("tcp", "tcp4", "tcp6") in the
+// namespace and accepts and closes connections until the test ends.
+func (n *Netns) Accept(t *testing.T, network, addr string) {
+	t.Helper()
+	if err := n.Do(func() error {
+		l, err := net.Listen(network, addr)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
