@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/kelp-dev/kelp/internal/crd"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
@@ -313,18 +314,9 @@ func createObjects(t *testing.T, n *testcluster.Node) {
 		_, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, widgetCRD(), metav1.CreateOptions{})
 		return err
 	})
-	eventually(t, "CRD established", func() (bool, error) {
-		crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, "widgets.kelp.test", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	if err := crd.WaitEstablished(ctx, ext, "widgets.kelp.test", time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	dyn := dynamic.NewForConfigOrDie(n.RestConfig())
 	widget := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "kelp.test/v1", "kind": "Widget",

@@ -11,13 +11,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/crd"
 	"github.com/kelp-dev/kelp/internal/fleet"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/testcluster"
@@ -271,18 +271,9 @@ func createWidgets(t *testing.T, n *testcluster.Node, names ...string) {
 	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, widgetCRD(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "CRD established", func() (bool, error) {
-		crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, "widgets.kelp.test", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	if err := crd.WaitEstablished(ctx, ext, "widgets.kelp.test", time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	dyn := dynamic.NewForConfigOrDie(n.RestConfig())
 	for i, name := range names {
 		w := &unstructured.Unstructured{Object: map[string]any{
