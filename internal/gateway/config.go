@@ -1,15 +1,33 @@
 package gateway
 
-// Config is what the data path serves: one Port per listening port. It is
-// published as JSON in the Secret ConfigSecret, since it holds TLS keys.
+// Config is what the data path serves: one Port per address and listening
+// port, and the Gateways' own addresses with the node that holds each. It
+// is published as JSON in the Secret ConfigSecret, since it holds TLS
+// keys.
 type Config struct {
 	Ports []Port `json:"ports"`
+	// Addresses are the addresses Gateways were given from the server's
+	// --gateway-address-range, each held by one node.
+	Addresses []HeldAddress `json:"addresses,omitempty"`
 }
 
-// Port is one port of the nodes, HTTP or HTTPS, with the listeners of
-// every Gateway on it.
+// HeldAddress is a Gateway's own address and the node that holds it: the
+// one that has it on its interface on the address's network and announces
+// it there.
+type HeldAddress struct {
+	Address string `json:"address"`
+	Node    string `json:"node"`
+}
+
+// Port is one port, HTTP or HTTPS, of one address or of the nodes' own
+// addresses, with the listeners of every Gateway on it. A port number has
+// one protocol on every address.
 type Port struct {
-	Port int32 `json:"port"`
+	// Address is the Gateway address (of Config.Addresses) the listeners
+	// are on; empty: the nodes' own addresses, that is every address of a
+	// node but those of Config.Addresses.
+	Address string `json:"address,omitempty"`
+	Port    int32  `json:"port"`
 	// Protocol is HTTP or HTTPS.
 	Protocol string `json:"protocol"`
 	// Hosts are the listeners on the port by hostname: a request goes to
