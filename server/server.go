@@ -288,7 +288,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 		}
 	}
 	if !cfg.Disable.Gateway {
-		gc := gateway.ControllerConfig{Kubeconfig: paths.AdminKubeconfig, CRDs: embed.GatewayCRDs(), LeaderElection: !single}
+		gc := gateway.ControllerConfig{Kubeconfig: paths.AdminKubeconfig, CRDs: embed.GatewayCRDs(), LeaderElection: !single, AddressRanges: cfg.GatewayAddressRanges}
 		if err := g.Go("gateway controller", func(ctx context.Context) error { return gateway.RunController(ctx, gc) }); err != nil {
 			return err
 		}

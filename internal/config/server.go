@@ -77,6 +77,10 @@ type Server struct {
 	// shares the images of the registries in its registries.yaml mirrors
 	// with the others (package mirror).
 	EmbeddedRegistry bool
+	// GatewayAddressRanges are --gateway-address-range: Gateways get
+	// addresses of their own from them, each held by one node; none:
+	// every Gateway is on the nodes' own addresses.
+	GatewayAddressRanges []AddressRange
 	// PodSecurityDefault is the Pod Security level of namespaces without
 	// their own: privileged (upstream's), baseline or restricted.
 	PodSecurityDefault string
@@ -163,6 +167,7 @@ type ServerInput struct {
 	helmAllowLocalRepos                                                              bool
 	embeddedRegistry                                                                 bool
 	tlsSANs, apiserverArgs, cmArgs, schedulerArgs, disable                           cli.StringSlice
+	gatewayAddressRanges                                                             cli.StringSlice
 }
 
 // ServerFlags returns the flags of `kelp server`, bound to in.
@@ -188,6 +193,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "datastore-certfile", EnvVars: env("datastore-certfile"), Destination: &in.datastoreCert, Usage: "client certificate for the external datastore"},
 		&cli.StringFlag{Name: "datastore-keyfile", EnvVars: env("datastore-keyfile"), Destination: &in.datastoreKey, Usage: "client key for the external datastore"},
 		&cli.BoolFlag{Name: "disable-agent", EnvVars: env("disable-agent"), Destination: &in.disableAgent, Usage: "run the control plane only, no node"},
+		&cli.StringSliceFlag{Name: "gateway-address-range", EnvVars: env("gateway-address-range"), Destination: &in.gatewayAddressRanges, Usage: "addresses on the nodes' network that Gateways get one each of (per family), held by one node at a time: first-last, a CIDR or an address; repeatable (default: Gateways share the nodes' addresses)"},
 		&cli.StringSliceFlag{Name: "disable", EnvVars: env("disable"), Destination: &in.disable, Usage: "built-in part not to run: coredns, servicelb, local-storage, metrics-server, helm-controller or gateway; repeatable"},
 		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "secret nodes join with (default: made at first start, kept in <data-dir>/server/token)"},
 		&cli.StringFlag{Name: "agent-token", EnvVars: env("agent-token"), Destination: &in.agentToken, Usage: "secret that joins agents only (written to <data-dir>/server/agent-token)"},
@@ -314,6 +320,9 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 		s.ClusterDNS, err = clusterDNS(in.clusterDNS, s.ServiceCIDRs)
 		check(err)
 	}
+	s.GatewayAddressRanges, err = ParseAddressRanges("--gateway-address-range", in.gatewayAddressRanges.Value())
+	check(err)
+	check(checkGatewayRanges(s))
 	if !s.DisableAgent && len(s.ClusterCIDRs) > 0 && len(s.NodeIPs) > 0 {
 		check(CheckNode(s.Node, host, s.ClusterCIDRs, s.ServiceCIDRs))
 	}

@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
+
+	"github.com/kelp-dev/kelp/internal/config"
 )
 
 // ControllerName is the controllerName of the GatewayClasses kelp
@@ -56,9 +58,14 @@ type Objects struct {
 	Namespaces      []*corev1.Namespace
 	// Ingresses of the class kelp are served beside the Gateways.
 	Ingresses []*networkingv1.Ingress
-	// Nodes serve every Gateway: their addresses are the Gateways'
-	// addresses, and a port one of them cannot listen on is unavailable.
+	// Nodes serve every Gateway: their addresses are the addresses of
+	// the Gateways without their own, one of them holds each Gateway
+	// address, and a port one of them cannot listen on is unavailable.
 	Nodes []*corev1.Node
+	// AddressRanges are not an API object but the server's
+	// --gateway-address-range: with them, every Gateway gets addresses
+	// of its own.
+	AddressRanges []config.AddressRange
 }
 
 // Status is the status Compile computed for the objects kelp handles.
@@ -111,6 +118,10 @@ type compiler struct {
 	nsLabels map[string]labels.Set
 	// unavailable are the ports a node could not listen on, with the node.
 	unavailable map[int32][]string
+	// addressing is what each Gateway of kelp's got of the address
+	// ranges; held says which node holds each address.
+	addressing map[types.NamespacedName]*addressing
+	held       map[netip.Addr]string
 }
 
 // Compile computes the data path's configuration and the status of every
@@ -167,12 +178,19 @@ func Compile(objs Objects) (Config, Status) {
 		}
 	}
 	slices.SortFunc(gateways, olderFirst)
+	c.addressing = assign(objs.AddressRanges, gateways, objs.Nodes)
+	c.held = map[netip.Addr]string{}
 	byGateway := map[types.NamespacedName][]*listener{}
 	var all []*listener
 	for _, gw := range gateways {
 		ls := c.listeners(gw)
 		byGateway[nameOf(gw)] = ls
 		all = append(all, ls...)
+		for _, ip := range c.addressing[nameOf(gw)].addrs {
+			if node, ok := holder(ip, objs.Nodes); ok {
+				c.held[ip] = node
+			}
+		}
 	}
 	all = append(all, c.ingressListeners(objs.Ingresses)...)
 	conflicts(all)
@@ -182,7 +200,7 @@ func Compile(objs Objects) (Config, Status) {
 			l.acceptedReason = string(gatewayv1.ListenerReasonPortUnavailable)
 			l.acceptedMsg = fmt.Sprintf("port %d is in use on node %s: free it there or choose another port", l.spec.Port, strings.Join(nodes, ", "))
 		}
-		l.programmed = l.accepted && l.resolved && l.conflicted == ""
+		l.programmed = l.accepted && l.resolved && l.conflicted == "" && !c.unaddressed(l.gw)
 	}
 
 	routes := slices.Clone(objs.HTTPRoutes)
@@ -205,7 +223,25 @@ func Compile(objs Objects) (Config, Status) {
 			st.Ingresses[nameOf(ing)] = lb
 		}
 	}
-	return config(all), st
+	cfg := configOf(all, c.addressing)
+	for ip, node := range c.held {
+		cfg.Addresses = append(cfg.Addresses, HeldAddress{Address: ip.String(), Node: node})
+	}
+	slices.SortFunc(cfg.Addresses, func(a, b HeldAddress) int { return cmp.Compare(a.Address, b.Address) })
+	return cfg, st
+}
+
+// ownAddresses says whether gw is to have addresses of its own: when the
+// server has address ranges, or when the Gateway asks for some.
+func (c *compiler) ownAddresses(gw *gatewayv1.Gateway) bool {
+	return len(c.in.AddressRanges) > 0 || len(gw.Spec.Addresses) > 0
+}
+
+// unaddressed says whether gw is to have addresses of its own and has
+// none: its listeners are served nowhere.
+func (c *compiler) unaddressed(gw *gatewayv1.Gateway) bool {
+	a := c.addressing[nameOf(gw)]
+	return a != nil && c.ownAddresses(gw) && len(a.addrs) == 0
 }
 
 // supportedFeatures are the conformance features kelp implements (names
@@ -432,7 +468,11 @@ func (c *compiler) gatewayStatus(gw *gatewayv1.Gateway, ls []*listener) gatewayv
 			conflict = cond(gatewayv1.ListenerConditionConflicted, true, l.conflicted, fmt.Sprintf("another listener on port %d conflicts with this one (%s)", l.spec.Port, l.conflicted), gen)
 		}
 		programmedReason, programmedMsg := string(gatewayv1.ListenerReasonProgrammed), "every node serves the listener"
-		if !l.programmed {
+		switch {
+		case l.programmed:
+		case ok && c.unaddressed(gw):
+			programmedReason, programmedMsg = string(gatewayv1.ListenerReasonPending), "the Gateway has no address: see its Programmed condition"
+		default:
 			programmedReason, programmedMsg = string(gatewayv1.ListenerReasonInvalid), "the listener is not served: see its other conditions"
 		}
 		st.Listeners = append(st.Listeners, gatewayv1.ListenerStatus{
@@ -447,27 +487,53 @@ func (c *compiler) gatewayStatus(gw *gatewayv1.Gateway, ls []*listener) gatewayv
 			},
 		})
 	}
+	own := c.addressing[nameOf(gw)]
 	switch {
-	case len(gw.Spec.Addresses) > 0:
-		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionAccepted, false, string(gatewayv1.GatewayReasonUnsupportedAddress), "kelp serves Gateways on the nodes' addresses: remove spec.addresses", gen))
+	case own.unsupported:
+		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionAccepted, false, own.reason, own.msg, gen))
 	case valid == len(ls):
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionAccepted, true, string(gatewayv1.GatewayReasonAccepted), "the Gateway is valid", gen))
 	default:
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionAccepted, valid > 0, string(gatewayv1.GatewayReasonListenersNotValid), fmt.Sprintf("%d of %d listeners are not valid: see their conditions", len(ls)-valid, len(ls)), gen))
 	}
-	addrs := c.addresses()
+	programmedTrue := cond(gatewayv1.GatewayConditionProgrammed, true, string(gatewayv1.GatewayReasonProgrammed), "every node serves the Gateway", gen)
+	if !c.ownAddresses(gw) {
+		addrs := c.addresses()
+		switch {
+		case len(addrs) == 0:
+			st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonAddressNotAssigned), "no node has an address yet", gen))
+		case programmed == 0:
+			st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonInvalid), "no listener is served: see their conditions", gen))
+		default:
+			// More would fail the status's validation; the first nodes'
+			// stand for all: every node serves the Gateway.
+			st.Addresses = addrs[:min(len(addrs), maxStatusAddresses)]
+			st.Conditions = append(st.Conditions, programmedTrue)
+		}
+		return st
+	}
+	// The Gateway's own addresses stay in its status whatever its
+	// listeners, so that it keeps them.
+	var unheld []string
+	for _, ip := range own.addrs {
+		st.Addresses = append(st.Addresses, gatewayv1.GatewayStatusAddress{Type: ptr(gatewayv1.IPAddressType), Value: ip.String()})
+		if c.held[ip] == "" {
+			unheld = append(unheld, ip.String())
+		}
+	}
 	switch {
-	case len(gw.Spec.Addresses) > 0:
-		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonAddressNotAssigned), "kelp serves Gateways on the nodes' addresses only", gen))
-	case len(addrs) == 0:
-		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonAddressNotAssigned), "no node has an address yet", gen))
+	case own.unsupported:
+		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonInvalid), "the Gateway is not accepted: see its Accepted condition", gen))
+	case own.reason != "":
+		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, own.reason, own.msg, gen))
+	case len(unheld) > 0:
+		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonAddressNotAssigned),
+			fmt.Sprintf("no node may hold %s: a node holds Gateway addresses when it is Ready, not cordoned and not labelled %s", strings.Join(unheld, ", "), excludeLabel), gen))
 	case programmed == 0:
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonInvalid), "no listener is served: see their conditions", gen))
 	default:
-		// More would fail the status's validation; the first nodes' stand
-		// for all: every node serves the Gateway.
-		st.Addresses = addrs[:min(len(addrs), maxStatusAddresses)]
-		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, true, string(gatewayv1.GatewayReasonProgrammed), "every node serves the Gateway", gen))
+		programmedTrue.Message = "the Gateway is served on its own addresses"
+		st.Conditions = append(st.Conditions, programmedTrue)
 	}
 	return st
 }

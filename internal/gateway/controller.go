@@ -25,6 +25,7 @@ import (
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gatewayinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
+	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
@@ -57,13 +58,17 @@ type Controller struct {
 	failed bool
 	// published is the Config last written to the Secret.
 	published []byte
+	// addressRanges are the server's --gateway-address-range.
+	addressRanges []config.AddressRange
 }
 
-// Run writes status and the data path's Config until ctx ends.
-func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interface) error {
+// Run writes status and the data path's Config until ctx ends; Gateways
+// get addresses of their own from addressRanges, if any.
+func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interface, addressRanges []config.AddressRange) error {
 	c := &Controller{
 		kube:          kube,
 		gateway:       gw,
+		addressRanges: addressRanges,
 		kubeInformers: informers.NewSharedInformerFactory(kube, 0),
 		tlsInformers: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)).String()
@@ -100,7 +105,7 @@ func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interf
 }
 
 func (c *Controller) objects() (Objects, error) {
-	var o Objects
+	o := Objects{AddressRanges: c.addressRanges}
 	var err error
 	everything := labels.Everything()
 	gw := c.gatewayInformers.Gateway()
@@ -283,6 +288,8 @@ type ControllerConfig struct {
 	CRDs fs.FS
 	// LeaderElection makes the servers that share a datastore take turns.
 	LeaderElection bool
+	// AddressRanges are --gateway-address-range.
+	AddressRanges []config.AddressRange
 }
 
 // RunController applies the CRDs and the GatewayClass kelp, then runs the
@@ -308,7 +315,7 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 	if err := Install(ctx, kube, ext, gw, cfg.CRDs); err != nil {
 		return err
 	}
-	run := func(ctx context.Context) error { return Run(ctx, kube, gw) }
+	run := func(ctx context.Context) error { return Run(ctx, kube, gw, cfg.AddressRanges) }
 	if !cfg.LeaderElection {
 		return run(ctx)
 	}

@@ -341,37 +341,51 @@ func hostMatches(pattern, host string) bool {
 	return ok && strings.HasSuffix(host, suffix) && len(strings.TrimPrefix(host, "*")) > len(suffix)
 }
 
-// config builds the data path's ports from the programmed listeners.
-func config(all []*listener) Config {
-	ports := map[int32]*Port{}
+// configOf builds the data path's ports from the programmed listeners:
+// those of a Gateway with addresses of its own on each of them, the others
+// on the nodes' addresses.
+func configOf(all []*listener, addressing map[types.NamespacedName]*addressing) Config {
+	type portKey struct {
+		address string
+		port    int32
+	}
 	type hostKey struct {
-		port int32
+		portKey
 		name string
 	}
+	ports := map[portKey]*Port{}
 	orders := map[hostKey][]routeOrder{}
 	hosts := map[hostKey]*Host{}
 	for _, l := range all {
 		if !l.programmed {
 			continue
 		}
-		p := ports[l.spec.Port]
-		if p == nil {
-			p = &Port{Port: l.spec.Port, Protocol: string(l.spec.Protocol)}
-			ports[l.spec.Port] = p
+		addrs := []string{""}
+		if a := addressing[nameOf(l.gw)]; a != nil && len(a.addrs) > 0 {
+			addrs = addrs[:0]
+			for _, ip := range a.addrs {
+				addrs = append(addrs, ip.String())
+			}
 		}
-		k := hostKey{l.spec.Port, l.hostname}
-		h := hosts[k]
-		if h == nil {
-			h = &Host{Hostname: l.hostname, Cert: l.cert}
-			hosts[k] = h
+		for _, addr := range addrs {
+			pk := portKey{addr, l.spec.Port}
+			if ports[pk] == nil {
+				ports[pk] = &Port{Address: addr, Port: l.spec.Port, Protocol: string(l.spec.Protocol)}
+			}
+			k := hostKey{pk, l.hostname}
+			h := hosts[k]
+			if h == nil {
+				h = &Host{Hostname: l.hostname, Cert: l.cert}
+				hosts[k] = h
+			}
+			h.Routes = append(h.Routes, l.routes...)
+			orders[k] = append(orders[k], l.order...)
 		}
-		h.Routes = append(h.Routes, l.routes...)
-		orders[k] = append(orders[k], l.order...)
 	}
 	var cfg Config
-	for _, p := range ports {
+	for pk, p := range ports {
 		for k, h := range hosts {
-			if k.port != p.Port {
+			if k.portKey != pk {
 				continue
 			}
 			h.Routes = sortRoutes(h.Routes, orders[k])
@@ -380,7 +394,7 @@ func config(all []*listener) Config {
 		slices.SortFunc(p.Hosts, func(a, b Host) int { return cmp.Compare(a.Hostname, b.Hostname) })
 		cfg.Ports = append(cfg.Ports, *p)
 	}
-	slices.SortFunc(cfg.Ports, func(a, b Port) int { return cmp.Compare(a.Port, b.Port) })
+	slices.SortFunc(cfg.Ports, func(a, b Port) int { return cmp.Or(cmp.Compare(a.Port, b.Port), cmp.Compare(a.Address, b.Address)) })
 	return cfg
 }
 

@@ -1,0 +1,230 @@
+package gateway
+
+import (
+	"cmp"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/kelp-dev/kelp/internal/config"
+)
+
+// excludeLabel marks nodes that hold no load balancer address, as for
+// upstream's service controller.
+const excludeLabel = corev1.LabelNodeExcludeBalancers
+
+// addressing is what a Gateway got of the address ranges: its addresses,
+// or why it has none (the Gateway's condition).
+type addressing struct {
+	addrs []netip.Addr
+	// unsupported: spec.addresses asks for what kelp cannot give
+	// (Accepted is False); else reason and msg say why the Gateway has no
+	// address (Programmed is False).
+	unsupported bool
+	reason, msg string
+}
+
+// assign gives each Gateway (oldest first) its addresses from the ranges:
+// those of its spec.addresses, else one of each family of the ranges. A
+// Gateway keeps the addresses its status names while they are still
+// right for it, so that they do not move when other Gateways come and go.
+func assign(ranges []config.AddressRange, gateways []*gatewayv1.Gateway, nodes []*corev1.Node) map[types.NamespacedName]*addressing {
+	out := map[types.NamespacedName]*addressing{}
+	taken := map[netip.Addr]string{} // by whom: a Gateway, or a node
+	for _, n := range nodes {
+		for _, a := range n.Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				taken[ip] = "node " + n.Name
+			}
+		}
+	}
+	inRanges := func(a netip.Addr) bool {
+		return slices.ContainsFunc(ranges, func(r config.AddressRange) bool { return r.Contains(a) })
+	}
+	// requested are the spec's addresses; wantFamilies the families of
+	// those the Gateway lets kelp choose.
+	type request struct {
+		requested    []netip.Addr
+		wantFamilies []bool // is IPv6
+	}
+	requests := map[types.NamespacedName]*request{}
+	for _, gw := range gateways {
+		a, rq := &addressing{}, &request{}
+		out[nameOf(gw)], requests[nameOf(gw)] = a, rq
+		for _, sa := range gw.Spec.Addresses {
+			if sa.Type != nil && *sa.Type != gatewayv1.IPAddressType {
+				a.unsupported, a.reason = true, string(gatewayv1.GatewayReasonUnsupportedAddress)
+				a.msg = fmt.Sprintf("spec.addresses asks for a %s: kelp gives Gateways IP addresses only", *sa.Type)
+				continue
+			}
+			if sa.Value == "" {
+				// Any address: of each family the ranges have, once.
+				rq.wantFamilies = familiesOf(ranges)
+				continue
+			}
+			ip, err := netip.ParseAddr(sa.Value)
+			if err != nil {
+				a.unsupported, a.reason = true, string(gatewayv1.GatewayReasonUnsupportedAddress)
+				a.msg = fmt.Sprintf("spec.addresses: %q is not an IP address", sa.Value)
+				continue
+			}
+			rq.requested = append(rq.requested, ip.Unmap())
+		}
+		if len(gw.Spec.Addresses) == 0 {
+			rq.wantFamilies = familiesOf(ranges)
+		}
+	}
+	if len(ranges) == 0 {
+		for _, gw := range gateways {
+			if a := out[nameOf(gw)]; len(gw.Spec.Addresses) > 0 && !a.unsupported {
+				a.reason = string(gatewayv1.GatewayReasonAddressNotAssigned)
+				a.msg = "kelp gives Gateways addresses of their own only from the server's --gateway-address-range, which is not set: set it, or remove spec.addresses to serve the Gateway on the nodes' addresses"
+			}
+		}
+		return out
+	}
+	// First what the Gateways hold, then what they ask for, then new
+	// addresses for the others.
+	for _, gw := range gateways {
+		a, rq := out[nameOf(gw)], requests[nameOf(gw)]
+		for _, sa := range gw.Status.Addresses {
+			ip, err := netip.ParseAddr(sa.Value)
+			if err != nil || !inRanges(ip) || taken[ip] != "" {
+				continue
+			}
+			if slices.Contains(rq.requested, ip) || (slices.Contains(rq.wantFamilies, ip.Is6()) && !slices.ContainsFunc(a.addrs, func(b netip.Addr) bool { return b.Is6() == ip.Is6() })) {
+				a.addrs = append(a.addrs, ip)
+				taken[ip] = "Gateway " + nameOf(gw).String()
+			}
+		}
+	}
+	for _, gw := range gateways {
+		a, rq := out[nameOf(gw)], requests[nameOf(gw)]
+		for _, ip := range rq.requested {
+			switch {
+			case slices.Contains(a.addrs, ip):
+			case !inRanges(ip):
+				a.reason = string(gatewayv1.GatewayReasonAddressNotUsable)
+				a.msg = fmt.Sprintf("spec.addresses: %s is not in the server's --gateway-address-range %s: ask for one of those, or widen the range", ip, formatRanges(ranges))
+			case taken[ip] != "":
+				a.reason = string(gatewayv1.GatewayReasonAddressNotUsable)
+				a.msg = fmt.Sprintf("spec.addresses: %s is in use by %s: ask for another address", ip, taken[ip])
+			default:
+				a.addrs = append(a.addrs, ip)
+				taken[ip] = "Gateway " + nameOf(gw).String()
+			}
+		}
+	}
+	for _, gw := range gateways {
+		a, rq := out[nameOf(gw)], requests[nameOf(gw)]
+		for _, v6 := range rq.wantFamilies {
+			if slices.ContainsFunc(a.addrs, func(b netip.Addr) bool { return b.Is6() == v6 && !slices.Contains(rq.requested, b) }) {
+				continue
+			}
+			ip, ok := free(ranges, v6, taken)
+			if !ok {
+				a.reason = string(gatewayv1.GatewayReasonAddressNotAssigned)
+				a.msg = fmt.Sprintf("no %s address of the server's --gateway-address-range %s is free: widen the range or delete a Gateway", family(v6), formatRanges(ranges))
+				continue
+			}
+			a.addrs = append(a.addrs, ip)
+			taken[ip] = "Gateway " + nameOf(gw).String()
+		}
+		if a.reason != "" {
+			// All or nothing: a Gateway is served on every address it
+			// has or on none.
+			for _, ip := range a.addrs {
+				delete(taken, ip)
+			}
+			a.addrs = nil
+		}
+		slices.SortFunc(a.addrs, func(x, y netip.Addr) int { return cmp.Compare(x.BitLen(), y.BitLen()) })
+	}
+	return out
+}
+
+// free is the first address of the ranges of the family (IPv6 or not)
+// that is not taken.
+func free(ranges []config.AddressRange, v6 bool, taken map[netip.Addr]string) (netip.Addr, bool) {
+	for _, r := range ranges {
+		if r.First.Is6() != v6 {
+			continue
+		}
+		for ip := r.First; r.Contains(ip); ip = ip.Next() {
+			if taken[ip] == "" {
+				return ip, true
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// familiesOf are the families (is IPv6) of the ranges.
+func familiesOf(ranges []config.AddressRange) []bool {
+	var out []bool
+	for _, r := range ranges {
+		if !slices.Contains(out, r.First.Is6()) {
+			out = append(out, r.First.Is6())
+		}
+	}
+	return out
+}
+
+func family(v6 bool) string {
+	if v6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+func formatRanges(ranges []config.AddressRange) string {
+	s := make([]string, len(ranges))
+	for i, r := range ranges {
+		s[i] = r.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// holder chooses the node that holds addr among the nodes that may: the
+// Ready ones, not cordoned (a node being drained gives its addresses up
+// before it stops) and not labelled node.kubernetes.io/exclude-from-
+// external-load-balancers. The choice is by highest hash of address and
+// node name, so that every address has its own order of nodes and a node
+// that comes or goes moves only the addresses it is first for. ok is
+// false when no node may.
+func holder(addr netip.Addr, nodes []*corev1.Node) (string, bool) {
+	var best string
+	var bestScore uint64
+	for _, n := range nodes {
+		if !mayHold(n) {
+			continue
+		}
+		h := fnv.New64a()
+		h.Write([]byte(addr.String() + "/" + n.Name))
+		if s := h.Sum64(); best == "" || s > bestScore || (s == bestScore && n.Name < best) {
+			best, bestScore = n.Name, s
+		}
+	}
+	return best, best != ""
+}
+
+func mayHold(n *corev1.Node) bool {
+	if n.Spec.Unschedulable || n.DeletionTimestamp != nil {
+		return false
+	}
+	if _, excluded := n.Labels[excludeLabel]; excluded {
+		return false
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
