@@ -194,16 +194,19 @@ func formatRanges(ranges []config.AddressRange) string {
 // holder chooses the node that holds addr among the nodes that may: the
 // Ready ones, not cordoned (a node being drained gives its addresses up
 // before it stops) and not labelled node.kubernetes.io/exclude-from-
-// external-load-balancers. The choice is by highest hash of address and
-// node name, so that every address has its own order of nodes and a node
-// that comes or goes moves only the addresses it is first for. ok is
-// false when no node may.
-func holder(addr netip.Addr, nodes []*corev1.Node) (string, bool) {
+// external-load-balancers. The node that holds it now (was, "" if none)
+// keeps it while it may: a move breaks the connections open to it. Else
+// the choice is by highest hash of address and node name, so that every
+// address has its own order of nodes. ok is false when no node may.
+func holder(addr netip.Addr, nodes []*corev1.Node, was string) (string, bool) {
 	var best string
 	var bestScore uint64
 	for _, n := range nodes {
 		if !mayHold(n) {
 			continue
+		}
+		if n.Name == was {
+			return was, true
 		}
 		h := fnv.New64a()
 		h.Write([]byte(addr.String() + "/" + n.Name))

@@ -223,8 +223,8 @@ func TestAssign(t *testing.T) {
 }
 
 // Only Ready, schedulable nodes not excluded from load balancers hold
-// addresses; a node that joins takes only addresses from the others, as
-// many as its share.
+// addresses; a node that holds one keeps it while it may; else a node
+// that joins takes only addresses from the others, as many as its share.
 func TestHolder(t *testing.T) {
 	notReady := readyNode("not-ready", "10.0.0.3")
 	notReady.Status.Conditions[0].Status = corev1.ConditionUnknown
@@ -233,7 +233,7 @@ func TestHolder(t *testing.T) {
 	excluded := readyNode("excluded", "10.0.0.5")
 	excluded.Labels = map[string]string{corev1.LabelNodeExcludeBalancers: ""}
 	unfit := []*corev1.Node{notReady, cordoned, excluded, node("no-conditions", "10.0.0.6", "")}
-	if n, ok := holder(netip.MustParseAddr("10.0.0.200"), unfit); ok {
+	if n, ok := holder(netip.MustParseAddr("10.0.0.200"), unfit, ""); ok {
 		t.Errorf("%s holds an address", n)
 	}
 	two := append(slices.Clone(unfit), readyNode("n1", "10.0.0.1"), readyNode("n2", "10.0.0.2"))
@@ -242,11 +242,11 @@ func TestHolder(t *testing.T) {
 	ip := netip.MustParseAddr("10.0.0.100")
 	for range 60 {
 		ip = ip.Next()
-		before, ok := holder(ip, two)
+		before, ok := holder(ip, two, "")
 		if !ok || (before != "n1" && before != "n2") {
 			t.Fatalf("%s held by %q of two Ready nodes", ip, before)
 		}
-		after, _ := holder(ip, three)
+		after, _ := holder(ip, three, "")
 		if after != before && after != "n3" {
 			t.Errorf("%s moved from %s to %s when n3 joined", ip, before, after)
 		}
@@ -256,5 +256,15 @@ func TestHolder(t *testing.T) {
 		if count[n] < 10 {
 			t.Errorf("node %s holds %d of 60 addresses, want about a third: %v", n, count[n], count)
 		}
+	}
+
+	// The node that holds an address keeps it while it may.
+	for _, was := range []string{"n1", "n2", "n3"} {
+		if got, _ := holder(ip, three, was); got != was {
+			t.Errorf("%s held by %s went to %s", ip, was, got)
+		}
+	}
+	if got, _ := holder(ip, three, "cordoned"); got == "cordoned" {
+		t.Errorf("%s stayed on a cordoned node", ip)
 	}
 }

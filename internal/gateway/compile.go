@@ -64,8 +64,10 @@ type Objects struct {
 	Nodes []*corev1.Node
 	// AddressRanges are not an API object but the server's
 	// --gateway-address-range: with them, every Gateway gets addresses
-	// of its own.
+	// of its own. Held are the holders of the last Config published, which
+	// keep their addresses while they may.
 	AddressRanges []config.AddressRange
+	Held          []HeldAddress
 }
 
 // Status is the status Compile computed for the objects kelp handles.
@@ -180,6 +182,10 @@ func Compile(objs Objects) (Config, Status) {
 	slices.SortFunc(gateways, olderFirst)
 	c.addressing = assign(objs.AddressRanges, gateways, objs.Nodes)
 	c.held = map[netip.Addr]string{}
+	was := map[string]string{}
+	for _, h := range objs.Held {
+		was[h.Address] = h.Node
+	}
 	byGateway := map[types.NamespacedName][]*listener{}
 	var all []*listener
 	for _, gw := range gateways {
@@ -187,7 +193,7 @@ func Compile(objs Objects) (Config, Status) {
 		byGateway[nameOf(gw)] = ls
 		all = append(all, ls...)
 		for _, ip := range c.addressing[nameOf(gw)].addrs {
-			if node, ok := holder(ip, objs.Nodes); ok {
+			if node, ok := holder(ip, objs.Nodes, was[ip.String()]); ok {
 				c.held[ip] = node
 			}
 		}

@@ -58,8 +58,10 @@ type Controller struct {
 	failed bool
 	// published is the Config last written to the Secret.
 	published []byte
-	// addressRanges are the server's --gateway-address-range.
+	// addressRanges are the server's --gateway-address-range; held are
+	// the holders of the addresses the last Config published named.
 	addressRanges []config.AddressRange
+	held          []HeldAddress
 }
 
 // Run writes status and the data path's Config until ctx ends; Gateways
@@ -75,6 +77,7 @@ func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interf
 		})),
 		gatewayInformers: gatewayinformers.NewSharedInformerFactory(gw, 0),
 	}
+	c.held = publishedHolders(ctx, kube)
 	g, k, t := c.gatewayInformers.Gateway(), c.kubeInformers, c.tlsInformers
 	return reconcile.Loop{
 		Informers: map[string]cache.SharedIndexInformer{
@@ -105,7 +108,7 @@ func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interf
 }
 
 func (c *Controller) objects() (Objects, error) {
-	o := Objects{AddressRanges: c.addressRanges}
+	o := Objects{AddressRanges: c.addressRanges, Held: c.held}
 	var err error
 	everything := labels.Everything()
 	gw := c.gatewayInformers.Gateway()
@@ -149,6 +152,7 @@ func (c *Controller) sync(ctx context.Context) error {
 	if err := c.publish(ctx, cfg); err != nil {
 		return err
 	}
+	c.held = cfg.Addresses
 	var firstErr error
 	keep := func(err error) {
 		if err != nil && firstErr == nil && !apierrors.IsNotFound(err) {
@@ -193,6 +197,21 @@ func (c *Controller) publish(ctx context.Context, cfg Config) error {
 	}
 	c.published = data
 	return nil
+}
+
+// publishedHolders are the holders of the addresses in the Config the
+// Secret holds: those a controller before this one chose. None if there
+// is no Secret or it cannot be read; then the holders are chosen anew.
+func publishedHolders(ctx context.Context, kube kubernetes.Interface) []HeldAddress {
+	s, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, ConfigSecret, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	var cfg Config
+	if json.Unmarshal(s.Data[ConfigKey], &cfg) != nil {
+		return nil
+	}
+	return cfg.Addresses
 }
 
 // mergeConditions returns want with the LastTransitionTime of old

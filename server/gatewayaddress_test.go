@@ -1,0 +1,247 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/kelp-dev/kelp/internal/testcluster"
+)
+
+// gatewayAddressApp is two apps, each behind a Gateway of its own with
+// one listener on port 80 and no hostname, and a route for / to the app:
+// on shared addresses nothing would tell the two apart. The apps run on
+// the server, which stays up.
+const gatewayAddressApp = `
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: one}
+spec:
+  selector: {matchLabels: {app: one}}
+  template:
+    metadata: {labels: {app: one}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: server}
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: app
+        image: ` + testcluster.TestImage + `
+        imagePullPolicy: IfNotPresent
+        args: [serve]
+        ports: [{containerPort: 8080, name: http}]
+        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: two}
+spec:
+  selector: {matchLabels: {app: two}}
+  template:
+    metadata: {labels: {app: two}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: server}
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: app
+        image: ` + testcluster.TestImage + `
+        imagePullPolicy: IfNotPresent
+        args: [serve]
+        ports: [{containerPort: 8080, name: http}]
+        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: one}
+spec:
+  selector: {app: one}
+  ports: [{port: 80, targetPort: http}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: two}
+spec:
+  selector: {app: two}
+  ports: [{port: 80, targetPort: http}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: one}
+spec:
+  gatewayClassName: kelp
+  listeners: [{name: http, protocol: HTTP, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: two}
+spec:
+  gatewayClassName: kelp
+  listeners: [{name: http, protocol: HTTP, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: one}
+spec:
+  parentRefs: [{name: one}]
+  rules: [{backendRefs: [{name: one, port: 80}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: two}
+spec:
+  parentRefs: [{name: two}]
+  rules: [{backendRefs: [{name: two, port: 80}]}]
+`
+
+// TestGatewayAddresses runs a server and an agent with
+// --gateway-address-range and a client machine on their network. Two
+// Gateways on port 80 get an address each and answer with their own app
+// there, and neither on a node's address; a third finds the range used
+// up. An address moves to the other node when its node is cordoned, not
+// back when it is uncordoned, and to the other node again when its node
+// stops, and the client's ARP cache follows.
+func TestGatewayAddresses(t *testing.T) {
+	t.Parallel()
+	lab := testcluster.NewLab(t)
+	image := testcluster.BuildTestImage(t, testcluster.TestImage)
+	srv := lab.NewNode("server", "10.99.0.2")
+	srv.AddImage(image)
+	srv.Agent = true
+	// The node lifecycle controller's grace shortened from 50 s, so that a
+	// stopped node is NotReady soon.
+	srv.Start("--gateway-address-range", "10.99.0.200-10.99.0.201", "--kube-controller-manager-arg", "node-monitor-grace-period=20s")
+	srv.WaitReady(startTimeout)
+	srv.WaitLog("kelp node is running", startTimeout)
+	agent := lab.NewNode("agent-1", "10.99.0.3")
+	agent.StartAgent(srv.URL(), srv.TokenFile())
+	agent.WaitLog("kelp node is running", startTimeout)
+	client := lab.NewNode("client", "10.99.0.9")
+	c := srv.Client()
+	waitNodesReady(t, c, 2)
+	waitServiceAccount(t, c, "default")
+	gw, err := gatewayclient.NewForConfig(srv.RestConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the GatewayClass kelp", func() (bool, error) {
+		gc, err := gw.GatewayV1().GatewayClasses().Get(context.Background(), "kelp", metav1.GetOptions{})
+		return err == nil && apimeta.IsStatusConditionTrue(gc.Status.Conditions, "Accepted"), nil
+	})
+	apply(t, srv, gatewayAddressApp)
+	kubectl(t, srv, "wait", "--for=condition=Available", "deployment/one", "deployment/two", "--timeout=120s")
+
+	addrs := map[string]string{}
+	for _, name := range []string{"one", "two"} {
+		eventually(t, "Gateway "+name+" programmed on an address of its own", func() (bool, error) {
+			g, err := gw.GatewayV1().Gateways("default").Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil || !apimeta.IsStatusConditionTrue(g.Status.Conditions, "Programmed") || len(g.Status.Addresses) != 1 {
+				return false, nil
+			}
+			addrs[name] = g.Status.Addresses[0].Value
+			return true, nil
+		})
+	}
+	if addrs["one"] == addrs["two"] || !strings.HasPrefix(addrs["one"], "10.99.0.20") || !strings.HasPrefix(addrs["two"], "10.99.0.20") {
+		t.Fatalf("the Gateways' addresses %v, want 10.99.0.200 and 10.99.0.201 apart", addrs)
+	}
+
+	httpClient := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: client.DialContext, DisableKeepAlives: true}}
+	get := func(addr string) (int, string, error) {
+		resp, err := httpClient.Get("http://" + net.JoinHostPort(addr, "80") + "/")
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), nil
+	}
+	reachBoth := func(when string) {
+		t.Helper()
+		for _, name := range []string{"one", "two"} {
+			eventually(t, when+": app "+name+" at its Gateway's address "+addrs[name]+" from the client", func() (bool, error) {
+				code, body, err := get(addrs[name])
+				return err == nil && code == http.StatusOK && strings.HasPrefix(body, name+"-"), nil
+			})
+		}
+	}
+	reachBoth("at first")
+	for _, n := range []*testcluster.Node{srv, agent} {
+		if code, _, err := get(n.IP); err != nil || code != http.StatusNotFound {
+			t.Errorf("node %s's own address: %d %v, want 404 (no Gateway is on it)", n.Name, code, err)
+		}
+	}
+
+	apply(t, srv, `
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: three}
+spec:
+  gatewayClassName: kelp
+  listeners: [{name: http, protocol: HTTP, port: 80}]
+`)
+	eventually(t, "Gateway three: Programmed False, AddressNotAssigned", func() (bool, error) {
+		g, err := gw.GatewayV1().Gateways("default").Get(context.Background(), "three", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		got := apimeta.FindStatusCondition(g.Status.Conditions, "Programmed")
+		return got != nil && got.Status == metav1.ConditionFalse && got.Reason == "AddressNotAssigned" && strings.Contains(got.Message, "10.99.0.200-10.99.0.201"), nil
+	})
+
+	// holds says whether n has addr on its interface.
+	holds := func(n *testcluster.Node, addr string) bool {
+		out, err := n.Command("ip", "-o", "-4", "addr", "show", "dev", "eth0").CombinedOutput()
+		if err != nil {
+			t.Fatalf("node %s: ip addr: %v\n%s", n.Name, err, out)
+		}
+		return strings.Contains(string(out), " "+addr+"/32 ")
+	}
+	// arpTo says whether the client's neighbour entry of addr is n's MAC.
+	arpTo := func(n *testcluster.Node, addr string) bool {
+		mac, err := n.Command("cat", "/sys/class/net/eth0/address").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := client.Command("ip", "neigh", "show", addr).Output()
+		return strings.Contains(string(out), "lladdr "+strings.TrimSpace(string(mac)))
+	}
+	movedTo := func(n, from *testcluster.Node) {
+		t.Helper()
+		for _, name := range []string{"one", "two"} {
+			eventually(t, "node "+n.Name+" holds "+addrs[name], func() (bool, error) {
+				return holds(n, addrs[name]) && !holds(from, addrs[name]), nil
+			})
+		}
+	}
+
+	kubectl(t, srv, "cordon", "server")
+	movedTo(agent, srv)
+	reachBoth("the server cordoned")
+	kubectl(t, srv, "uncordon", "server")
+	// An address stays where it is while its node may hold it: a move
+	// breaks the connections open to it.
+	time.Sleep(5 * time.Second)
+	for _, name := range []string{"one", "two"} {
+		if !holds(agent, addrs[name]) || holds(srv, addrs[name]) {
+			t.Errorf("%s moved when the server was uncordoned", addrs[name])
+		}
+	}
+
+	began := time.Now()
+	agent.Stop()
+	movedTo(srv, agent)
+	t.Logf("from the agent's stop to the server holding its addresses: %s", time.Since(began).Round(time.Second))
+	for _, name := range []string{"one", "two"} {
+		eventually(t, "the client's ARP entry of "+addrs[name]+" names the server", func() (bool, error) {
+			return arpTo(srv, addrs[name]), nil
+		})
+	}
+	reachBoth("the agent stopped")
+}
