@@ -20,13 +20,13 @@ import (
 const excludeLabel = corev1.LabelNodeExcludeBalancers
 
 // addressing is what a Gateway got of the address ranges: its addresses,
-// or why it has none (the Gateway's condition).
+// or why it has none.
 type addressing struct {
 	addrs []netip.Addr
-	// unsupported: spec.addresses asks for what kelp cannot give
-	// (Accepted is False); else reason and msg say why the Gateway has no
-	// address (Programmed is False).
-	unsupported bool
+	// unsupported says what of spec.addresses kelp cannot give: the
+	// Gateway is not Accepted. Else reason and msg say why the Gateway
+	// has no address: it is not Programmed.
+	unsupported string
 	reason, msg string
 }
 
@@ -59,8 +59,7 @@ func assign(ranges []config.AddressRange, gateways []*gatewayv1.Gateway, nodes [
 		out[nameOf(gw)], requests[nameOf(gw)] = a, rq
 		for _, sa := range gw.Spec.Addresses {
 			if sa.Type != nil && *sa.Type != gatewayv1.IPAddressType {
-				a.unsupported, a.reason = true, string(gatewayv1.GatewayReasonUnsupportedAddress)
-				a.msg = fmt.Sprintf("spec.addresses asks for a %s: kelp gives Gateways IP addresses only", *sa.Type)
+				a.unsupported = fmt.Sprintf("spec.addresses asks for an address of type %s: kelp gives Gateways IP addresses only", *sa.Type)
 				continue
 			}
 			if sa.Value == "" {
@@ -70,8 +69,7 @@ func assign(ranges []config.AddressRange, gateways []*gatewayv1.Gateway, nodes [
 			}
 			ip, err := netip.ParseAddr(sa.Value)
 			if err != nil {
-				a.unsupported, a.reason = true, string(gatewayv1.GatewayReasonUnsupportedAddress)
-				a.msg = fmt.Sprintf("spec.addresses: %q is not an IP address", sa.Value)
+				a.unsupported = fmt.Sprintf("spec.addresses: %q is not an IP address", sa.Value)
 				continue
 			}
 			rq.requested = append(rq.requested, ip.Unmap())
@@ -82,7 +80,7 @@ func assign(ranges []config.AddressRange, gateways []*gatewayv1.Gateway, nodes [
 	}
 	if len(ranges) == 0 {
 		for _, gw := range gateways {
-			if a := out[nameOf(gw)]; len(gw.Spec.Addresses) > 0 && !a.unsupported {
+			if a := out[nameOf(gw)]; len(gw.Spec.Addresses) > 0 {
 				a.reason = string(gatewayv1.GatewayReasonAddressNotAssigned)
 				a.msg = "kelp gives Gateways addresses of their own only from the server's --gateway-address-range, which is not set: set it, or remove spec.addresses to serve the Gateway on the nodes' addresses"
 			}

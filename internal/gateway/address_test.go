@@ -180,7 +180,7 @@ func TestAssign(t *testing.T) {
 				aged(withSpecAddress(gateway("ns", "hostname", httpListener("http", 80, "")), gatewayv1.HostnameAddressType, "gw.example"), 2*time.Hour),
 				aged(withSpecAddress(gateway("ns", "any", httpListener("http", 80, "")), gatewayv1.IPAddressType, ""), time.Hour),
 			},
-			want: []string{"10.0.0.203", "AddressNotUsable", "AddressNotUsable", "UnsupportedAddress", "10.0.0.201,fd00::10"},
+			want: []string{"10.0.0.203", "AddressNotUsable", "AddressNotUsable", "unsupported", "10.0.0.201,fd00::10"},
 		},
 		{
 			name: "spec.addresses without ranges",
@@ -208,7 +208,9 @@ func TestAssign(t *testing.T) {
 					s = append(s, ip.String())
 				}
 				desc := strings.Join(s, ",")
-				if a.reason != "" {
+				if a.unsupported != "" {
+					desc = "unsupported"
+				} else if a.reason != "" {
 					desc = a.reason
 					if a.msg == "" {
 						t.Errorf("Gateway %s: reason %s without a message", gw.Name, a.reason)
@@ -266,5 +268,36 @@ func TestHolder(t *testing.T) {
 	}
 	if got, _ := holder(ip, three, "cordoned"); got == "cordoned" {
 		t.Errorf("%s stayed on a cordoned node", ip)
+	}
+}
+
+// The conformance test GatewayStaticAddresses: a Gateway asking for an
+// address of an unsupported type is not Accepted; asking for one outside
+// the range it is Accepted but not Programmed, AddressNotUsable; asking
+// for one of the range it is Programmed there, with that one address.
+func TestCompileStaticAddresses(t *testing.T) {
+	r := ranges(t, "10.0.0.200-10.0.0.203")
+	nodes := []*corev1.Node{readyNode("n1", "10.0.0.1")}
+	status := func(addresses ...gatewayv1.GatewaySpecAddress) gatewayv1.GatewayStatus {
+		gw := gateway("infra", "static", httpListener("http", 8080, ""))
+		gw.Spec.Addresses = addresses
+		_, st := Compile(Objects{GatewayClasses: []*gatewayv1.GatewayClass{kelpClass()}, Gateways: []*gatewayv1.Gateway{gw}, Nodes: nodes, AddressRanges: r})
+		return st.Gateways[nameOf(gw)]
+	}
+	invalid := gatewayv1.GatewaySpecAddress{Type: ptr(gatewayv1.AddressType("test/fake-invalid-type")), Value: "fake address teehee!"}
+	unusable := gatewayv1.GatewaySpecAddress{Type: ptr(gatewayv1.IPAddressType), Value: "10.0.0.9"}
+	usable := gatewayv1.GatewaySpecAddress{Type: ptr(gatewayv1.IPAddressType), Value: "10.0.0.202"}
+
+	st := status(invalid, unusable, usable)
+	checkConditions(t, "with an invalid address", st.Conditions, 3, condition{"Accepted", false, "UnsupportedAddress"})
+	st = status(unusable, usable)
+	checkConditions(t, "with an unusable address", st.Conditions, 3, condition{"Accepted", true, "Accepted"}, condition{"Programmed", false, "AddressNotUsable"})
+	if msg := conditionMessage(st.Conditions, "Programmed"); !strings.Contains(msg, "10.0.0.9 is not in") {
+		t.Errorf("Programmed message %q does not say which address is wrong", msg)
+	}
+	st = status(usable)
+	checkConditions(t, "with a usable address", st.Conditions, 3, condition{"Accepted", true, "Accepted"}, condition{"Programmed", true, "Programmed"})
+	if got := statusAddresses(st); !slices.Equal(got, []string{"10.0.0.202"}) {
+		t.Errorf("addresses %v, want 10.0.0.202", got)
 	}
 }

@@ -169,7 +169,7 @@ func Compile(objs Objects) (Config, Status) {
 			Conditions: []metav1.Condition{
 				cond(gatewayv1.GatewayClassConditionStatusAccepted, true, string(gatewayv1.GatewayClassReasonAccepted), "kelp serves Gateways of this class on every node", gc.Generation),
 			},
-			SupportedFeatures: supportedFeatures(),
+			SupportedFeatures: supportedFeatures(len(objs.AddressRanges) > 0),
 		}
 	}
 
@@ -251,8 +251,9 @@ func (c *compiler) unaddressed(gw *gatewayv1.Gateway) bool {
 }
 
 // supportedFeatures are the conformance features kelp implements (names
-// of sigs.k8s.io/gateway-api/pkg/features), in alphabetical order.
-func supportedFeatures() []gatewayv1.SupportedFeature {
+// of sigs.k8s.io/gateway-api/pkg/features), in alphabetical order; those of
+// spec.addresses when the server has address ranges.
+func supportedFeatures(addressRanges bool) []gatewayv1.SupportedFeature {
 	names := []gatewayv1.FeatureName{
 		"Gateway", "GatewayHTTPListenerIsolation", "GatewayHTTPSListenerDetectMisdirectedRequests", "GatewayPort8080",
 		"HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
@@ -260,6 +261,9 @@ func supportedFeatures() []gatewayv1.SupportedFeature {
 		"HTTPRouteParentRefPort", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect",
 		"HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect",
 		"ReferenceGrant",
+	}
+	if addressRanges {
+		names = append(names, "GatewayAddressEmpty", "GatewayStaticAddresses")
 	}
 	slices.Sort(names)
 	out := make([]gatewayv1.SupportedFeature, len(names))
@@ -495,8 +499,8 @@ func (c *compiler) gatewayStatus(gw *gatewayv1.Gateway, ls []*listener) gatewayv
 	}
 	own := c.addressing[nameOf(gw)]
 	switch {
-	case own.unsupported:
-		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionAccepted, false, own.reason, own.msg, gen))
+	case own.unsupported != "":
+		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionAccepted, false, string(gatewayv1.GatewayReasonUnsupportedAddress), own.unsupported, gen))
 	case valid == len(ls):
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionAccepted, true, string(gatewayv1.GatewayReasonAccepted), "the Gateway is valid", gen))
 	default:
@@ -528,7 +532,7 @@ func (c *compiler) gatewayStatus(gw *gatewayv1.Gateway, ls []*listener) gatewayv
 		}
 	}
 	switch {
-	case own.unsupported:
+	case own.unsupported != "":
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonInvalid), "the Gateway is not accepted: see its Accepted condition", gen))
 	case own.reason != "":
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, own.reason, own.msg, gen))

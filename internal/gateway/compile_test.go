@@ -607,7 +607,7 @@ func TestIntersect(t *testing.T) {
 // The GatewayClass lists features by names the conformance suite knows.
 func TestSupportedFeatures(t *testing.T) {
 	known := features.SetsToNamesSet(features.AllFeatures)
-	for _, f := range supportedFeatures() {
+	for _, f := range supportedFeatures(true) {
 		if !known.Has(features.FeatureName(f.Name)) {
 			t.Errorf("feature %s is not one of the conformance suite's", f.Name)
 		}
