@@ -42,6 +42,13 @@ const (
 	// gatewayClass is the GatewayClass kelp serves.
 	gatewayClass = "kelp"
 	startTimeout = 3 * time.Minute
+	// addressRange gives each Gateway an address of its own on the node's
+	// network, as the suite's tests of several Gateways on one port
+	// need; usableAddress is one of it and unusableAddress not, for
+	// GatewayStaticAddresses.
+	addressRange    = "10.99.0.192-10.99.0.254"
+	usableAddress   = "10.99.0.254"
+	unusableAddress = "10.99.0.1"
 	// acceptTimeout is how long a started node may take to accept its
 	// GatewayClass, CRDs installed.
 	acceptTimeout = 2 * time.Minute
@@ -85,7 +92,7 @@ func TestGatewayConformance(t *testing.T) {
 		}
 		n.AddImage(testcluster.BuildImage(t, source.pkg, source.path, image))
 	}
-	n.Start()
+	n.Start("--gateway-address-range", addressRange)
 	n.WaitReady(startTimeout)
 	n.WaitLog("kelp node is running", startTimeout)
 	waitImages(t, n, images)
@@ -117,6 +124,8 @@ func TestGatewayConformance(t *testing.T) {
 		args = append(args, "-test.timeout="+(time.Until(deadline)-time.Minute).Round(time.Second).String())
 	}
 	defaults["report-output"] = report
+	defaults["usable-address"] = usableAddress
+	defaults["unusable-address"] = unusableAddress
 	defaults["version"] = kelpVersion(t, n)
 	args = append(args, suiteArgs(defaults)...)
 	run := n.Command(exe, args...)
