@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -130,10 +131,38 @@ func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) er
 
 // compiled is a Config ready to serve.
 type compiled struct {
-	cfg     Config
-	ports   map[int32]*Port
-	certs   map[int32]map[string]*tls.Certificate // by host name
-	regexps *regexpCache
+	cfg Config
+	// addresses are the Gateways' own addresses, with the node that holds
+	// each.
+	addresses map[netip.Addr]string
+	// protocols are the listening ports: one listener per port number
+	// serves it on every address.
+	protocols map[int32]string
+	ports     map[portKey]*Port
+	certs     map[portKey]map[string]*tls.Certificate // by host name
+	regexps   *regexpCache
+}
+
+// portKey is a Port's address (zero: the nodes' own) and number.
+type portKey struct {
+	addr netip.Addr
+	port int32
+}
+
+// port is the Port that serves a connection to local on port number n:
+// that of the Gateway address if local is one (nil if it has none on n:
+// a Gateway's address serves its own listeners alone), else that of the
+// nodes' own addresses.
+func (c *compiled) port(local net.Addr, n int32) (*Port, portKey) {
+	k := portKey{port: n}
+	if tcp, ok := local.(*net.TCPAddr); ok {
+		if a := tcp.AddrPort().Addr().Unmap().WithZone(""); a.IsValid() {
+			if _, ok := c.addresses[a]; ok {
+				k.addr = a
+			}
+		}
+	}
+	return c.ports[k], k
 }
 
 type dataPath struct {
@@ -170,11 +199,36 @@ func (d *dataPath) load() {
 			return
 		}
 	}
-	c := &compiled{cfg: cfg, ports: map[int32]*Port{}, certs: map[int32]map[string]*tls.Certificate{}, regexps: newRegexpCache(cfg)}
+	c := &compiled{cfg: cfg, addresses: map[netip.Addr]string{}, protocols: map[int32]string{},
+		ports: map[portKey]*Port{}, certs: map[portKey]map[string]*tls.Certificate{}, regexps: newRegexpCache(cfg)}
+	for _, h := range cfg.Addresses {
+		a, err := netip.ParseAddr(h.Address)
+		if err != nil {
+			log.WithError(err).Warnf("Gateway address %q is not valid", h.Address)
+			continue
+		}
+		c.addresses[a.Unmap()] = h.Node
+	}
 	for i := range cfg.Ports {
 		p := &cfg.Ports[i]
-		c.ports[p.Port] = p
-		c.certs[p.Port] = map[string]*tls.Certificate{}
+		k := portKey{port: p.Port}
+		if p.Address != "" {
+			a, err := netip.ParseAddr(p.Address)
+			if err != nil {
+				log.WithError(err).WithField("port", p.Port).Warnf("Gateway address %q is not valid", p.Address)
+				continue
+			}
+			k.addr = a.Unmap()
+			if _, ok := c.addresses[k.addr]; !ok {
+				// Held by no node, but still not the nodes' own.
+				c.addresses[k.addr] = ""
+			}
+		}
+		if _, ok := c.protocols[p.Port]; !ok {
+			c.protocols[p.Port] = p.Protocol
+		}
+		c.ports[k] = p
+		c.certs[k] = map[string]*tls.Certificate{}
 		for _, h := range p.Hosts {
 			if h.Cert == nil {
 				continue
@@ -184,7 +238,7 @@ func (d *dataPath) load() {
 				log.WithError(err).WithField("port", p.Port).Warnf("certificate of host %q", h.Hostname)
 				continue
 			}
-			c.certs[p.Port][h.Hostname] = &pair
+			c.certs[k][h.Hostname] = &pair
 		}
 	}
 	d.current.Store(c)
@@ -196,13 +250,13 @@ func (d *dataPath) listen(ctx context.Context) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for port, s := range d.servers {
-		if p, ok := c.ports[port]; !ok || p.Protocol != s.protocol {
+		if protocol, ok := c.protocols[port]; !ok || protocol != s.protocol {
 			_ = s.srv.Close()
 			delete(d.servers, port)
 		}
 	}
 	failed := map[int32]string{}
-	for port, p := range c.ports {
+	for port, protocol := range c.protocols {
 		if _, ok := d.servers[port]; ok {
 			continue
 		}
@@ -217,12 +271,12 @@ func (d *dataPath) listen(ctx context.Context) {
 		if _, was := d.failed[port]; was {
 			log.Infof("listening on port %d for the Gateway API", port)
 		}
-		srv := &http.Server{Handler: d.handler(port, p.Protocol == "HTTPS"), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.errorLog}
-		if p.Protocol == "HTTPS" {
+		srv := &http.Server{Handler: d.handler(port, protocol == "HTTPS"), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.errorLog}
+		if protocol == "HTTPS" {
 			srv.TLSConfig = &tls.Config{GetCertificate: d.certificate(port), MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
 			ln = tls.NewListener(ln, srv.TLSConfig)
 		}
-		d.servers[port] = &portServer{protocol: p.Protocol, srv: srv}
+		d.servers[port] = &portServer{protocol: protocol, srv: srv}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.WithError(err).Warnf("port %d stopped serving", port)
@@ -282,26 +336,30 @@ func (d *dataPath) closeAll() {
 	wg.Wait()
 }
 
-// certificate chooses the certificate of an HTTPS port by SNI, from the
-// current config: a Secret's update reaches new connections at once and
-// leaves open ones as they are.
+// certificate chooses the certificate of an HTTPS port by the address the
+// client reached and SNI, from the current config: a Secret's update
+// reaches new connections at once and leaves open ones as they are.
 func (d *dataPath) certificate(port int32) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		c := d.current.Load()
-		p := c.ports[port]
+		var local net.Addr
+		if hello.Conn != nil {
+			local = hello.Conn.LocalAddr()
+		}
+		p, k := c.port(local, port)
 		if p == nil {
-			return nil, fmt.Errorf("port %d is not served", port)
+			return nil, fmt.Errorf("port %d is not served on %s", port, local)
 		}
 		h := matchHost(p.Hosts, strings.ToLower(hello.ServerName))
 		if h != nil {
-			if cert := c.certs[port][h.Hostname]; cert != nil {
+			if cert := c.certs[k][h.Hostname]; cert != nil {
 				return cert, nil
 			}
 		}
 		// No listener for the name: any certificate of the port, so that
 		// the client can tell what it reached.
 		for _, h := range p.Hosts {
-			if cert := c.certs[port][h.Hostname]; cert != nil {
+			if cert := c.certs[k][h.Hostname]; cert != nil {
 				return cert, nil
 			}
 		}
@@ -313,7 +371,8 @@ func (d *dataPath) certificate(port int32) func(*tls.ClientHelloInfo) (*tls.Cert
 func (d *dataPath) handler(port int32, https bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := d.current.Load()
-		p := c.ports[port]
+		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+		p, _ := c.port(local, port)
 		host := strings.ToLower(r.Host)
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -342,6 +343,173 @@ func TestListenEveryAddress(t *testing.T) {
 			c.Close()
 			if err != nil || !strings.HasPrefix(status, "HTTP/1.1 302") {
 				t.Errorf("%s: status %q, %v; want 302", host, status, err)
+			}
+		}
+	})
+}
+
+// localConn is a connection whose local address is local, for the TLS
+// hello of a connection to it.
+type localConn struct {
+	net.Conn
+	local net.Addr
+}
+
+func (c localConn) LocalAddr() net.Addr { return c.local }
+
+// A connection to a Gateway's own address is served by that address's
+// listeners alone; one to any other address of the node by the nodes'.
+func TestDispatchByLocalAddress(t *testing.T) {
+	redirect := func(to string) []Host {
+		return []Host{{Routes: []Route{{Name: "app/" + to, Path: PathMatch{Type: PathPrefix, Value: "/"}, Redirect: &Redirect{Hostname: to, Status: 302}}}}}
+	}
+	certNodes, keyNodes := tlsPair(t)
+	certGateway, keyGateway := tlsPair(t)
+	cfg := Config{
+		Addresses: []HeldAddress{{Address: "192.0.2.10", Node: "n1"}, {Address: "2001:db8::10", Node: "n2"}, {Address: "192.0.2.11", Node: "n1"}},
+		Ports: []Port{
+			{Port: 80, Protocol: "HTTP", Hosts: redirect("nodes.example")},
+			{Address: "192.0.2.10", Port: 80, Protocol: "HTTP", Hosts: redirect("gw.example")},
+			{Address: "2001:db8::10", Port: 80, Protocol: "HTTP", Hosts: redirect("gw6.example")},
+			{Address: "192.0.2.10", Port: 8080, Protocol: "HTTP", Hosts: redirect("gw-8080.example")},
+			{Address: "192.0.2.11", Port: 8080, Protocol: "HTTP", Hosts: redirect("gw11.example")},
+			{Port: 443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certNodes, Key: keyNodes}}}},
+			{Address: "192.0.2.10", Port: 443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certGateway, Key: keyGateway}}}},
+		},
+	}
+	d := testDataPath(t, cfg, "127.0.0.1:1")
+	if got := d.current.Load().protocols; len(got) != 3 || got[80] != "HTTP" || got[8080] != "HTTP" || got[443] != "HTTPS" {
+		t.Errorf("listening ports %v, want 80, 8080 and 443", got)
+	}
+	for _, tt := range []struct {
+		local    string // empty: not known
+		port     int32
+		location string // empty: 404
+	}{
+		{"", 80, "http://nodes.example/"},
+		{"10.0.0.5:80", 80, "http://nodes.example/"},
+		{"[fd00::5]:80", 80, "http://nodes.example/"},
+		{"192.0.2.10:80", 80, "http://gw.example/"},
+		{"[::ffff:192.0.2.10]:80", 80, "http://gw.example/"},
+		{"[2001:db8::10]:80", 80, "http://gw6.example/"},
+		{"192.0.2.10:8080", 8080, "http://gw-8080.example:8080/"},
+		{"192.0.2.11:8080", 8080, "http://gw11.example:8080/"},
+		// A Gateway address without listeners on the port, and the nodes'
+		// addresses on a port of Gateway addresses alone.
+		{"192.0.2.11:80", 80, ""},
+		{"10.0.0.5:8080", 8080, ""},
+	} {
+		r := httptest.NewRequest("GET", "http://app.example/", nil)
+		if tt.local != "" {
+			r = r.WithContext(context.WithValue(r.Context(), http.LocalAddrContextKey, net.TCPAddrFromAddrPort(netip.MustParseAddrPort(tt.local))))
+		}
+		w := httptest.NewRecorder()
+		d.handler(tt.port, false).ServeHTTP(w, r)
+		got := w.Result().Header.Get("Location")
+		if tt.location == "" && w.Code != http.StatusNotFound {
+			t.Errorf("to %s on %d: %d %q, want 404", tt.local, tt.port, w.Code, got)
+		} else if tt.location != "" && got != tt.location {
+			t.Errorf("to %s on %d: %d %q, want a redirect to %s", tt.local, tt.port, w.Code, got, tt.location)
+		}
+	}
+
+	der := func(p []byte) []byte {
+		b, _ := pem.Decode(p)
+		return b.Bytes
+	}
+	for _, tt := range []struct {
+		local string
+		want  []byte // nil: no certificate
+	}{
+		{"10.0.0.5:443", der(certNodes)},
+		{"192.0.2.10:443", der(certGateway)},
+		{"[::ffff:192.0.2.10]:443", der(certGateway)},
+		{"192.0.2.11:443", nil},
+		{"[2001:db8::10]:443", nil},
+	} {
+		hello := &tls.ClientHelloInfo{ServerName: "app.example", Conn: localConn{local: net.TCPAddrFromAddrPort(netip.MustParseAddrPort(tt.local))}}
+		c, err := d.certificate(443)(hello)
+		switch {
+		case tt.want == nil && err == nil:
+			t.Errorf("to %s: a certificate, want none", tt.local)
+		case tt.want != nil && err != nil:
+			t.Errorf("to %s: %v", tt.local, err)
+		case tt.want != nil && !bytes.Equal(c.Certificate[0], tt.want):
+			t.Errorf("to %s: the certificate of another address", tt.local)
+		}
+	}
+}
+
+// Over real connections, one listener per port tells the address the
+// client reached: 127.0.0.2 as a Gateway's address, 127.0.0.1 as the
+// node's, over HTTP and HTTPS.
+func TestDispatchListening(t *testing.T) {
+	testcluster.InNewNetns(t, func() {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			t.Fatal(err)
+		}
+		redirect := func(to string) []Route {
+			return []Route{{Name: "app/" + to, Path: PathMatch{Type: PathPrefix, Value: "/"}, Redirect: &Redirect{Hostname: to, Status: 302}}}
+		}
+		certNodes, keyNodes := tlsPair(t)
+		certGateway, keyGateway := tlsPair(t)
+		cfg := Config{
+			Addresses: []HeldAddress{{Address: "127.0.0.2", Node: "n1"}},
+			Ports: []Port{
+				{Port: 8080, Protocol: "HTTP", Hosts: []Host{{Routes: redirect("nodes.example")}}},
+				{Address: "127.0.0.2", Port: 8080, Protocol: "HTTP", Hosts: []Host{{Routes: redirect("gw.example")}}},
+				{Port: 8443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certNodes, Key: keyNodes}, Routes: redirect("nodes.example")}}},
+				{Address: "127.0.0.2", Port: 8443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certGateway, Key: keyGateway}, Routes: redirect("gw.example")}}},
+			},
+		}
+		d := testDataPath(t, cfg, "127.0.0.1:1")
+		d.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+		d.cfg = ServeConfig{NodeName: "n1"}
+		d.servers = map[int32]*portServer{}
+		d.listen(t.Context())
+		defer d.closeAll()
+		if len(d.failed) > 0 {
+			t.Fatalf("could not listen: %v", d.failed)
+		}
+		der := func(p []byte) []byte {
+			b, _ := pem.Decode(p)
+			return b.Bytes
+		}
+		for _, tt := range []struct {
+			url, location string
+			cert          []byte
+		}{
+			{"http://127.0.0.1:8080/", "http://nodes.example:8080/", nil},
+			{"http://127.0.0.2:8080/", "http://gw.example:8080/", nil},
+			{"https://127.0.0.1:8443/", "https://nodes.example:8443/", der(certNodes)},
+			{"https://127.0.0.2:8443/", "https://gw.example:8443/", der(certGateway)},
+		} {
+			// Dialled from this thread, in the test's namespace: the
+			// transport's own dials run on others.
+			u, _ := url.Parse(tt.url)
+			conn, err := net.Dial("tcp", u.Host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+				DialContext: func(context.Context, string, string) (net.Conn, error) { return conn, nil }}
+			req, _ := http.NewRequest(http.MethodGet, tt.url, nil)
+			resp, err := tr.RoundTrip(req)
+			conn.Close()
+			if err != nil {
+				t.Errorf("%s: %v", tt.url, err)
+				continue
+			}
+			resp.Body.Close()
+			if got := resp.Header.Get("Location"); got != tt.location {
+				t.Errorf("%s: redirected to %q, want %s", tt.url, got, tt.location)
+			}
+			if tt.cert != nil && !bytes.Equal(resp.TLS.PeerCertificates[0].Raw, tt.cert) {
+				t.Errorf("%s: the certificate of another address", tt.url)
 			}
 		}
 	})
