@@ -141,7 +141,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	}
 	if !cfg.DisableGateway {
 		if err := g.Go("gateway", func(ctx context.Context) error {
-			return gateway.Serve(ctx, clients.controller, gateway.ServeConfig{NodeName: cfg.NodeName})
+			return gateway.Serve(ctx, clients.controller, gateway.ServeConfig{NodeName: cfg.NodeName, AddressesFile: p.GatewayAddresses})
 		}); err != nil {
 			return nil, err
 		}

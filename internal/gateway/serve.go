@@ -54,13 +54,32 @@ type ServeConfig struct {
 	NodeName string
 	// ListenHost is the address listeners bind; empty: every address.
 	ListenHost string
+	// AddressesFile records the Gateway addresses the node holds, so that
+	// those a crash left are released when it starts again, and by kelp
+	// killall.
+	AddressesFile string
 }
 
 // Serve runs the node's data path until ctx ends: it reads the Secret
 // ConfigSecret and EndpointSlices with client (the node's controller
 // identity), listens on each port of the config and proxies requests as
-// it says.
+// it says. It holds the Gateway addresses the config gives the node, and
+// releases them when it returns.
 func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) error {
+	held, err := loadHolder(cfg.AddressesFile, cfg.NodeName)
+	if err != nil {
+		return err
+	}
+	// What a crash left goes at once: the node may have lost an address
+	// to another meanwhile, and would answer for it until the config is
+	// read. It takes back, and announces again, those still its own.
+	release := func() {
+		if err := held.releaseAll(); err != nil {
+			log.WithError(err).Error("cannot release the Gateway addresses this node held: kelp killall removes them")
+		}
+	}
+	release()
+	defer release()
 	d := &dataPath{client: client, cfg: cfg, servers: map[int32]*portServer{}, changed: make(chan struct{}, 1)}
 	d.transport = &http.Transport{
 		Proxy:               nil,
@@ -126,6 +145,7 @@ func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) er
 		case <-tick.C:
 		}
 		d.listen(ctx)
+		held.sync(d.current.Load().addresses)
 	}
 }
 

@@ -27,6 +27,7 @@
 //	    ├── pod-manifests/           static pods
 //	    ├── node-password, join.json a joined node's secret and last join
 //	    ├── node-paths.json          its cgroup root and pod log dir (package nodepaths)
+//	    ├── gateway-addresses.json   the Gateway addresses it holds (package gateway)
 //	    ├── pod-logs/                pod logs of a node whose data dir is not the default
 //	    └── *.kubeconfig             the node's clients
 //	/run/kelp                        RunDir: sockets, containerd state, CNI leases
@@ -149,6 +150,9 @@ type AgentPaths struct {
 	NodePaths, PodLogs                  string
 	Kubeconfig, ProxyKubeconfig         string
 	DNSKubeconfig, ControllerKubeconfig string
+	// GatewayAddresses records the Gateway addresses the node holds on
+	// its interfaces.
+	GatewayAddresses string
 	// Upgrades holds the kelp binaries an Upgrade's path names (airgap);
 	// UpgradePending records the upgrade this node swapped its kelp for,
 	// which the next start reports.
@@ -180,6 +184,7 @@ func Agent(dataDir string) AgentPaths {
 		Upgrades:             filepath.Join(dir, "upgrades"),
 		UpgradePending:       filepath.Join(dir, "upgrade-pending.json"),
 		NodePaths:            filepath.Join(dir, "node-paths.json"),
+		GatewayAddresses:     filepath.Join(dir, "gateway-addresses.json"),
 		PodLogs:              filepath.Join(dir, "pod-logs"),
 		Kubeconfig:           filepath.Join(dir, "kubelet.kubeconfig"),
 		ProxyKubeconfig:      filepath.Join(dir, "kubeproxy.kubeconfig"),

@@ -1,0 +1,332 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"github.com/mdlayher/ethernet"
+	"github.com/mdlayher/ndp"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kelp-dev/kelp/internal/atomicfile"
+)
+
+// Announcements: how many times a node that takes an address tells its
+// network, and how far apart, so that a lost packet does not leave
+// clients' caches on the node that held it before.
+const (
+	announceCount    = 3
+	announceInterval = time.Second
+)
+
+// holder puts the Gateway addresses this node is given on the interfaces
+// of their networks, announces them there, and takes off those it is no
+// longer given. It records what it holds in a file before it adds an
+// address, so that what a crash leaves is known and only kelp's addresses
+// are ever removed. It is used from one goroutine.
+type holder struct {
+	file string
+	node string
+	held map[netip.Addr]*heldAddr
+	// problems are the last error logged for each address this node is
+	// given but cannot hold, so that each is logged once.
+	problems map[netip.Addr]string
+}
+
+type heldAddr struct {
+	iface string
+	// stop ends the address's announcements; nil once they ended or for
+	// an address only known from the record.
+	stop func()
+}
+
+// holdRecord is the file of the addresses a node holds.
+type holdRecord struct {
+	Addresses []recordedAddr `json:"addresses"`
+}
+
+type recordedAddr struct {
+	Address   string `json:"address"`
+	Interface string `json:"interface"`
+}
+
+// loadHolder reads what the node held when it last wrote file. A file
+// that is missing, empty or not valid (a crash cannot cut a write short:
+// it is written whole, but a disk can lose it) is taken as nothing held.
+func loadHolder(file, node string) (*holder, error) {
+	h := &holder{file: file, node: node, held: map[netip.Addr]*heldAddr{}, problems: map[netip.Addr]string{}}
+	data, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return h, nil
+	}
+	if err != nil {
+		return h, fmt.Errorf("read the Gateway addresses this node held: %w", err)
+	}
+	var rec holdRecord
+	if err := json.Unmarshal(data, &rec); err != nil {
+		log.WithError(err).Warnf("%s is not valid: taken as no Gateway address held", file)
+		return h, nil
+	}
+	for _, r := range rec.Addresses {
+		if a, err := netip.ParseAddr(r.Address); err == nil && r.Interface != "" {
+			h.held[a.Unmap()] = &heldAddr{iface: r.Interface}
+		}
+	}
+	return h, nil
+}
+
+// ReleaseRecorded takes off every Gateway address a node recorded in file
+// as held, and removes the file: for kelp killall, once the node stopped.
+func ReleaseRecorded(file string) error {
+	h, err := loadHolder(file, "")
+	if err != nil {
+		return err
+	}
+	if err := h.releaseAll(); err != nil {
+		// The file keeps what is left, for the next try.
+		return err
+	}
+	if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// sync holds the addresses of addrs (address to node) given to this node
+// and releases the others. An address that cannot be held is logged once,
+// saying why, and tried again at the next sync.
+func (h *holder) sync(addrs map[netip.Addr]string) {
+	for a := range h.held {
+		if addrs[a] != h.node {
+			if err := h.release(a); err != nil {
+				log.WithError(err).Errorf("cannot release the Gateway address %s; trying again", a)
+			}
+		}
+	}
+	for a := range h.problems {
+		if addrs[a] != h.node {
+			delete(h.problems, a)
+		}
+	}
+	for a, node := range addrs {
+		if node != h.node {
+			continue
+		}
+		if err := h.hold(a); err != nil {
+			if h.problems[a] != err.Error() {
+				log.WithError(err).Errorf("cannot hold the Gateway address %s on this node; trying again", a)
+				h.problems[a] = err.Error()
+			}
+			continue
+		}
+		delete(h.problems, a)
+	}
+}
+
+// hold makes sure a is on the interface of its network, adding and
+// announcing it if it is not (again, should something have taken it off).
+func (h *holder) hold(a netip.Addr) error {
+	addrs, err := netlink.AddrList(nil, family(a))
+	if err != nil {
+		return fmt.Errorf("list the node's addresses: %w", err)
+	}
+	var link netlink.Link
+	for _, x := range addrs {
+		ip, _ := netip.AddrFromSlice(x.IP)
+		ones, bits := x.Mask.Size()
+		if ip.Unmap() == a {
+			if held := h.held[a]; held != nil && ones == bits && linkName(x.LinkIndex) == held.iface {
+				return nil
+			}
+			return fmt.Errorf("%s is already on interface %s, and kelp did not put it there: take it off, or take it out of --gateway-address-range", x.IPNet, linkName(x.LinkIndex))
+		}
+		if link == nil && ones < bits && x.IPNet.Contains(a.AsSlice()) {
+			if link, err = netlink.LinkByIndex(x.LinkIndex); err != nil {
+				return fmt.Errorf("interface of %s: %w", x.IPNet, err)
+			}
+		}
+	}
+	if link == nil {
+		return fmt.Errorf("--gateway-address-range must be on the nodes' network; node %s has no interface on the network of %s", h.node, a)
+	}
+	if held := h.held[a]; held != nil {
+		// Taken off by someone else, or recorded on another interface.
+		if err := h.release(a); err != nil {
+			return err
+		}
+	}
+	iface := link.Attrs().Name
+	h.held[a] = &heldAddr{iface: iface}
+	if err := h.write(); err != nil {
+		delete(h.held, a)
+		return err
+	}
+	if err := netlink.AddrAdd(link, hostAddr(a)); err != nil {
+		delete(h.held, a)
+		if werr := h.write(); werr != nil {
+			log.WithError(werr).Warn("cannot record the Gateway addresses this node holds")
+		}
+		return fmt.Errorf("add %s to %s: %w", a, iface, err)
+	}
+	log.WithField("interface", iface).Infof("holding the Gateway address %s", a)
+	stop, err := announce(link, a)
+	if err != nil {
+		log.WithError(err).Warnf("cannot announce the Gateway address %s on %s: clients may reach the node that held it before until their neighbour caches expire", a, iface)
+	}
+	h.held[a].stop = stop
+	return nil
+}
+
+// release takes a off its interface and out of the record. An address
+// that is already gone, or whose interface is, is released.
+func (h *holder) release(a netip.Addr) error {
+	held := h.held[a]
+	if held.stop != nil {
+		held.stop()
+		held.stop = nil
+	}
+	link, err := netlink.LinkByName(held.iface)
+	if err == nil {
+		err = netlink.AddrDel(link, hostAddr(a))
+	}
+	if err != nil && !errors.As(err, &netlink.LinkNotFoundError{}) && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("remove %s from %s: %w", a, held.iface, err)
+	}
+	delete(h.held, a)
+	log.WithField("interface", held.iface).Infof("released the Gateway address %s", a)
+	return h.write()
+}
+
+// releaseAll releases every address held, as the node stops.
+func (h *holder) releaseAll() error {
+	var errs []error
+	for a := range h.held {
+		errs = append(errs, h.release(a))
+	}
+	return errors.Join(errs...)
+}
+
+func (h *holder) write() error {
+	rec := holdRecord{Addresses: []recordedAddr{}}
+	for _, a := range slices.SortedFunc(maps.Keys(h.held), netip.Addr.Compare) {
+		rec.Addresses = append(rec.Addresses, recordedAddr{Address: a.String(), Interface: h.held[a].iface})
+	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(h.file, data, 0o600)
+}
+
+func family(a netip.Addr) int {
+	if a.Is4() {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
+}
+
+// hostAddr is a alone, as kelp adds it. An IPv6 one is usable at once
+// (no duplicate address detection: the controller gives it to one node)
+// and deprecated, so that the node's own connections do not take it as
+// their source: it may move to another node.
+func hostAddr(a netip.Addr) *netlink.Addr {
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
+	if a.Is6() {
+		addr.Flags = unix.IFA_F_NODAD
+		addr.ValidLft = math.MaxUint32 // forever
+		addr.PreferedLft = 0
+	}
+	return addr
+}
+
+func linkName(index int) string {
+	link, err := netlink.LinkByIndex(index)
+	if err != nil {
+		return fmt.Sprintf("#%d", index)
+	}
+	return link.Attrs().Name
+}
+
+// announce tells the network of link that a is now at link's hardware
+// address: gratuitous ARP for IPv4, an unsolicited neighbour advertisement
+// that overrides for IPv6, so that clients' caches move to this node at
+// once after it took a over from another. The first goes out before it
+// returns, the rest in the background until stop. The socket is opened
+// here, in the caller's network namespace.
+func announce(link netlink.Link, a netip.Addr) (stop func(), err error) {
+	ifi, err := net.InterfaceByIndex(link.Attrs().Index)
+	if err != nil {
+		return nil, err
+	}
+	if len(ifi.HardwareAddr) == 0 {
+		// No link layer addresses on this network: nothing to tell.
+		return nil, nil
+	}
+	var send func() error
+	var closer func() error
+	if a.Is4() {
+		c, err := arp.Dial(ifi)
+		if err != nil {
+			return nil, fmt.Errorf("ARP on %s: %w", ifi.Name, err)
+		}
+		send = func() error {
+			// Both a request and a reply: hosts differ in which they
+			// take as news.
+			for _, op := range []arp.Operation{arp.OperationRequest, arp.OperationReply} {
+				p, err := arp.NewPacket(op, ifi.HardwareAddr, a, ethernet.Broadcast, a)
+				if err != nil {
+					return err
+				}
+				if err := c.WriteTo(p, ethernet.Broadcast); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		closer = c.Close
+	} else {
+		c, _, err := ndp.Listen(ifi, ndp.Addr(a.String()))
+		if err != nil {
+			return nil, fmt.Errorf("NDP on %s: %w", ifi.Name, err)
+		}
+		na := &ndp.NeighborAdvertisement{Override: true, TargetAddress: a, Options: []ndp.Option{
+			&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: ifi.HardwareAddr},
+		}}
+		send = func() error { return c.WriteTo(na, nil, netip.IPv6LinkLocalAllNodes()) }
+		closer = c.Close
+	}
+	if err := send(); err != nil {
+		_ = closer()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer closer()
+		t := time.NewTicker(announceInterval)
+		defer t.Stop()
+		for range announceCount - 1 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := send(); err != nil {
+				log.WithError(err).Debugf("announce %s on %s", a, ifi.Name)
+			}
+		}
+	})
+	return func() { cancel(); wg.Wait() }, nil
+}
