@@ -26,6 +26,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/cni"
 	"github.com/kelp-dev/kelp/internal/dns"
+	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/nft"
 	"github.com/kelp-dev/kelp/internal/nodepaths"
@@ -72,6 +73,9 @@ func Run(dataDir string) error {
 	if !slices.Contains(p.keep.dirs, layout.NetnsDir) {
 		removeNetns()
 	}
+	// The node's Gateway addresses are its own, whoever else uses the
+	// network.
+	errs = append(errs, removeGatewayAddresses(c.dataDir))
 	if !p.keep.network {
 		errs = append(errs, removeNetwork(c.dataDir))
 	}
@@ -304,6 +308,15 @@ func removeNetwork(dataDir string) error {
 		errs = append(errs, fmt.Errorf("delete nftables tables: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// removeGatewayAddresses takes off the interfaces the Gateway addresses
+// the node recorded as held, and no other.
+func removeGatewayAddresses(dataDir string) error {
+	if err := gateway.ReleaseRecorded(layout.Agent(dataDir).GatewayAddresses); err != nil {
+		return fmt.Errorf("remove the node's Gateway addresses: %w", err)
+	}
+	return nil
 }
 
 // podCgroups returns the directories that hold the kubelet's pod cgroups

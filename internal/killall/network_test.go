@@ -61,3 +61,50 @@ func TestRemoveNetworkClusterDNSAddress(t *testing.T) {
 		}
 	})
 }
+
+// The Gateway addresses the node recorded go from their interface, and the
+// record with them; an address it did not record stays.
+func TestRemoveGatewayAddresses(t *testing.T) {
+	dataDir := t.TempDir()
+	record := layout.Agent(dataDir).GatewayAddresses
+	if err := os.MkdirAll(filepath.Dir(record), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(record, []byte(`{"addresses":[{"address":"10.8.0.100","interface":"veth0"},{"address":"fd08::100","interface":"veth0"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testcluster.InNewNetns(t, func() {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth0"}, PeerName: "veth1"}); err != nil {
+			t.Fatal(err)
+		}
+		link, err := netlink.LinkByName("veth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range []string{"10.8.0.1/24", "10.8.0.100/32", "10.8.0.101/32", "fd08::100/128", "fd08::101/128"} {
+			addr, _ := netlink.ParseAddr(a)
+			addr.Flags = unix.IFA_F_NODAD
+			if err := netlink.AddrAdd(link, addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := removeGatewayAddresses(dataDir); err != nil {
+			t.Fatal(err)
+		}
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var left []string
+		for _, a := range addrs {
+			left = append(left, a.IPNet.String())
+		}
+		slices.Sort(left)
+		if want := []string{"10.8.0.1/24", "10.8.0.101/32", "fd08::101/128"}; !slices.Equal(left, want) {
+			t.Errorf("addresses of veth0 %v, want %v", left, want)
+		}
+	})
+	if _, err := os.Stat(record); !os.IsNotExist(err) {
+		t.Errorf("the record is still there: %v", err)
+	}
+}
