@@ -139,12 +139,16 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	}); err != nil {
 		return nil, err
 	}
-	if !cfg.DisableGateway {
-		if err := g.Go("gateway", func(ctx context.Context) error {
-			return gateway.Serve(ctx, clients.controller, gateway.ServeConfig{NodeName: cfg.NodeName, AddressesFile: p.GatewayAddresses})
-		}); err != nil {
-			return nil, err
+	if cfg.DisableGateway {
+		// Addresses a crash of the node's data path left would be
+		// answered for here after another node took them over.
+		if err := gateway.ReleaseRecorded(p.GatewayAddresses); err != nil {
+			return nil, fmt.Errorf("release the Gateway addresses this node held: %w", err)
 		}
+	} else if err := g.Go("gateway", func(ctx context.Context) error {
+		return gateway.Serve(ctx, clients.controller, gateway.ServeConfig{NodeName: cfg.NodeName, AddressesFile: p.GatewayAddresses})
+	}); err != nil {
+		return nil, err
 	}
 	if err := startLocalStorage(g, cfg, clients.controller); err != nil {
 		return nil, err

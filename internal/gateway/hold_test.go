@@ -171,6 +171,18 @@ func TestHoldAnnounce(t *testing.T) {
 	if len(h.problems) > 0 {
 		t.Errorf("problems %v", h.problems)
 	}
+	// Usable at once, and never the source of the node's own connections.
+	if err := l.a.Do(func() error {
+		list, err := netlink.AddrList(nil, netlink.FAMILY_V6)
+		for _, a := range list {
+			if ip, _ := netip.AddrFromSlice(a.IP); ip == x6 && a.Flags&(unix.IFA_F_DEPRECATED|unix.IFA_F_TENTATIVE) != unix.IFA_F_DEPRECATED {
+				t.Errorf("%s has flags %#x, want deprecated and not tentative", x6, a.Flags)
+			}
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 
 	macs := func() (map[netip.Addr]string, error) {
 		got := map[netip.Addr]string{}
