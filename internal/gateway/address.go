@@ -128,7 +128,7 @@ func assign(ranges []config.AddressRange, gateways []*gatewayv1.Gateway, nodes [
 			ip, ok := free(ranges, v6, taken)
 			if !ok {
 				a.reason = string(gatewayv1.GatewayReasonAddressNotAssigned)
-				a.msg = fmt.Sprintf("no %s address of the server's --gateway-address-range %s is free: widen the range or delete a Gateway", family(v6), formatRanges(ranges))
+				a.msg = fmt.Sprintf("no %s address of the server's --gateway-address-range %s is free: widen the range or delete a Gateway", familyName(v6), formatRanges(ranges))
 				continue
 			}
 			a.addrs = append(a.addrs, ip)
@@ -174,7 +174,7 @@ func familiesOf(ranges []config.AddressRange) []bool {
 	return out
 }
 
-func family(v6 bool) string {
+func familyName(v6 bool) string {
 	if v6 {
 		return "IPv6"
 	}
@@ -189,14 +189,14 @@ func formatRanges(ranges []config.AddressRange) string {
 	return strings.Join(s, ",")
 }
 
-// holder chooses the node that holds addr among the nodes that may: the
+// chooseHolder chooses the node that holds addr among the nodes that may: the
 // Ready ones, not cordoned (a node being drained gives its addresses up
 // before it stops) and not labelled node.kubernetes.io/exclude-from-
 // external-load-balancers. The node that holds it now (was, "" if none)
 // keeps it while it may: a move breaks the connections open to it. Else
 // the choice is by highest hash of address and node name, so that every
 // address has its own order of nodes. ok is false when no node may.
-func holder(addr netip.Addr, nodes []*corev1.Node, was string) (string, bool) {
+func chooseHolder(addr netip.Addr, nodes []*corev1.Node, was string) (string, bool) {
 	var best string
 	var bestScore uint64
 	for _, n := range nodes {

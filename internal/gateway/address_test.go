@@ -235,7 +235,7 @@ func TestHolder(t *testing.T) {
 	excluded := readyNode("excluded", "10.0.0.5")
 	excluded.Labels = map[string]string{corev1.LabelNodeExcludeBalancers: ""}
 	unfit := []*corev1.Node{notReady, cordoned, excluded, node("no-conditions", "10.0.0.6", "")}
-	if n, ok := holder(netip.MustParseAddr("10.0.0.200"), unfit, ""); ok {
+	if n, ok := chooseHolder(netip.MustParseAddr("10.0.0.200"), unfit, ""); ok {
 		t.Errorf("%s holds an address", n)
 	}
 	two := append(slices.Clone(unfit), readyNode("n1", "10.0.0.1"), readyNode("n2", "10.0.0.2"))
@@ -244,11 +244,11 @@ func TestHolder(t *testing.T) {
 	ip := netip.MustParseAddr("10.0.0.100")
 	for range 60 {
 		ip = ip.Next()
-		before, ok := holder(ip, two, "")
+		before, ok := chooseHolder(ip, two, "")
 		if !ok || (before != "n1" && before != "n2") {
 			t.Fatalf("%s held by %q of two Ready nodes", ip, before)
 		}
-		after, _ := holder(ip, three, "")
+		after, _ := chooseHolder(ip, three, "")
 		if after != before && after != "n3" {
 			t.Errorf("%s moved from %s to %s when n3 joined", ip, before, after)
 		}
@@ -262,11 +262,11 @@ func TestHolder(t *testing.T) {
 
 	// The node that holds an address keeps it while it may.
 	for _, was := range []string{"n1", "n2", "n3"} {
-		if got, _ := holder(ip, three, was); got != was {
+		if got, _ := chooseHolder(ip, three, was); got != was {
 			t.Errorf("%s held by %s went to %s", ip, was, got)
 		}
 	}
-	if got, _ := holder(ip, three, "cordoned"); got == "cordoned" {
+	if got, _ := chooseHolder(ip, three, "cordoned"); got == "cordoned" {
 		t.Errorf("%s stayed on a cordoned node", ip)
 	}
 }

@@ -193,7 +193,7 @@ func Compile(objs Objects) (Config, Status) {
 		byGateway[nameOf(gw)] = ls
 		all = append(all, ls...)
 		for _, ip := range c.addressing[nameOf(gw)].addrs {
-			if node, ok := holder(ip, objs.Nodes, was[ip.String()]); ok {
+			if node, ok := chooseHolder(ip, objs.Nodes, was[ip.String()]); ok {
 				c.held[ip] = node
 			}
 		}
