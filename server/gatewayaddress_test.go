@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
@@ -203,14 +205,19 @@ spec:
 		}
 		return strings.Contains(string(out), " "+addr+"/32 ")
 	}
-	// arpTo says whether the client's neighbour entry of addr is n's MAC.
-	arpTo := func(n *testcluster.Node, addr string) bool {
-		mac, err := n.Command("cat", "/sys/class/net/eth0/address").Output()
+	// arpTo says whether the client's neighbour entry of addr is n's
+	// MAC, and what the entry is.
+	arpTo := func(n *testcluster.Node, addr string) (bool, string) {
+		// ip, not /sys/class/net: the node's /sys is the machine's.
+		link, err := n.Command("ip", "-o", "link", "show", "dev", "eth0").Output()
 		if err != nil {
 			t.Fatal(err)
 		}
+		_, mac, _ := strings.Cut(string(link), "link/ether ")
+		mac, _, _ = strings.Cut(mac, " ")
 		out, _ := client.Command("ip", "neigh", "show", addr).Output()
-		return strings.Contains(string(out), "lladdr "+strings.TrimSpace(string(mac)))
+		entry := strings.TrimSpace(string(out))
+		return mac != "" && strings.Contains(entry, "lladdr "+mac+" "), fmt.Sprintf("%q, %s's MAC %s", entry, n.Name, mac)
 	}
 	movedTo := func(n, from *testcluster.Node) {
 		t.Helper()
@@ -239,9 +246,15 @@ spec:
 	movedTo(srv, agent)
 	t.Logf("from the agent's stop to the server holding its addresses: %s", time.Since(began).Round(time.Second))
 	for _, name := range []string{"one", "two"} {
-		eventually(t, "the client's ARP entry of "+addrs[name]+" names the server", func() (bool, error) {
-			return arpTo(srv, addrs[name]), nil
+		var entry string
+		err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			var ok bool
+			ok, entry = arpTo(srv, addrs[name])
+			return ok, nil
 		})
+		if err != nil {
+			t.Errorf("the client's neighbour entry of %s: %s, want the server's MAC", addrs[name], entry)
+		}
 	}
 	reachBoth("the agent stopped")
 }
