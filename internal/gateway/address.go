@@ -189,10 +189,11 @@ func formatRanges(ranges []config.AddressRange) string {
 	return strings.Join(s, ",")
 }
 
-// chooseHolder chooses the node that holds addr among the nodes that may: the
-// Ready ones, not cordoned (a node being drained gives its addresses up
-// before it stops) and not labelled node.kubernetes.io/exclude-from-
-// external-load-balancers. The node that holds it now (was, "" if none)
+// chooseHolder chooses the node that holds addr among the nodes that may:
+// the Ready ones, not cordoned (a node being drained gives its addresses
+// up before it stops), not labelled node.kubernetes.io/exclude-from-
+// external-load-balancers, and with an interface on addr's network (as
+// their data paths say). The node that holds it now (was, "" if none)
 // keeps it while it may: a move breaks the connections open to it. Else
 // the choice is by highest hash of address and node name, so that every
 // address has its own order of nodes. ok is false when no node may.
@@ -200,7 +201,7 @@ func chooseHolder(addr netip.Addr, nodes []*corev1.Node, was string) (string, bo
 	var best string
 	var bestScore uint64
 	for _, n := range nodes {
-		if !mayHold(n) {
+		if !mayHold(n, addr) {
 			continue
 		}
 		if n.Name == was {
@@ -215,11 +216,20 @@ func chooseHolder(addr netip.Addr, nodes []*corev1.Node, was string) (string, bo
 	return best, best != ""
 }
 
-func mayHold(n *corev1.Node) bool {
+func mayHold(n *corev1.Node, addr netip.Addr) bool {
 	if n.Spec.Unschedulable || n.DeletionTimestamp != nil {
 		return false
 	}
 	if _, excluded := n.Labels[excludeLabel]; excluded {
+		return false
+	}
+	onNetwork := false
+	for s := range strings.SplitSeq(n.Annotations[NetworksAnnotation], ",") {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && p.Contains(addr) {
+			onNetwork = true
+		}
+	}
+	if !onNetwork {
 		return false
 	}
 	for _, c := range n.Status.Conditions {

@@ -25,8 +25,11 @@ func ranges(t *testing.T, values ...string) []config.AddressRange {
 	return r
 }
 
+// readyNode is a Ready node on the networks 10.0.0.0/24 and fd00::/64, as
+// its data path says.
 func readyNode(name, ip string) *corev1.Node {
 	n := node(name, ip, "")
+	n.Annotations = map[string]string{NetworksAnnotation: "10.0.0.0/24,fd00::/64"}
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	return n
 }
@@ -224,7 +227,8 @@ func TestAssign(t *testing.T) {
 	}
 }
 
-// Only Ready, schedulable nodes not excluded from load balancers hold
+// Only Ready, schedulable nodes not excluded from load balancers, on the
+// address's network (a node of an earlier kelp does not say) hold
 // addresses; a node that holds one keeps it while it may; else a node
 // that joins takes only addresses from the others, as many as its share.
 func TestHolder(t *testing.T) {
@@ -234,7 +238,11 @@ func TestHolder(t *testing.T) {
 	cordoned.Spec.Unschedulable = true
 	excluded := readyNode("excluded", "10.0.0.5")
 	excluded.Labels = map[string]string{corev1.LabelNodeExcludeBalancers: ""}
-	unfit := []*corev1.Node{notReady, cordoned, excluded, node("no-conditions", "10.0.0.6", "")}
+	elsewhere := readyNode("elsewhere", "192.168.5.5")
+	elsewhere.Annotations[NetworksAnnotation] = "192.168.5.0/24,fd00:1::/64"
+	unsaid := readyNode("unsaid", "10.0.0.8")
+	delete(unsaid.Annotations, NetworksAnnotation)
+	unfit := []*corev1.Node{notReady, cordoned, excluded, elsewhere, unsaid, node("no-conditions", "10.0.0.6", "")}
 	if n, ok := chooseHolder(netip.MustParseAddr("10.0.0.200"), unfit, ""); ok {
 		t.Errorf("%s holds an address", n)
 	}

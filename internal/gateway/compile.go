@@ -33,6 +33,11 @@ const ClassName = "kelp"
 // their listeners are not reported as programmed.
 const UnavailablePortsAnnotation = AnnotationPrefix + "unavailable-ports"
 
+// NetworksAnnotation is the Node annotation by which a node's data path
+// says which networks its interfaces are on (CIDRs, comma-separated), so
+// that it is given only Gateway addresses it can hold there.
+const NetworksAnnotation = AnnotationPrefix + "networks"
+
 // AnnotationPrefix is the prefix of the Node annotations the data path
 // writes on its own Node.
 const AnnotationPrefix = "gateway.kelp.io/"
@@ -538,7 +543,7 @@ func (c *compiler) gatewayStatus(gw *gatewayv1.Gateway, ls []*listener) gatewayv
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, own.reason, own.msg, gen))
 	case len(unheld) > 0:
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonAddressNotAssigned),
-			fmt.Sprintf("no node may hold %s: a node holds Gateway addresses when it is Ready, not cordoned and not labelled %s", strings.Join(unheld, ", "), excludeLabel), gen))
+			fmt.Sprintf("no node may hold %s: a node holds a Gateway address when it is Ready, not cordoned, not labelled %s and has an interface on the address's network (its annotation %s)", strings.Join(unheld, ", "), excludeLabel, NetworksAnnotation), gen))
 	case programmed == 0:
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonInvalid), "no listener is served: see their conditions", gen))
 	default:

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -228,6 +230,32 @@ func (h *holder) write() error {
 		return err
 	}
 	return atomicfile.Write(h.file, data, 0o600)
+}
+
+// networks are the networks of the node's interfaces as the annotation
+// NetworksAnnotation says them: the prefixes of their unicast addresses,
+// not the host addresses kelp holds.
+func networks() (string, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return "", fmt.Errorf("list the node's addresses: %w", err)
+	}
+	var nets []netip.Prefix
+	for _, x := range addrs {
+		ip, ok := netip.AddrFromSlice(x.IP)
+		ones, bits := x.Mask.Size()
+		if !ok || ones == bits || !ip.Unmap().IsGlobalUnicast() {
+			continue
+		}
+		ip = ip.Unmap()
+		nets = append(nets, netip.PrefixFrom(ip, ones-(bits-ip.BitLen())).Masked())
+	}
+	slices.SortFunc(nets, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits())) })
+	s := make([]string, 0, len(nets))
+	for _, p := range slices.Compact(nets) {
+		s = append(s, p.String())
+	}
+	return strings.Join(s, ","), nil
 }
 
 func family(a netip.Addr) int {

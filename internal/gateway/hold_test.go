@@ -314,6 +314,18 @@ func TestServeHoldsAddresses(t *testing.T) {
 	if got, want := recorded(t, l.record), []string{"10.7.0.100@eth0"}; !slices.Equal(got, want) {
 		t.Errorf("recorded %v, want %v", got, want)
 	}
+	// The node says which networks it is on, for the controller.
+	var networks string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && networks == ""; time.Sleep(50 * time.Millisecond) {
+		n, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		networks = n.Annotations[NetworksAnnotation]
+	}
+	if networks != "10.7.0.0/24,fd07::/64" {
+		t.Errorf("annotation %s %q, want 10.7.0.0/24,fd07::/64", NetworksAnnotation, networks)
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -346,5 +358,24 @@ func TestLoadHolderDamagedRecord(t *testing.T) {
 	h, err := loadHolder(filepath.Join(t.TempDir(), "none.json"), "n1")
 	if err != nil || len(h.held) > 0 {
 		t.Errorf("no record: held %v, %v; want nothing and no error", h.held, err)
+	}
+}
+
+// A node says the networks of its interfaces, not the host addresses it
+// holds for Gateways nor link-local ones.
+func TestNetworks(t *testing.T) {
+	l := newLAN(t)
+	if err := addAddrs(l.a, "10.7.0.200/32", "fd07::c8/128", "192.168.9.1/16"); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := l.a.Do(func() (err error) {
+		got, err = networks()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "10.7.0.0/24,192.168.0.0/16,fd07::/64"; got != want {
+		t.Errorf("networks %q, want %q", got, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	stdlog "log"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -197,9 +198,9 @@ type dataPath struct {
 
 	mu      sync.Mutex
 	servers map[int32]*portServer
-	// reported is the value of the unavailable-ports annotation last
-	// written; nil before the first write.
-	reported *string
+	// reported are the annotations last written; nil before the first
+	// write.
+	reported map[string]string
 	failed   map[int32]string
 }
 
@@ -307,34 +308,43 @@ func (d *dataPath) listen(ctx context.Context) {
 	d.report(ctx, failed)
 }
 
-// report publishes the ports this node cannot listen on, for the
-// controller to show in the listeners' status.
+// report publishes on the node's Node the ports it cannot listen on, for
+// the controller to show in the listeners' status, and the networks it is
+// on, so that it is given only Gateway addresses it can hold.
 func (d *dataPath) report(ctx context.Context, failed map[int32]string) {
 	var ports []string
 	for p := range failed {
 		ports = append(ports, strconv.Itoa(int(p)))
 	}
 	slices.Sort(ports)
-	value := strings.Join(ports, ",")
-	if d.reported != nil && *d.reported == value {
+	nets, err := networks()
+	if err != nil {
+		log.WithError(err).Warn("cannot list the networks of this node; trying again")
 		return
 	}
-	var v any = value
-	if value == "" {
-		v = nil
+	want := map[string]string{UnavailablePortsAnnotation: strings.Join(ports, ","), NetworksAnnotation: nets}
+	if d.reported != nil && maps.Equal(d.reported, want) {
+		return
 	}
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{UnavailablePortsAnnotation: v}}})
+	annotations := map[string]any{}
+	for k, v := range want {
+		annotations[k] = v
+		if v == "" {
+			annotations[k] = nil
+		}
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 	if _, err := d.client.CoreV1().Nodes().Patch(ctx, d.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "kelp-gateway"}); err != nil {
 		entry := log.WithError(err)
 		if apierrors.IsNotFound(err) {
 			// The kubelet has not registered the node yet.
-			entry.Debug("could not report the ports this node cannot listen on; trying again")
+			entry.Debug("could not report the ports and networks of this node; trying again")
 		} else {
-			entry.Warn("could not report the ports this node cannot listen on; trying again")
+			entry.Warn("could not report the ports and networks of this node; trying again")
 		}
 		return
 	}
-	d.reported = &value
+	d.reported = want
 }
 
 // closeAll stops every port, letting requests in flight finish for a
