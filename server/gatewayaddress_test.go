@@ -228,8 +228,27 @@ spec:
 		}
 	}
 
+	// neighbourIs checks, before the client sends anything, that its
+	// neighbour entries of the addresses name n's MAC: n announced them.
+	// Else it would send to the node that held them, which forwards.
+	neighbourIs := func(n *testcluster.Node) {
+		t.Helper()
+		for _, name := range []string{"one", "two"} {
+			var entry string
+			err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				var ok bool
+				ok, entry = arpTo(n, addrs[name])
+				return ok, nil
+			})
+			if err != nil {
+				t.Errorf("the client's neighbour entry of %s: %s, want %s's MAC", addrs[name], entry, n.Name)
+			}
+		}
+	}
+
 	kubectl(t, srv, "cordon", "server")
 	movedTo(agent, srv)
+	neighbourIs(agent)
 	reachBoth("the server cordoned")
 	kubectl(t, srv, "uncordon", "server")
 	// An address stays where it is while its node may hold it: a move
@@ -245,16 +264,6 @@ spec:
 	agent.Stop()
 	movedTo(srv, agent)
 	t.Logf("from the agent's stop to the server holding its addresses: %s", time.Since(began).Round(time.Second))
-	for _, name := range []string{"one", "two"} {
-		var entry string
-		err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-			var ok bool
-			ok, entry = arpTo(srv, addrs[name])
-			return ok, nil
-		})
-		if err != nil {
-			t.Errorf("the client's neighbour entry of %s: %s, want the server's MAC", addrs[name], entry)
-		}
-	}
+	neighbourIs(srv)
 	reachBoth("the agent stopped")
 }
