@@ -75,7 +75,7 @@ var imageSources = map[string]struct{ pkg, path string }{
 // -debug ...) are passed on to it.
 func TestGatewayConformance(t *testing.T) {
 	if os.Getenv(runEnv) != "1" {
-		t.Skip("the Gateway API conformance suite runs when asked: set " + runEnv + "=1 (scripts/gateway-conformance.sh does)")
+		t.Skip("the Gateway API conformance suite runs when asked: set " + runEnv + "=1 (scripts/test.sh and scripts/gateway-conformance.sh do)")
 	}
 	n := testcluster.NewNode(t)
 	n.Agent = true

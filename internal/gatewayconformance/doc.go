@@ -4,7 +4,7 @@
 // only, so that the suite and its dependencies (controller-runtime among
 // them) stay out of the kelp binary.
 //
-// TestGatewayConformance runs only when KELP_GATEWAY_CONFORMANCE=1:
-// scripts/gateway-conformance.sh builds kelp, runs it and prints the
-// report; scripts/test.sh does not run it.
+// TestGatewayConformance runs only when KELP_GATEWAY_CONFORMANCE=1, as
+// scripts/test.sh and scripts/gateway-conformance.sh set it; the latter
+// builds kelp, runs the test alone and prints the report.
 package gatewayconformance
