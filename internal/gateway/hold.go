@@ -250,7 +250,9 @@ func networks() (string, error) {
 		ip = ip.Unmap()
 		nets = append(nets, netip.PrefixFrom(ip, ones-(bits-ip.BitLen())).Masked())
 	}
-	slices.SortFunc(nets, func(a, b netip.Prefix) int { return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits())) })
+	slices.SortFunc(nets, func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	})
 	s := make([]string, 0, len(nets))
 	for _, p := range slices.Compact(nets) {
 		s = append(s, p.String())
