@@ -15,7 +15,6 @@ import (
 	"time"
 
 	mdns "github.com/miekg/dns"
-	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -179,13 +178,7 @@ func TestDualStackRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	testcluster.InNewNetns(t, func() {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			t.Fatal(err)
-		}
+		testcluster.Loopback(t)
 		for _, address := range []string{"10.43.0.10", "fd43::a"} {
 			t.Run(address, func(t *testing.T) {
 				cfg := Config{

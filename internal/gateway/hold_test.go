@@ -49,12 +49,8 @@ func newLAN(t *testing.T) *lan {
 			if err != nil {
 				return err
 			}
-			for _, a := range []string{fmt.Sprintf("10.7.0.%d/24", i+1), fmt.Sprintf("fd07::%d/64", i+1)} {
-				addr, _ := netlink.ParseAddr(a)
-				addr.Flags = unix.IFA_F_NODAD
-				if err := netlink.AddrAdd(link, addr); err != nil {
-					return err
-				}
+			if err := testcluster.AddAddrs(link, fmt.Sprintf("10.7.0.%d/24", i+1), fmt.Sprintf("fd07::%d/64", i+1)); err != nil {
+				return err
 			}
 			if n == l.a {
 				l.macA = link.Attrs().HardwareAddr
@@ -76,17 +72,11 @@ func addrs(t *testing.T, n *testcluster.Netns) []string {
 		if err != nil {
 			return err
 		}
-		list, err := netlink.AddrList(link, netlink.FAMILY_ALL)
-		for _, a := range list {
-			if !a.IP.IsLinkLocalUnicast() {
-				got = append(got, a.IPNet.String())
-			}
-		}
+		got, err = testcluster.AddrsOf(link)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	slices.Sort(got)
 	return got
 }
 
@@ -111,20 +101,14 @@ func recorded(t *testing.T, file string) []string {
 	return got
 }
 
+// addAddrs adds the addresses (CIDRs) to eth0 in n.
 func addAddrs(n *testcluster.Netns, cidrs ...string) error {
 	return n.Do(func() error {
 		link, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
 		}
-		for _, c := range cidrs {
-			addr, _ := netlink.ParseAddr(c)
-			addr.Flags = unix.IFA_F_NODAD
-			if err := netlink.AddrAdd(link, addr); err != nil {
-				return fmt.Errorf("add %s: %w", c, err)
-			}
-		}
-		return nil
+		return testcluster.AddAddrs(link, cidrs...)
 	})
 }
 

@@ -21,8 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -296,19 +294,8 @@ func TestMisdirectedRequests(t *testing.T) {
 // IPv6.
 func TestListenEveryAddress(t *testing.T) {
 	testcluster.InNewNetns(t, func() {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
+		if err := testcluster.AddAddrs(testcluster.Loopback(t), "192.0.2.1/32", "2001:db8::1/128"); err != nil {
 			t.Fatal(err)
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range []string{"192.0.2.1/32", "2001:db8::1/128"} {
-			addr, _ := netlink.ParseAddr(a)
-			addr.Flags = unix.IFA_F_NODAD
-			if err := netlink.AddrAdd(lo, addr); err != nil {
-				t.Fatal(err)
-			}
 		}
 		cfg := Config{Ports: []Port{{Port: 8080, Protocol: "HTTP", Hosts: []Host{{Routes: []Route{
 			{Name: "app/r", Path: PathMatch{Type: PathPrefix, Value: "/"}, Redirect: &Redirect{Hostname: "other.example", Status: 302}},
@@ -327,6 +314,7 @@ func TestListenEveryAddress(t *testing.T) {
 			// after the addresses were added, the IPv6 one is now and then
 			// unreachable for a moment (CI: once; here once in 600 runs).
 			var c net.Conn
+			var err error
 			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 				c, err = net.DialTimeout("tcp", net.JoinHostPort(host, "8080"), 2*time.Second)
 				if !errors.Is(err, syscall.ENETUNREACH) || time.Now().After(deadline) {
@@ -445,13 +433,7 @@ func TestDispatchByLocalAddress(t *testing.T) {
 // node's, over HTTP and HTTPS.
 func TestDispatchListening(t *testing.T) {
 	testcluster.InNewNetns(t, func() {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			t.Fatal(err)
-		}
+		testcluster.Loopback(t)
 		redirect := func(to string) []Route {
 			return []Route{{Name: "app/" + to, Path: PathMatch{Type: PathPrefix, Value: "/"}, Redirect: &Redirect{Hostname: to, Status: 302}}}
 		}

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/kelp-dev/kelp/internal/dns"
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -27,35 +26,23 @@ func TestRemoveNetworkClusterDNSAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	testcluster.InNewNetns(t, func() {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
+		lo := testcluster.Loopback(t)
+		// The IPv4 one labelled as kelp labels it.
+		v4, _ := netlink.ParseAddr("10.43.0.10/32")
+		v4.Label = dns.AddressLabel
+		if err := netlink.AddrAdd(lo, v4); err != nil {
 			t.Fatal(err)
 		}
-		if err := netlink.LinkSetUp(lo); err != nil {
+		if err := testcluster.AddAddrs(lo, "fd43::a/128", "2001:db8::1/128"); err != nil {
 			t.Fatal(err)
-		}
-		for _, a := range []string{"fd43::a/128", "2001:db8::1/128", "10.43.0.10/32"} {
-			addr, _ := netlink.ParseAddr(a)
-			addr.Flags = unix.IFA_F_NODAD
-			if addr.IP.To4() != nil {
-				addr.Label = dns.AddressLabel
-			}
-			if err := netlink.AddrAdd(lo, addr); err != nil {
-				t.Fatal(err)
-			}
 		}
 		if err := removeNetwork(dataDir); err != nil {
 			t.Fatal(err)
 		}
-		addrs, err := netlink.AddrList(lo, netlink.FAMILY_ALL)
+		left, err := testcluster.AddrsOf(lo)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var left []string
-		for _, a := range addrs {
-			left = append(left, a.IPNet.String())
-		}
-		slices.Sort(left)
 		if want := []string{"127.0.0.1/8", "2001:db8::1/128", "::1/128"}; !slices.Equal(left, want) {
 			t.Errorf("addresses of lo %v, want %v", left, want)
 		}
@@ -81,25 +68,16 @@ func TestRemoveGatewayAddresses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, a := range []string{"10.8.0.1/24", "10.8.0.100/32", "10.8.0.101/32", "fd08::100/128", "fd08::101/128"} {
-			addr, _ := netlink.ParseAddr(a)
-			addr.Flags = unix.IFA_F_NODAD
-			if err := netlink.AddrAdd(link, addr); err != nil {
-				t.Fatal(err)
-			}
+		if err := testcluster.AddAddrs(link, "10.8.0.1/24", "10.8.0.100/32", "10.8.0.101/32", "fd08::100/128", "fd08::101/128"); err != nil {
+			t.Fatal(err)
 		}
 		if err := removeGatewayAddresses(dataDir); err != nil {
 			t.Fatal(err)
 		}
-		addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+		left, err := testcluster.AddrsOf(link)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var left []string
-		for _, a := range addrs {
-			left = append(left, a.IPNet.String())
-		}
-		slices.Sort(left)
 		if want := []string{"10.8.0.1/24", "10.8.0.101/32", "fd08::101/128"}; !slices.Equal(left, want) {
 			t.Errorf("addresses of veth0 %v, want %v", left, want)
 		}

@@ -5,8 +5,10 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"testing"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -117,4 +119,52 @@ func (n *Netns) Accept(t *testing.T, network, addr string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Loopback brings lo up in the calling thread's network namespace (a new
+// namespace has it down) and returns it.
+func Loopback(t *testing.T) netlink.Link {
+	t.Helper()
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	return lo
+}
+
+// AddAddrs adds the addresses (CIDRs) to link in the calling thread's
+// network namespace, usable at once: IPv6 ones skip duplicate address
+// detection.
+func AddAddrs(link netlink.Link, cidrs ...string) error {
+	for _, c := range cidrs {
+		addr, err := netlink.ParseAddr(c)
+		if err != nil {
+			return err
+		}
+		addr.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(link, addr); err != nil {
+			return fmt.Errorf("add %s to %s: %w", c, link.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// AddrsOf are the addresses of link in the calling thread's network
+// namespace, as CIDRs, sorted, link-local ones left out.
+func AddrsOf(link netlink.Link) ([]string, error) {
+	list, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, a := range list {
+		if !a.IP.IsLinkLocalUnicast() {
+			out = append(out, a.IPNet.String())
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
