@@ -22,38 +22,25 @@ import (
 // one listener on port 80 and no hostname, and a route for / to the app:
 // on shared addresses nothing would tell the two apart. The apps run on
 // the server, which stays up.
-const gatewayAddressApp = `
+var gatewayAddressApp = gatewayAddressAppOf("one") + "---\n" + gatewayAddressAppOf("two")
+
+// gatewayAddressAppOf is the app name, answering with its pod's name, its
+// Service, Gateway and HTTPRoute, all named name.
+func gatewayAddressAppOf(name string) string {
+	return strings.ReplaceAll(`
 apiVersion: apps/v1
 kind: Deployment
-metadata: {name: one}
+metadata: {name: NAME}
 spec:
-  selector: {matchLabels: {app: one}}
+  selector: {matchLabels: {app: NAME}}
   template:
-    metadata: {labels: {app: one}}
+    metadata: {labels: {app: NAME}}
     spec:
       nodeSelector: {kubernetes.io/hostname: server}
       terminationGracePeriodSeconds: 0
       containers:
       - name: app
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
-        ports: [{containerPort: 8080, name: http}]
-        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: two}
-spec:
-  selector: {matchLabels: {app: two}}
-  template:
-    metadata: {labels: {app: two}}
-    spec:
-      nodeSelector: {kubernetes.io/hostname: server}
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: app
-        image: ` + testcluster.TestImage + `
+        image: `+testcluster.TestImage+`
         imagePullPolicy: IfNotPresent
         args: [serve]
         ports: [{containerPort: 8080, name: http}]
@@ -61,46 +48,26 @@ spec:
 ---
 apiVersion: v1
 kind: Service
-metadata: {name: one}
+metadata: {name: NAME}
 spec:
-  selector: {app: one}
-  ports: [{port: 80, targetPort: http}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: two}
-spec:
-  selector: {app: two}
+  selector: {app: NAME}
   ports: [{port: 80, targetPort: http}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
-metadata: {name: one}
-spec:
-  gatewayClassName: kelp
-  listeners: [{name: http, protocol: HTTP, port: 80}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: two}
+metadata: {name: NAME}
 spec:
   gatewayClassName: kelp
   listeners: [{name: http, protocol: HTTP, port: 80}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
-metadata: {name: one}
+metadata: {name: NAME}
 spec:
-  parentRefs: [{name: one}]
-  rules: [{backendRefs: [{name: one, port: 80}]}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: two}
-spec:
-  parentRefs: [{name: two}]
-  rules: [{backendRefs: [{name: two, port: 80}]}]
-`
+  parentRefs: [{name: NAME}]
+  rules: [{backendRefs: [{name: NAME, port: 80}]}]
+`, "NAME", name)
+}
 
 // TestGatewayAddresses runs a server and an agent with
 // --gateway-address-range and a client machine on their network. Two
