@@ -53,12 +53,7 @@ spec:
   selector: {app: NAME}
   ports: [{port: 80, targetPort: http}]
 ---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: NAME}
-spec:
-  gatewayClassName: kelp
-  listeners: [{name: http, protocol: HTTP, port: 80}]
+`+port80Gateway("NAME")+`
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -67,6 +62,17 @@ spec:
   parentRefs: [{name: NAME}]
   rules: [{backendRefs: [{name: NAME, port: 80}]}]
 `, "NAME", name)
+}
+
+// port80Gateway is a Gateway of the class kelp with one HTTP listener on
+// port 80 and no hostname.
+func port80Gateway(name string) string {
+	return `apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: ` + name + `}
+spec:
+  gatewayClassName: kelp
+  listeners: [{name: http, protocol: HTTP, port: 80}]`
 }
 
 // TestGatewayAddresses runs a server and an agent with
@@ -147,14 +153,7 @@ func TestGatewayAddresses(t *testing.T) {
 		}
 	}
 
-	apply(t, srv, `
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: three}
-spec:
-  gatewayClassName: kelp
-  listeners: [{name: http, protocol: HTTP, port: 80}]
-`)
+	apply(t, srv, port80Gateway("three"))
 	eventually(t, "Gateway three: Programmed False, AddressNotAssigned", func() (bool, error) {
 		g, err := gw.GatewayV1().Gateways("default").Get(context.Background(), "three", metav1.GetOptions{})
 		if err != nil {

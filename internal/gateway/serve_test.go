@@ -289,6 +289,21 @@ func TestMisdirectedRequests(t *testing.T) {
 	}
 }
 
+// listening is a data path of node n1 serving cfg on every address of the
+// calling thread's network namespace, until the test ends.
+func listening(t *testing.T, cfg Config) {
+	t.Helper()
+	d := testDataPath(t, cfg, "127.0.0.1:1")
+	d.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	d.cfg = ServeConfig{NodeName: "n1"}
+	d.servers = map[int32]*portServer{}
+	d.listen(t.Context())
+	t.Cleanup(d.closeAll)
+	if len(d.failed) > 0 {
+		t.Fatalf("could not listen: %v", d.failed)
+	}
+}
+
 // The data path listens on every address of the node, of both families:
 // one socket on [::] that takes IPv4 too, or 0.0.0.0 where the node has no
 // IPv6.
@@ -300,15 +315,7 @@ func TestListenEveryAddress(t *testing.T) {
 		cfg := Config{Ports: []Port{{Port: 8080, Protocol: "HTTP", Hosts: []Host{{Routes: []Route{
 			{Name: "app/r", Path: PathMatch{Type: PathPrefix, Value: "/"}, Redirect: &Redirect{Hostname: "other.example", Status: 302}},
 		}}}}}}
-		d := testDataPath(t, cfg, "127.0.0.1:1")
-		d.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-		d.cfg = ServeConfig{NodeName: "n1"}
-		d.servers = map[int32]*portServer{}
-		d.listen(t.Context())
-		defer d.closeAll()
-		if len(d.failed) > 0 {
-			t.Fatalf("could not listen: %v", d.failed)
-		}
+		listening(t, cfg)
 		for _, host := range []string{"127.0.0.1", "192.0.2.1", "::1", "2001:db8::1"} {
 			// Dialled from this thread: in the test's namespace. Right
 			// after the addresses were added, the IPv6 one is now and then
@@ -448,15 +455,7 @@ func TestDispatchListening(t *testing.T) {
 				{Address: "127.0.0.2", Port: 8443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certGateway, Key: keyGateway}, Routes: redirect("gw.example")}}},
 			},
 		}
-		d := testDataPath(t, cfg, "127.0.0.1:1")
-		d.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
-		d.cfg = ServeConfig{NodeName: "n1"}
-		d.servers = map[int32]*portServer{}
-		d.listen(t.Context())
-		defer d.closeAll()
-		if len(d.failed) > 0 {
-			t.Fatalf("could not listen: %v", d.failed)
-		}
+		listening(t, cfg)
 		der := func(p []byte) []byte {
 			b, _ := pem.Decode(p)
 			return b.Bytes
