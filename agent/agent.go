@@ -23,6 +23,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/images"
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/kubelet"
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -177,7 +178,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 			return err
 		}
 		if len(cidrs) < len(cfg.ClusterCIDRs) {
-			log.WithField("podCIDRs", cidrs).Warnf("node %s has fewer pod ranges than the cluster has families (%s): a node registered before the cluster became dual-stack keeps its ranges; its pods get no address of the other family until the Node is deleted (kubectl delete node %s) and kelp restarted on it", cfg.NodeName, config.FormatCIDRs(cfg.ClusterCIDRs), cfg.NodeName)
+			log.WithField("podCIDRs", cidrs).Warnf("node %s has fewer pod ranges than the cluster has families (%s): a node registered before the cluster became dual-stack keeps its ranges; its pods get no address of the other family until the Node is deleted (kubectl delete node %s) and kelp restarted on it", cfg.NodeName, kubeargs.CIDRs(cfg.ClusterCIDRs), cfg.NodeName)
 		}
 		if err := cni.WriteConflist(p.CNIConfDir, cidrs, layout.CNINetworks, mtu); err != nil {
 			return err

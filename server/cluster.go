@@ -15,6 +15,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/datastore"
 	"github.com/kelp-dev/kelp/internal/joinapi"
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/snapshot"
@@ -72,8 +73,8 @@ func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
 	req := joinapi.ServerJoinRequest{
 		Name:          cfg.NodeName,
 		Hostname:      hostname,
-		ClusterCIDR:   config.FormatCIDRs(cfg.ClusterCIDRs),
-		ServiceCIDR:   config.FormatCIDRs(cfg.ServiceCIDRs),
+		ClusterCIDR:   kubeargs.CIDRs(cfg.ClusterCIDRs),
+		ServiceCIDR:   kubeargs.CIDRs(cfg.ServiceCIDRs),
 		ClusterDomain: cfg.ClusterDomain,
 	}
 	if cfg.EmbeddedEtcd() {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/joinapi"
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/token"
@@ -69,8 +70,8 @@ func ensureTokens(cfg config.Server, certs pki.Files, clusterAgent string) (toke
 func agentConfig(cfg config.Server) joinapi.AgentConfig {
 	return joinapi.AgentConfig{
 		Servers:              []string{"https://" + net.JoinHostPort(cfg.AdvertiseAddress.String(), strconv.Itoa(cfg.HTTPSPort))},
-		ClusterCIDR:          config.FormatCIDRs(cfg.ClusterCIDRs),
-		ServiceCIDR:          config.FormatCIDRs(cfg.ServiceCIDRs),
+		ClusterCIDR:          kubeargs.CIDRs(cfg.ClusterCIDRs),
+		ServiceCIDR:          kubeargs.CIDRs(cfg.ServiceCIDRs),
 		ClusterDNS:           cfg.ClusterDNS.String(),
 		ClusterDomain:        cfg.ClusterDomain,
 		Overlay:              cfg.Overlay,

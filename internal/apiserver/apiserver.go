@@ -96,7 +96,7 @@ func Args(cfg Config) []string {
 		"api-audiences":                      issuer,
 		"service-account-key-file":           cfg.Certs.ServiceAccountKey,
 		"service-account-signing-key-file":   cfg.Certs.ServiceAccountKey,
-		"service-cluster-ip-range":           cidrList(cfg.ServiceCIDRs),
+		"service-cluster-ip-range":           kubeargs.CIDRs(cfg.ServiceCIDRs),
 		"service-node-port-range":            cfg.ServiceNodePortRange,
 		"storage-backend":                    "etcd3",
 		"etcd-servers":                       strings.Join(cfg.Storage.Endpoints, ","),
@@ -269,13 +269,4 @@ func LocalURL(bind netip.Addr, port int) string {
 		host = bind.String()
 	}
 	return "https://" + net.JoinHostPort(host, strconv.Itoa(port))
-}
-
-// cidrList is prefixes as a comma list, the way the flag takes them.
-func cidrList(prefixes []netip.Prefix) string {
-	s := make([]string, len(prefixes))
-	for i, p := range prefixes {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ",")
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 )
 
 var testHost = Host{Hostname: "Node1", IP: netip.MustParseAddr("192.168.1.10")}
@@ -101,7 +103,7 @@ kube-apiserver-arg: v=1
 	if s.HTTPSPort != 9443 {
 		t.Errorf("flag must beat env and file: %d", s.HTTPSPort)
 	}
-	if FormatCIDRs(s.ClusterCIDRs) != "10.200.0.0/16" {
+	if kubeargs.CIDRs(s.ClusterCIDRs) != "10.200.0.0/16" {
 		t.Errorf("a later drop-in must override a scalar: %s", s.ClusterCIDRs)
 	}
 	if got := strings.Join(s.TLSSANs, ","); got != "file-a,file-b,dropin,env-a,flag-a" {

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 )
 
 // Node pod ranges the controller-manager hands out by default
@@ -48,15 +50,6 @@ func ParseCIDRs(flag, raw string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// FormatCIDRs writes prefixes as their flag takes them.
-func FormatCIDRs(prefixes []netip.Prefix) string {
-	s := make([]string, len(prefixes))
-	for i, p := range prefixes {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ",")
-}
-
 // DualStack says whether prefixes hold both families.
 func DualStack(prefixes []netip.Prefix) bool {
 	return len(prefixes) == 2
@@ -93,7 +86,7 @@ func checkNetworks(cluster, service []netip.Prefix, cmArgs []string) error {
 		}
 	}
 	if len(cluster) > 0 && len(service) > 0 && (len(cluster) != len(service) || cluster[0].Addr().Is6() != service[0].Addr().Is6()) {
-		errs = append(errs, fmt.Errorf("--cluster-cidr %s and --service-cidr %s: give both the same families, the primary first", FormatCIDRs(cluster), FormatCIDRs(service)))
+		errs = append(errs, fmt.Errorf("--cluster-cidr %s and --service-cidr %s: give both the same families, the primary first", kubeargs.CIDRs(cluster), kubeargs.CIDRs(service)))
 	}
 	for _, s := range service {
 		if s.Addr().Is6() && 128-s.Bits() > maxServiceBits {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kelp-dev/kelp/internal/kubeargs"
 )
 
 func TestDualStack(t *testing.T) {
@@ -41,7 +43,7 @@ func TestDualStack(t *testing.T) {
 			for _, ip := range s.FirstServiceIPs() {
 				first = append(first, ip.String())
 			}
-			got := []string{FormatCIDRs(s.ClusterCIDRs), FormatCIDRs(s.ServiceCIDRs), s.ClusterDNS.String(), strings.Join(first, ","), strings.Join(ips, ",")}
+			got := []string{kubeargs.CIDRs(s.ClusterCIDRs), kubeargs.CIDRs(s.ServiceCIDRs), s.ClusterDNS.String(), strings.Join(first, ","), strings.Join(ips, ",")}
 			want := []string{tt.cluster, tt.service, tt.dns, tt.firstService, tt.nodeIPs}
 			if !slices.Equal(got, want) {
 				t.Errorf("cluster, service, dns, first service IPs, node IPs = %q, want %q", got, want)

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net/netip"
-	"strings"
 
 	"github.com/spf13/pflag"
 	restclient "k8s.io/client-go/rest"
@@ -47,8 +46,8 @@ func Args(cfg Config) []string {
 		"bind-address":                     "127.0.0.1",
 		"secure-port":                      securePort,
 		"allocate-node-cidrs":              "true",
-		"cluster-cidr":                     cidrList(cfg.ClusterCIDRs),
-		"service-cluster-ip-range":         cidrList(cfg.ServiceCIDRs),
+		"cluster-cidr":                     kubeargs.CIDRs(cfg.ClusterCIDRs),
+		"service-cluster-ip-range":         kubeargs.CIDRs(cfg.ServiceCIDRs),
 		"configure-cloud-routes":           "false",
 		"controllers":                      "*,tokencleaner",
 		"root-ca-file":                     cfg.Certs.ServerCA.Cert,
@@ -141,13 +140,4 @@ func insecure() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
 // nothing can wait for: it is ready on any answer.
 func Built() func(context.Context) error {
 	return component.GetOKWith(healthz, insecure(), "[+]"+names.ServiceAccountTokenController+" ok")
-}
-
-// cidrList is prefixes as a comma list, the way the flag takes them.
-func cidrList(prefixes []netip.Prefix) string {
-	s := make([]string, len(prefixes))
-	for i, p := range prefixes {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ",")
 }

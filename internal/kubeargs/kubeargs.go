@@ -5,6 +5,7 @@ package kubeargs
 
 import (
 	"encoding/json"
+	"net/netip"
 	"sort"
 	"strings"
 
@@ -83,4 +84,14 @@ func Sets(extra []string, name string) bool {
 func Log(component string, args []string) {
 	line, _ := json.Marshal(args) // a []string always marshals
 	logrus.WithField("component", component).WithField("args", string(line)).Debug("command line")
+}
+
+// CIDRs writes prefixes as the components' and kelp's CIDR flags take
+// them: a comma list, the primary family first.
+func CIDRs(prefixes []netip.Prefix) string {
+	s := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
 }
