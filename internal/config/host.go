@@ -23,7 +23,7 @@ type Host struct {
 // DetectHost reads the hostname and a usable node IP of this machine.
 func DetectHost() Host {
 	name, _ := os.Hostname()
-	return Host{Hostname: name, IP: detectIP(), Networks: detectNetworks(), IPv6Disabled: ipv6Disabled()}
+	return Host{Hostname: name, IP: detectIP(), Networks: Networks(), IPv6Disabled: ipv6Disabled()}
 }
 
 func detectIP() netip.Addr {
@@ -37,7 +37,7 @@ func detectIP() netip.Addr {
 			}
 		}
 	}
-	for _, n := range detectNetworks() {
+	for _, n := range Networks() {
 		if n.Addr().Is4() && n.Addr().IsGlobalUnicast() {
 			return n.Addr()
 		}
@@ -45,7 +45,9 @@ func detectIP() netip.Addr {
 	return netip.Addr{}
 }
 
-func detectNetworks() []netip.Prefix {
+// Networks are the machine's interface addresses with their prefix
+// lengths (10.0.0.5/24), as Host.Networks.
+func Networks() []netip.Prefix {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil

@@ -65,7 +65,8 @@ func ofFamily(prefixes []netip.Prefix, v6 bool) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
-func family(v6 bool) string {
+// FamilyName names an address family: IPv6 if v6, else IPv4.
+func FamilyName(v6 bool) string {
 	if v6 {
 		return "IPv6"
 	}
@@ -189,7 +190,7 @@ func missingNodeIP(node Node, host Host, c netip.Prefix, v6 bool) error {
 	for i, ip := range node.NodeIPs {
 		have[i] = ip.String()
 	}
-	what := fmt.Sprintf("the cluster has the %s pod range %s but this node has no %s node IP (it has %s)", family(v6), c, family(v6), strings.Join(have, ","))
+	what := fmt.Sprintf("the cluster has the %s pod range %s but this node has no %s node IP (it has %s)", FamilyName(v6), c, FamilyName(v6), strings.Join(have, ","))
 	if !v6 {
 		return fmt.Errorf("%s: start it with --node-ip giving an IPv4 address of the node too", what)
 	}

@@ -128,7 +128,7 @@ func assign(ranges []config.AddressRange, gateways []*gatewayv1.Gateway, nodes [
 			ip, ok := free(ranges, v6, taken)
 			if !ok {
 				a.reason = string(gatewayv1.GatewayReasonAddressNotAssigned)
-				a.msg = fmt.Sprintf("no %s address of the server's --gateway-address-range %s is free: widen the range or delete a Gateway", familyName(v6), formatRanges(ranges))
+				a.msg = fmt.Sprintf("no %s address of the server's --gateway-address-range %s is free: widen the range or delete a Gateway", config.FamilyName(v6), formatRanges(ranges))
 				continue
 			}
 			a.addrs = append(a.addrs, ip)
@@ -172,13 +172,6 @@ func familiesOf(ranges []config.AddressRange) []bool {
 		}
 	}
 	return out
-}
-
-func familyName(v6 bool) string {
-	if v6 {
-		return "IPv6"
-	}
-	return "IPv4"
 }
 
 func formatRanges(ranges []config.AddressRange) string {

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
+	"github.com/kelp-dev/kelp/internal/config"
 )
 
 // Announcements: how many times a node that takes an address tells its
@@ -122,11 +123,20 @@ func (h *holder) sync(addrs map[netip.Addr]string) {
 			delete(h.problems, a)
 		}
 	}
+	var have []netlink.Addr
 	for a, node := range addrs {
 		if node != h.node {
 			continue
 		}
-		if err := h.hold(a); err != nil {
+		if have == nil {
+			// Listed once for all the addresses this node holds.
+			var err error
+			if have, err = netlink.AddrList(nil, netlink.FAMILY_ALL); err != nil {
+				log.WithError(err).Error("cannot list the node's addresses to hold its Gateway addresses; trying again")
+				return
+			}
+		}
+		if err := h.hold(a, have); err != nil {
 			if h.problems[a] != err.Error() {
 				log.WithError(err).Errorf("cannot hold the Gateway address %s on this node; trying again", a)
 				h.problems[a] = err.Error()
@@ -139,12 +149,10 @@ func (h *holder) sync(addrs map[netip.Addr]string) {
 
 // hold makes sure a is on the interface of its network, adding and
 // announcing it if it is not (again, should something have taken it off).
-func (h *holder) hold(a netip.Addr) error {
-	addrs, err := netlink.AddrList(nil, family(a))
-	if err != nil {
-		return fmt.Errorf("list the node's addresses: %w", err)
-	}
+// addrs are the node's addresses.
+func (h *holder) hold(a netip.Addr, addrs []netlink.Addr) error {
 	var link netlink.Link
+	var err error
 	for _, x := range addrs {
 		ip, _ := netip.AddrFromSlice(x.IP)
 		ones, bits := x.Mask.Size()
@@ -235,20 +243,12 @@ func (h *holder) write() error {
 // networks are the networks of the node's interfaces as the annotation
 // NetworksAnnotation says them: the prefixes of their unicast addresses,
 // not the host addresses kelp holds.
-func networks() (string, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return "", fmt.Errorf("list the node's addresses: %w", err)
-	}
+func networks() string {
 	var nets []netip.Prefix
-	for _, x := range addrs {
-		ip, ok := netip.AddrFromSlice(x.IP)
-		ones, bits := x.Mask.Size()
-		if !ok || ones == bits || !ip.Unmap().IsGlobalUnicast() {
-			continue
+	for _, n := range config.Networks() {
+		if n.Bits() < n.Addr().BitLen() && n.Addr().IsGlobalUnicast() {
+			nets = append(nets, n.Masked())
 		}
-		ip = ip.Unmap()
-		nets = append(nets, netip.PrefixFrom(ip, ones-(bits-ip.BitLen())).Masked())
 	}
 	slices.SortFunc(nets, func(a, b netip.Prefix) int {
 		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
@@ -257,14 +257,7 @@ func networks() (string, error) {
 	for _, p := range slices.Compact(nets) {
 		s = append(s, p.String())
 	}
-	return strings.Join(s, ","), nil
-}
-
-func family(a netip.Addr) int {
-	if a.Is4() {
-		return netlink.FAMILY_V4
-	}
-	return netlink.FAMILY_V6
+	return strings.Join(s, ",")
 }
 
 // hostAddr is a alone, as kelp adds it. An IPv6 one is usable at once

@@ -353,13 +353,20 @@ func TestNetworks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got string
-	if err := l.a.Do(func() (err error) {
-		got, err = networks()
-		return err
+	if err := l.a.Do(func() error {
+		got = networks()
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if want := "10.7.0.0/24,192.168.0.0/16,fd07::/64"; got != want {
 		t.Errorf("networks %q, want %q", got, want)
 	}
+}
+
+func family(a netip.Addr) int {
+	if a.Is4() {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
 }

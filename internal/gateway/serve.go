@@ -317,12 +317,7 @@ func (d *dataPath) report(ctx context.Context, failed map[int32]string) {
 		ports = append(ports, strconv.Itoa(int(p)))
 	}
 	slices.Sort(ports)
-	nets, err := networks()
-	if err != nil {
-		log.WithError(err).Warn("cannot list the networks of this node; trying again")
-		return
-	}
-	want := map[string]string{UnavailablePortsAnnotation: strings.Join(ports, ","), NetworksAnnotation: nets}
+	want := map[string]string{UnavailablePortsAnnotation: strings.Join(ports, ","), NetworksAnnotation: networks()}
 	if d.reported != nil && maps.Equal(d.reported, want) {
 		return
 	}
