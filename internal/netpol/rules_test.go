@@ -227,11 +227,7 @@ func TestEnforcement(t *testing.T) {
 				linkDo("pod-"+name, func(l netlink.Link) error { return netlink.LinkSetNsFd(l, p.FD) }),
 				p.Do(func() error {
 					if err := linkDo("pod-"+name, func(l netlink.Link) error {
-						if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(ip).To4(), Mask: net.CIDRMask(24, 32)}}); err != nil {
-							return err
-						}
-						// No duplicate address detection: usable at once.
-						return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(ip6), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD})
+						return testcluster.AddAddrs(l, ip+"/24", ip6+"/64")
 					}); err != nil {
 						return err
 					}

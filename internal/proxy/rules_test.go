@@ -345,19 +345,7 @@ func exchange(network, to string) (string, error) {
 // addrs adds addresses to the link called name, usable at once (no
 // duplicate address detection).
 func addrs(name string, cidrs ...string) error {
-	return linkDo(name, func(l netlink.Link) error {
-		for _, a := range cidrs {
-			addr, err := netlink.ParseAddr(a)
-			if err != nil {
-				return err
-			}
-			addr.Flags = unix.IFA_F_NODAD
-			if err := netlink.AddrAdd(l, addr); err != nil {
-				return fmt.Errorf("add %s to %s: %w", a, name, err)
-			}
-		}
-		return nil
-	})
+	return linkDo(name, func(l netlink.Link) error { return testcluster.AddAddrs(l, cidrs...) })
 }
 
 // routes routes networks to the link called name.
