@@ -147,24 +147,13 @@ func TestRun(t *testing.T) {
 		if err := addUplink("10.99.0.2/24"); err != nil {
 			t.Fatal(err)
 		}
-		fd := testcluster.NetnsFD(t)
 		b := node("node-b", "10.42.1.0/24", BackendVXLAN, "10.99.0.3")
 		client := fake.NewClientset(
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: self}},
 			b,
 			node("node-c", "10.42.2.0/24", BackendHostGW, "10.99.0.4"),
 		)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		// Run keeps this thread; the test looks at the namespace from
-		// another.
-		go func() {
-			defer cancel()
-			runtime.LockOSThread() // never unlocked: Go retires the thread
-			if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-				t.Errorf("setns: %v", err)
-				return
-			}
+		runBeside(t, client, config(BackendVXLAN), func(ctx context.Context) {
 			var last state
 			waitFor := func(what string, ok func(state) bool) bool {
 				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -189,15 +178,10 @@ func TestRun(t *testing.T) {
 			}
 			routeB := "10.42.1.0/24 via 10.42.1.0 dev kelp.vxlan proto 0x6b onlink"
 
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				n, err := client.CoreV1().Nodes().Get(ctx, self, metav1.GetOptions{})
-				if err == nil && n.Annotations[AnnotationVTEPMAC] == vtepMAC(self).String() {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Errorf("annotations never published: %v, %v", n, err)
-					return
-				}
+			if waitPublished(ctx, t, client, func(n *corev1.Node) bool {
+				return n.Annotations[AnnotationVTEPMAC] == vtepMAC(self).String()
+			}) == nil {
+				return
 			}
 			// Without a pod CIDR there is a device, but no address and no
 			// routes.
@@ -240,11 +224,7 @@ func TestRun(t *testing.T) {
 				return
 			}
 			waitFor("node-b gone", func(s state) bool { return s.Routes == nil && s.Neighs == nil && s.FDB == nil })
-		}()
-		cfg := config(BackendVXLAN)
-		if err := run(ctx, client, cfg, 50*time.Millisecond); err != nil {
-			t.Errorf("run: %v", err)
-		}
+		})
 		// The overlay stays while kelp is stopped or restarts.
 		if s, err := dump(); err != nil || s.Device == "" || s.Addrs == nil {
 			t.Errorf("after run:\n%s\n%v\nwant the device kept", s, err)
@@ -260,31 +240,16 @@ func TestRunDualStack(t *testing.T) {
 		if err := addUplink("10.99.0.2/24,fd99::2/64"); err != nil {
 			t.Fatal(err)
 		}
-		fd := testcluster.NetnsFD(t)
 		client := fake.NewClientset(
 			&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: self}},
 			node("node-b", "fd42:0:0:1::/64,10.42.1.0/24", BackendVXLAN, "10.99.0.3,fd99::3"),
 		)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go func() {
-			defer cancel()
-			runtime.LockOSThread() // never unlocked: Go retires the thread
-			if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-				t.Errorf("setns: %v", err)
+		runBeside(t, client, configOf(BackendVXLAN, "10.99.0.2,fd99::2", "fd42::/56,10.42.0.0/16"), func(ctx context.Context) {
+			a := waitPublished(ctx, t, client, func(n *corev1.Node) bool {
+				return n.Annotations[AnnotationPublicIP] == "10.99.0.2" && n.Annotations[AnnotationPublicIPv6] == "fd99::2"
+			})
+			if a == nil {
 				return
-			}
-			var a *corev1.Node
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				n, err := client.CoreV1().Nodes().Get(ctx, self, metav1.GetOptions{})
-				if err == nil && n.Annotations[AnnotationPublicIP] == "10.99.0.2" && n.Annotations[AnnotationPublicIPv6] == "fd99::2" {
-					a = n
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Errorf("annotations never published: %v, %v", n, err)
-					return
-				}
 			}
 			a.Spec.PodCIDR, a.Spec.PodCIDRs = "fd42::/64", []string{"fd42::/64", "10.42.0.0/24"}
 			if _, err := client.CoreV1().Nodes().Update(ctx, a, metav1.UpdateOptions{}); err != nil {
@@ -314,11 +279,44 @@ func TestRunDualStack(t *testing.T) {
 				}
 			}
 			t.Errorf("never programmed; there is\n%s\nwant\n%s", last, want)
-		}()
-		if err := run(ctx, client, configOf(BackendVXLAN, "10.99.0.2,fd99::2", "fd42::/56,10.42.0.0/16"), 50*time.Millisecond); err != nil {
-			t.Errorf("run: %v", err)
-		}
+		})
 	})
+}
+
+// runBeside runs run of client and cfg in this network namespace until
+// test returns. Run keeps this thread, so test runs on another, in the
+// same namespace, to look at it.
+func runBeside(t *testing.T, client *fake.Clientset, cfg Config, test func(ctx context.Context)) {
+	fd := testcluster.NetnsFD(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		defer cancel()
+		runtime.LockOSThread() // never unlocked: Go retires the thread
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			t.Errorf("setns: %v", err)
+			return
+		}
+		test(ctx)
+	}()
+	if err := run(ctx, client, cfg, 50*time.Millisecond); err != nil {
+		t.Errorf("run: %v", err)
+	}
+}
+
+// waitPublished waits up to 10 s for this node's Node to be published as
+// ok wants it, and returns it; nil, once it has said so, if it never is.
+func waitPublished(ctx context.Context, t *testing.T, client *fake.Clientset, ok func(*corev1.Node) bool) *corev1.Node {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n, err := client.CoreV1().Nodes().Get(ctx, self, metav1.GetOptions{})
+		if err == nil && ok(n) {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("annotations never published: %v, %v", n, err)
+			return nil
+		}
+	}
 }
 
 // A node of a cluster with IPv6 pods refuses to start while IPv6 is off,
