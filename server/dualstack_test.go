@@ -69,14 +69,9 @@ func TestDualStack(t *testing.T) {
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 	srv := lab.NewDualStackNode("server", "10.99.0.2", "fd99::2")
 	srv.AddImage(image)
-	srv.Agent = true
-	srv.Start("--cluster-cidr", "10.42.0.0/16,fd42::/56", "--service-cidr", "10.43.0.0/16,fd43::/112")
-	srv.WaitReady(startTimeout)
-	srv.WaitLog("kelp node is running", startTimeout)
 	agent := lab.NewDualStackNode("agent-1", "10.99.0.3", "fd99::3")
 	agent.AddImage(image)
-	agent.StartAgent(srv.URL(), srv.TokenFile())
-	agent.WaitLog("kelp node is running", startTimeout)
+	startServerAndAgent(srv, agent, "--cluster-cidr", "10.42.0.0/16,fd42::/56", "--service-cidr", "10.43.0.0/16,fd43::/112")
 	c := srv.Client()
 	waitNodesReady(t, c, 2)
 
@@ -279,10 +274,7 @@ func TestIPv6Only(t *testing.T) {
 	srv := lab.NewDualStackNode("server", "10.99.0.2", "fd99::2")
 	srv.IP6 = "" // its --node-ip is given below: the IPv6 one alone
 	srv.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
-	srv.Agent = true
-	srv.Start("--node-ip", "fd99::2", "--cluster-cidr", "fd42::/56", "--service-cidr", "fd43::/112")
-	srv.WaitReady(startTimeout)
-	srv.WaitLog("kelp node is running", startTimeout)
+	startServerNode(srv, "--node-ip", "fd99::2", "--cluster-cidr", "fd42::/56", "--service-cidr", "fd43::/112")
 	c := srv.Client()
 	waitNodeReady(t, c)
 	if svc, err := c.CoreV1().Services("default").Get(context.Background(), "kubernetes", metav1.GetOptions{}); err != nil || svc.Spec.ClusterIP != "fd43::1" {

@@ -88,15 +88,10 @@ func TestGatewayAddresses(t *testing.T) {
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 	srv := lab.NewNode("server", "10.99.0.2")
 	srv.AddImage(image)
-	srv.Agent = true
+	agent := lab.NewNode("agent-1", "10.99.0.3")
 	// The node lifecycle controller's grace shortened from 50 s, so that a
 	// stopped node is NotReady soon.
-	srv.Start("--gateway-address-range", "10.99.0.200-10.99.0.201", "--kube-controller-manager-arg", "node-monitor-grace-period=20s")
-	srv.WaitReady(startTimeout)
-	srv.WaitLog("kelp node is running", startTimeout)
-	agent := lab.NewNode("agent-1", "10.99.0.3")
-	agent.StartAgent(srv.URL(), srv.TokenFile())
-	agent.WaitLog("kelp node is running", startTimeout)
+	startServerAndAgent(srv, agent, "--gateway-address-range", "10.99.0.200-10.99.0.201", "--kube-controller-manager-arg", "node-monitor-grace-period=20s")
 	client := lab.NewNode("client", "10.99.0.9")
 	c := srv.Client()
 	waitNodesReady(t, c, 2)

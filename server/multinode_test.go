@@ -325,16 +325,29 @@ func serverAndAgent(t *testing.T, env []string, serverArgs ...string) (srv, agen
 	srv = lab.NewNode("server", "10.99.0.2")
 	srv.Env = env
 	srv.AddImage(image)
-	srv.Agent = true
-	srv.Start(serverArgs...)
-	srv.WaitReady(startTimeout)
-	srv.WaitLog("kelp node is running", startTimeout)
 	agent = lab.NewNode("agent-1", "10.99.0.3")
 	agent.Env = env
 	agent.AddImage(image)
+	startServerAndAgent(srv, agent, serverArgs...)
+	return srv, agent
+}
+
+// startServerAndAgent starts srv as a server that runs a node, with
+// serverArgs, then agent joined to it with srv's token, and waits until
+// both nodes run.
+func startServerAndAgent(srv, agent *testcluster.Node, serverArgs ...string) {
+	startServerNode(srv, serverArgs...)
 	agent.StartAgent(srv.URL(), srv.TokenFile())
 	agent.WaitLog("kelp node is running", startTimeout)
-	return srv, agent
+}
+
+// startServerNode starts srv as a server that runs a node, with args, and
+// waits until its node runs.
+func startServerNode(srv *testcluster.Node, args ...string) {
+	srv.Agent = true
+	srv.Start(args...)
+	srv.WaitReady(startTimeout)
+	srv.WaitLog("kelp node is running", startTimeout)
 }
 
 // waitNodesReady waits until count nodes are Ready.
