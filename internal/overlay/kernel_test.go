@@ -52,12 +52,7 @@ func addAddr(name, cidr string) func() error {
 		if err != nil {
 			return err
 		}
-		// No duplicate address detection: an IPv6 address would be
-		// tentative, unusable, for a second or more.
-		if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: prefixNet(netip.MustParsePrefix(cidr)), Flags: unix.IFA_F_NODAD}); err != nil {
-			return fmt.Errorf("address %s on %s: %w", cidr, name, err)
-		}
-		return nil
+		return testcluster.AddAddrs(link, cidr)
 	}
 }
 
