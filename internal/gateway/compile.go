@@ -97,12 +97,20 @@ type listener struct {
 	acceptedReason, acceptedMsg string
 	resolved                    bool
 	resolvedReason, resolvedMsg string
-	conflicted                  string // the reason, or empty
-	kinds                       []gatewayv1.RouteGroupKind
-	cert                        *Cert
-	attached                    int32
-	routes                      []Route
-	order                       []routeOrder
+	conflicted, conflictMsg     string // the reason, or empty
+	// unserved names the nodes that cannot serve the listener although
+	// others do (its port is in use there); full says the configuration
+	// had no room left for it.
+	unserved []string
+	full     bool
+	kinds    []gatewayv1.RouteGroupKind
+	// cert is the HTTPS listener's certificate, certID the name it is
+	// published under (the Secret's namespace/name).
+	cert     *Cert
+	certID   string
+	attached int32
+	routes   []Route
+	order    []routeOrder
 }
 
 // routeOrder is what orders a Route among others on a host: the spec's
@@ -197,20 +205,23 @@ func Compile(objs Objects) (Config, Status) {
 		ls := c.listeners(gw)
 		byGateway[nameOf(gw)] = ls
 		all = append(all, ls...)
+		free := c.freeFor(ls)
 		for _, ip := range c.addressing[nameOf(gw)].addrs {
-			if node, ok := chooseHolder(ip, objs.Nodes, was[ip.String()]); ok {
+			node, ok := chooseHolder(ip, free, was[ip.String()])
+			if !ok {
+				node, ok = chooseHolder(ip, objs.Nodes, was[ip.String()])
+			}
+			if ok {
 				c.held[ip] = node
 			}
 		}
 	}
-	all = append(all, c.ingressListeners(objs.Ingresses)...)
+	ingresses := c.ingressListeners(objs.Ingresses)
+	all = append(all, ingresses...)
 	conflicts(all)
+	c.claimHostnames(all)
 	for _, l := range all {
-		if nodes := c.unavailable[l.spec.Port]; len(nodes) > 0 && l.accepted {
-			l.accepted = false
-			l.acceptedReason = string(gatewayv1.ListenerReasonPortUnavailable)
-			l.acceptedMsg = fmt.Sprintf("port %d is in use on node %s: free it there or choose another port", l.spec.Port, strings.Join(nodes, ", "))
-		}
+		c.portInUse(l)
 		l.programmed = l.accepted && l.resolved && l.conflicted == "" && !c.unaddressed(l.gw)
 	}
 
@@ -221,20 +232,17 @@ func Compile(objs Objects) (Config, Status) {
 			st.HTTPRoutes[nameOf(r)] = parents
 		}
 	}
+	c.fit(all)
 
 	for _, gw := range gateways {
 		st.Gateways[nameOf(gw)] = c.gatewayStatus(gw, byGateway[nameOf(gw)])
 	}
 	for _, ing := range objs.Ingresses {
 		if isKelpIngress(ing) {
-			var lb []networkingv1.IngressLoadBalancerIngress
-			for _, a := range c.addresses() {
-				lb = append(lb, networkingv1.IngressLoadBalancerIngress{IP: a.Value})
-			}
-			st.Ingresses[nameOf(ing)] = lb
+			st.Ingresses[nameOf(ing)] = c.ingressStatus(ing, ingresses)
 		}
 	}
-	cfg := configOf(all, c.addressing)
+	cfg := c.configOf(all)
 	for ip, node := range c.held {
 		cfg.Addresses = append(cfg.Addresses, HeldAddress{Address: ip.String(), Node: node})
 	}
@@ -393,12 +401,22 @@ func (c *compiler) tls(l *listener) {
 		fail(string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("no Secret %s/%s of type kubernetes.io/tls: make one with kubectl -n %[1]s create secret tls %[2]s --cert=... --key=...", ns, ref.Name))
 		return
 	}
-	if err := checkCert(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
+	certPEM, keyPEM := s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]
+	if size := len(certPEM) + len(keyPEM); size > maxCertBytes {
+		fail(string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("the Secret %s/%s holds %d KiB of certificate and key, more than the %d KiB kelp serves: put only the certificate, its intermediates and its key in it", ns, ref.Name, size/1024, maxCertBytes/1024))
+		return
+	}
+	if err := checkCert(certPEM, keyPEM); err != nil {
 		fail(string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("the Secret %s/%s holds no usable certificate (%v): put a PEM certificate and its key in tls.crt and tls.key", ns, ref.Name, err))
 		return
 	}
-	l.cert = &Cert{Cert: s.Data[corev1.TLSCertKey], Key: s.Data[corev1.TLSPrivateKeyKey]}
+	l.cert = &Cert{Cert: certPEM, Key: keyPEM}
+	l.certID = ns + "/" + string(ref.Name)
 }
+
+// maxCertBytes bounds one certificate chain and its key: a real chain
+// with its key is a few KiB, and every node holds each one.
+const maxCertBytes = 64 << 10
 
 func checkCert(certPEM, keyPEM []byte) error {
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
@@ -480,11 +498,15 @@ func (c *compiler) gatewayStatus(gw *gatewayv1.Gateway, ls []*listener) gatewayv
 		}
 		conflict := cond(gatewayv1.ListenerConditionConflicted, false, string(gatewayv1.ListenerReasonNoConflicts), "no other listener conflicts with this one", gen)
 		if l.conflicted != "" {
-			conflict = cond(gatewayv1.ListenerConditionConflicted, true, l.conflicted, fmt.Sprintf("another listener on port %d conflicts with this one (%s)", l.spec.Port, l.conflicted), gen)
+			conflict = cond(gatewayv1.ListenerConditionConflicted, true, l.conflicted, cmp.Or(l.conflictMsg, fmt.Sprintf("another listener on port %d conflicts with this one (%s)", l.spec.Port, l.conflicted)), gen)
 		}
 		programmedReason, programmedMsg := string(gatewayv1.ListenerReasonProgrammed), "every node serves the listener"
 		switch {
+		case l.programmed && len(l.unserved) > 0:
+			programmedMsg = fmt.Sprintf("served by every node but %s, where port %d is in use", strings.Join(l.unserved, ", "), l.spec.Port)
 		case l.programmed:
+		case l.full:
+			programmedReason, programmedMsg = string(gatewayv1.ListenerReasonInvalid), fullMsg
 		case ok && c.unaddressed(gw):
 			programmedReason, programmedMsg = string(gatewayv1.ListenerReasonPending), "the Gateway has no address: see its Programmed condition"
 		default:

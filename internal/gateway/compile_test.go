@@ -265,7 +265,7 @@ func TestCompileStatus(t *testing.T) {
 					httpsListener("d", 81, "", "none"),
 					httpListener("busy", 82, ""),
 				)},
-				Nodes: []*corev1.Node{node("n1", "192.0.2.1", ""), node("n2", "192.0.2.2", "82")},
+				Nodes: []*corev1.Node{node("n1", "192.0.2.1", "82"), node("n2", "192.0.2.2", "82")},
 			},
 			gateway: []condition{{"Accepted", true, "ListenersNotValid"}},
 			listener: map[string][]condition{
@@ -364,7 +364,7 @@ func TestCompileAddressesDualStack(t *testing.T) {
 	}}
 	_, st := Compile(Objects{
 		GatewayClasses: []*gatewayv1.GatewayClass{kelpClass()},
-		Gateways:       []*gatewayv1.Gateway{gateway("infra", "gw", httpListener("http", 80, ""))},
+		Gateways:       []*gatewayv1.Gateway{gateway("infra", "gw", httpListener("http", 8080, ""))},
 		Ingresses:      []*networkingv1.Ingress{ing},
 		Services:       []*corev1.Service{service("app", "web")},
 		Nodes:          nodes,
@@ -673,7 +673,7 @@ func TestCompileIngress(t *testing.T) {
 			t.Errorf("port %d %s%s: routed to %q, want %q", p.Port, tt.host, tt.path, got, tt.want)
 		}
 	}
-	if h := matchHost(cfg.Ports[1].Hosts, "a.example.com"); h == nil || h.Cert == nil {
+	if h := matchHost(cfg.Ports[1].Hosts, "a.example.com"); h == nil || cfg.Certs[h.CertID].Cert == nil {
 		t.Error("no certificate for a.example.com on 443")
 	}
 }

@@ -6,6 +6,10 @@ package gateway
 // keys.
 type Config struct {
 	Ports []Port `json:"ports"`
+	// Certs are the HTTPS listeners' certificates by the name hosts
+	// refer to them by (the Secret's namespace/name): each once, however
+	// many hosts and ports use it.
+	Certs map[string]Cert `json:"certs,omitempty"`
 	// Addresses are the addresses Gateways were given from the server's
 	// --gateway-address-range, each held by one node.
 	Addresses []HeldAddress `json:"addresses,omitempty"`
@@ -41,8 +45,9 @@ type Port struct {
 type Host struct {
 	// Hostname is the listeners' hostname; empty matches any host.
 	Hostname string `json:"hostname,omitempty"`
-	// Cert is the HTTPS listener's certificate, PEM; nil on HTTP.
-	Cert *Cert `json:"cert,omitempty"`
+	// CertID names the HTTPS listener's certificate in Config.Certs;
+	// empty on HTTP.
+	CertID string `json:"certID,omitempty"`
 	// Routes are the matches of the routes attached to the listeners,
 	// highest precedence first (apart from hostnames, which the data path
 	// weighs per request).

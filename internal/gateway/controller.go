@@ -149,15 +149,18 @@ func (c *Controller) sync(ctx context.Context) error {
 		return err
 	}
 	cfg, st := Compile(objs)
-	if err := c.publish(ctx, cfg); err != nil {
-		return err
-	}
-	c.held = cfg.Addresses
 	var firstErr error
 	keep := func(err error) {
 		if err != nil && firstErr == nil && !apierrors.IsNotFound(err) {
 			firstErr = err
 		}
+	}
+	// A Config that cannot be published does not hold up the status of
+	// every object: it is what tells their owners what is wrong.
+	if err := c.publish(ctx, cfg); err != nil {
+		keep(err)
+	} else {
+		c.held = cfg.Addresses
 	}
 	for _, gc := range objs.GatewayClasses {
 		if s, ok := st.GatewayClasses[gc.Name]; ok {

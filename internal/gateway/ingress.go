@@ -44,8 +44,9 @@ func (c *compiler) ingressListeners(ings []*networkingv1.Ingress) []*listener {
 			continue
 		}
 		// A Gateway of its own for the listeners' bookkeeping: it has no
-		// status, and its name cannot be a Gateway's.
-		gw := &gatewayv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: ing.Namespace, Name: "ingress:" + ing.Name}}
+		// status, its name cannot be a Gateway's, and it is as old as the
+		// Ingress, for the hostnames it claims.
+		gw := &gatewayv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: ing.Namespace, Name: ingressGatewayPrefix + ing.Name, CreationTimestamp: ing.CreationTimestamp}}
 		byHost := map[string][]Route{}
 		orders := map[string][]routeOrder{}
 		var hosts []string

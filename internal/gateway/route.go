@@ -341,51 +341,43 @@ func hostMatches(pattern, host string) bool {
 	return ok && strings.HasSuffix(host, suffix) && len(strings.TrimPrefix(host, "*")) > len(suffix)
 }
 
-// configOf builds the data path's ports from the programmed listeners:
-// those of a Gateway with addresses of its own on each of them, the others
-// on the nodes' addresses.
-func configOf(all []*listener, addressing map[types.NamespacedName]*addressing) Config {
-	type portKey struct {
-		address string
-		port    int32
-	}
+// configOf builds the data path's ports from the programmed listeners,
+// each on the addresses it is served on. Listeners of one hostname on a
+// port (of one namespace: see claimHostnames) share its routes; the
+// certificate is the first listener's, the oldest.
+func (c *compiler) configOf(all []*listener) Config {
 	type hostKey struct {
-		portKey
+		servedPort
 		name string
 	}
-	ports := map[portKey]*Port{}
+	ports := map[servedPort]*Port{}
 	orders := map[hostKey][]routeOrder{}
 	hosts := map[hostKey]*Host{}
+	cfg := Config{Certs: map[string]Cert{}}
 	for _, l := range all {
 		if !l.programmed {
 			continue
 		}
-		addrs := []string{""}
-		if a := addressing[nameOf(l.gw)]; a != nil && len(a.addrs) > 0 {
-			addrs = addrs[:0]
-			for _, ip := range a.addrs {
-				addrs = append(addrs, ip.String())
-			}
+		if l.cert != nil {
+			cfg.Certs[l.certID] = *l.cert
 		}
-		for _, addr := range addrs {
-			pk := portKey{addr, l.spec.Port}
+		for _, pk := range c.portsOf(l) {
 			if ports[pk] == nil {
-				ports[pk] = &Port{Address: addr, Port: l.spec.Port, Protocol: string(l.spec.Protocol)}
+				ports[pk] = &Port{Address: pk.address, Port: pk.port, Protocol: string(l.spec.Protocol)}
 			}
 			k := hostKey{pk, l.hostname}
 			h := hosts[k]
 			if h == nil {
-				h = &Host{Hostname: l.hostname, Cert: l.cert}
+				h = &Host{Hostname: l.hostname, CertID: l.certID}
 				hosts[k] = h
 			}
 			h.Routes = append(h.Routes, l.routes...)
 			orders[k] = append(orders[k], l.order...)
 		}
 	}
-	var cfg Config
 	for pk, p := range ports {
 		for k, h := range hosts {
-			if k.portKey != pk {
+			if k.servedPort != pk {
 				continue
 			}
 			h.Routes = sortRoutes(h.Routes, orders[k])
@@ -395,7 +387,35 @@ func configOf(all []*listener, addressing map[types.NamespacedName]*addressing) 
 		cfg.Ports = append(cfg.Ports, *p)
 	}
 	slices.SortFunc(cfg.Ports, func(a, b Port) int { return cmp.Or(cmp.Compare(a.Port, b.Port), cmp.Compare(a.Address, b.Address)) })
+	if len(cfg.Certs) == 0 {
+		cfg.Certs = nil
+	}
 	return cfg
+}
+
+// servedPort is a listening port of one address; an empty address is the
+// nodes' own addresses.
+type servedPort struct {
+	address string
+	port    int32
+}
+
+// portsOf are the ports l is served on: its port on each of its
+// Gateway's own addresses, or on the nodes' addresses if the Gateway is
+// not to have any; none if it is to have some and has none yet.
+func (c *compiler) portsOf(l *listener) []servedPort {
+	a := c.addressing[nameOf(l.gw)]
+	if a == nil || len(a.addrs) == 0 {
+		if c.unaddressed(l.gw) {
+			return nil
+		}
+		return []servedPort{{"", l.spec.Port}}
+	}
+	out := make([]servedPort, 0, len(a.addrs))
+	for _, ip := range a.addrs {
+		out = append(out, servedPort{ip.String(), l.spec.Port})
+	}
+	return out
 }
 
 // sortRoutes orders routes by the spec's precedence: an exact path, then
