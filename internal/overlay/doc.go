@@ -8,6 +8,9 @@
 // to the other node's IP of the same family (backend host-gw, for nodes on
 // one L2 segment, without encapsulation overhead).
 //
+// VXLAN is neither authenticated nor encrypted: with backend vxlan a node
+// lets VXLAN packets in from its peers' node IPs only (Table).
+//
 // What it programs stays in place when kelp stops, so pods keep talking
 // while kelp restarts; `kelp killall` removes it with Remove.
 package overlay

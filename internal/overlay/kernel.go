@@ -70,7 +70,7 @@ func (l local) uplink(f family) (netlink.Link, error) {
 }
 
 // program makes the kernel route to peers and to nothing else kelp
-// routed to before. Only what differs is changed, so existing flows are
+// routed to before, and with vxlan take VXLAN packets from peers only. Only what differs is changed, so existing flows are
 // not disturbed. An entry that cannot be programmed does not stop the
 // others; their errors are returned together.
 //
@@ -81,16 +81,19 @@ func program(l local, peers []Peer) error {
 	var routes []netlink.Route
 	switch l.backend {
 	case BackendVXLAN:
+		// First, and whatever fails after: the peers VXLAN is taken
+		// from follow the peers even when the device cannot.
+		errs = append(errs, guard(peers))
 		up, err := l.uplink(familyOf(l.ip))
 		if err != nil {
-			return err
+			return errors.Join(append(errs, err)...)
 		}
 		dev, err := ensureDevice(l, up)
 		if err != nil {
-			return err
+			return errors.Join(append(errs, err)...)
 		}
 		if err := syncAddresses(dev, l.podCIDRs); err != nil {
-			return err
+			return errors.Join(append(errs, err)...)
 		}
 		errs = append(errs, syncFDB(dev, familyOf(l.ip), peers), syncNeighbours(dev, peers))
 		for _, p := range peers {
@@ -107,6 +110,7 @@ func program(l local, peers []Peer) error {
 		if err := removeDevice(); err != nil {
 			return err
 		}
+		errs = append(errs, unguard())
 		for _, p := range peers {
 			for _, cidr := range p.PodCIDRs {
 				f := familyOf(cidr.Addr())
@@ -397,9 +401,9 @@ func removeDevice() error {
 	return nil
 }
 
-// Remove deletes the VXLAN device and every route kelp made, so that no
-// traffic to other nodes' pods goes where kelp sent it. Removing what is
-// gone is no error.
+// Remove deletes the VXLAN device, its table and every route kelp made, so
+// that no traffic to other nodes' pods goes where kelp sent it. Removing
+// what is gone is no error.
 func Remove() error {
 	if err := removeDevice(); err != nil {
 		return err
@@ -408,7 +412,7 @@ func Remove() error {
 	if err != nil {
 		return err
 	}
-	var errs []error
+	errs := []error{unguard()}
 	for _, r := range routes {
 		if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("delete route to %s: %w", r.Dst, err))

@@ -1,6 +1,7 @@
 package overlay
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -12,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/kelp-dev/kelp/internal/cni"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
@@ -95,6 +98,9 @@ type state struct {
 	Routes []string // in all tables, except the kernel's own
 	Neighs []string // permanent ones, on any device
 	FDB    []string // of the device
+	// Table holds the sets of the overlay's table, as "peers4 {10.99.0.3}
+	// peers6 {}"; "" without the table.
+	Table string
 }
 
 func dump() (state, error) {
@@ -134,6 +140,16 @@ func dump() (state, error) {
 			s.Neighs = append(s.Neighs, fmt.Sprintf("%s lladdr %s dev %s", n.IP, n.HardwareAddr, names[n.LinkIndex]))
 		}
 	}
+	// Run may replace the table while a test beside it reads it: read
+	// again.
+	for try := 1; ; try++ {
+		if s.Table, err = dumpTable(); err == nil {
+			break
+		}
+		if try == 3 {
+			return s, err
+		}
+	}
 	link, err := netlink.LinkByName(Device)
 	if errors.As(err, new(netlink.LinkNotFoundError)) {
 		return s, nil
@@ -169,9 +185,45 @@ func dump() (state, error) {
 	return s, nil
 }
 
+// dumpTable is the Table of state.
+func dumpTable() (string, error) {
+	c, err := nftables.New()
+	if err != nil {
+		return "", err
+	}
+	tables, err := c.ListTablesOfFamily(table.Family)
+	if err != nil || !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == Table }) {
+		return "", err
+	}
+	sets, err := c.GetSets(table)
+	if err != nil {
+		return "", err
+	}
+	slices.SortFunc(sets, func(a, b *nftables.Set) int { return strings.Compare(a.Name, b.Name) })
+	var out []string
+	for _, set := range sets {
+		elems, err := c.GetSetElements(set)
+		if err != nil {
+			return "", fmt.Errorf("elements of %s: %w", set.Name, err)
+		}
+		var ips []netip.Addr
+		for _, e := range elems {
+			ip, _ := netip.AddrFromSlice(e.Key)
+			ips = append(ips, ip)
+		}
+		slices.SortFunc(ips, netip.Addr.Compare)
+		words := make([]string, len(ips))
+		for i, ip := range ips {
+			words[i] = ip.String()
+		}
+		out = append(out, fmt.Sprintf("%s {%s}", set.Name, strings.Join(words, " ")))
+	}
+	return strings.Join(out, " "), nil
+}
+
 func (s state) String() string {
-	return fmt.Sprintf("device: %s\naddrs:\n\t%s\nroutes:\n\t%s\nneighbours:\n\t%s\nFDB:\n\t%s", s.Device,
-		strings.Join(s.Addrs, "\n\t"), strings.Join(s.Routes, "\n\t"), strings.Join(s.Neighs, "\n\t"), strings.Join(s.FDB, "\n\t"))
+	return fmt.Sprintf("device: %s\naddrs:\n\t%s\nroutes:\n\t%s\nneighbours:\n\t%s\nFDB:\n\t%s\ntable: %s", s.Device,
+		strings.Join(s.Addrs, "\n\t"), strings.Join(s.Routes, "\n\t"), strings.Join(s.Neighs, "\n\t"), strings.Join(s.FDB, "\n\t"), s.Table)
 }
 
 // checkState compares the namespace with want.
@@ -250,7 +302,8 @@ func TestProgram(t *testing.T) {
 				fmt.Sprintf("10.42.1.0 lladdr %s dev kelp.vxlan", macB),
 				fmt.Sprintf("10.42.2.0 lladdr %s dev kelp.vxlan", macC),
 			}, foreignNeighs...),
-			FDB: []string{fmt.Sprintf("%s dst 10.99.0.3", macB), fmt.Sprintf("%s dst 10.99.0.4", macC)},
+			FDB:   []string{fmt.Sprintf("%s dst 10.99.0.3", macB), fmt.Sprintf("%s dst 10.99.0.4", macC)},
+			Table: "peers4 {10.99.0.3 10.99.0.4} peers6 {}",
 		}
 		slices.Sort(want.Routes)
 		slices.Sort(want.Neighs)
@@ -265,7 +318,8 @@ func TestProgram(t *testing.T) {
 		checkState(t, "vxlan programmed again", want)
 
 		// Behind kelp's back: an entry of node-b's and one of node-c's
-		// go, stale ones come, the device changes and goes down.
+		// go, stale ones come, the device changes and goes down, the
+		// table goes.
 		dev, err := netlink.LinkByName(Device)
 		if err != nil {
 			t.Fatal(err)
@@ -291,6 +345,14 @@ func TestProgram(t *testing.T) {
 			func() error { return netlink.LinkSetHardwareAddr(dev, mac("0a:00:00:00:00:99")) },
 			func() error { return netlink.LinkSetMTU(dev, 1300) },
 			func() error { return netlink.LinkSetDown(dev) },
+			func() error {
+				c, err := nftables.New()
+				if err != nil {
+					return err
+				}
+				c.DelTable(table)
+				return c.Flush()
+			},
 		); err != nil {
 			t.Fatal(err)
 		}
@@ -332,7 +394,8 @@ func TestProgram(t *testing.T) {
 				fmt.Sprintf("10.42.3.0 lladdr %s dev kelp.vxlan", macD),
 				fmt.Sprintf("10.42.5.0 lladdr %s dev kelp.vxlan", macC2),
 			}, foreignNeighs...),
-			FDB: []string{fmt.Sprintf("%s dst 10.99.0.13", macB), fmt.Sprintf("%s dst 10.99.0.4", macC2), fmt.Sprintf("%s dst 10.99.0.5", macD)},
+			FDB:   []string{fmt.Sprintf("%s dst 10.99.0.13", macB), fmt.Sprintf("%s dst 10.99.0.4", macC2), fmt.Sprintf("%s dst 10.99.0.5", macD)},
+			Table: "peers4 {10.99.0.4 10.99.0.5 10.99.0.13} peers6 {}",
 		}
 		slices.Sort(want.Routes)
 		slices.Sort(want.Neighs)
@@ -350,7 +413,8 @@ func TestProgram(t *testing.T) {
 		want.Device = strings.Replace(want.Device, "local 10.99.0.2 ", "local 10.99.0.20 ", 1)
 		checkState(t, "vxlan with a new node IP", want)
 
-		// The switch to host-gw takes the device and its entries away.
+		// The switch to host-gw takes the device, its entries and the
+		// table away.
 		hostGW := localOf(BackendHostGW, "10.99.0.2", "10.42.0.0/24")
 		if err := program(hostGW, []Peer{peerOf("node-b", "10.42.1.0/24", "10.99.0.3", nil), peerOf("node-d", "10.42.3.0/24", "10.99.0.5", nil)}); err != nil {
 			t.Fatal(err)
@@ -479,6 +543,7 @@ func TestProgramDualStack(t *testing.T) {
 			Routes: slices.Clone(vxlanRoutes),
 			Neighs: slices.Clone(vxlanNeighs),
 			FDB:    []string{fmt.Sprintf("%s dst 10.99.0.3", macB), fmt.Sprintf("%s dst 10.99.0.4", macC)},
+			Table:  "peers4 {10.99.0.3 10.99.0.4} peers6 {fd99::3 fd99::4}",
 		})
 		for _, when := range []string{"vxlan over IPv4", "vxlan over IPv4 programmed again"} {
 			if err := program(overV4, peers); err != nil {
@@ -508,6 +573,7 @@ func TestProgramDualStack(t *testing.T) {
 			t.Fatal(err)
 		}
 		want.Addrs, want.Routes, want.Neighs = []string{"fd42::/128"}, vxlanRoutes[2:], vxlanNeighs[2:]
+		want.Table = "peers4 {10.99.0.3} peers6 {fd99::3 fd99::4}"
 		checkState(t, "vxlan over IPv6, IPv6 only", want)
 
 		// Back to both families over IPv4, then the cluster drops IPv6.
@@ -528,6 +594,7 @@ func TestProgramDualStack(t *testing.T) {
 			Routes: vxlanRoutes[:2],
 			Neighs: vxlanNeighs[:2],
 			FDB:    []string{fmt.Sprintf("%s dst 10.99.0.3", macB), fmt.Sprintf("%s dst 10.99.0.4", macC)},
+			Table:  "peers4 {10.99.0.3 10.99.0.4} peers6 {fd99::3}",
 		}))
 
 		// host-gw routes each family via the node IP of that family.
@@ -706,5 +773,152 @@ func TestPodToPod(t *testing.T) {
 		reach(name+", IPv6 only", ipv6)
 		programAll(tc.backend, tc.over)
 		reach(name + " without peers")
+	}
+}
+
+// vxlanPacket is the UDP payload of a VXLAN packet to the VTEP MAC to that
+// carries an IPv4 UDP datagram of payload from src to dst, as a peer's
+// device would send it.
+func vxlanPacket(to net.HardwareAddr, src, dst netip.AddrPort, payload string) []byte {
+	b := []byte{0x08, 0, 0, 0, 0, 0, vni, 0} // VNI valid, VNI
+	b = append(append(b, to...), vtepMAC("node-b")...)
+	b = append(b, 0x08, 0x00) // IPv4
+	ip := make([]byte, 20)
+	ip[0], ip[8], ip[9] = 0x45, 64, unix.IPPROTO_UDP
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(payload)))
+	copy(ip[12:], src.Addr().AsSlice())
+	copy(ip[16:], dst.Addr().AsSlice())
+	var sum uint32
+	for i := 0; i < len(ip); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	b = append(b, ip...)
+	b = binary.BigEndian.AppendUint16(b, src.Port())
+	b = binary.BigEndian.AppendUint16(b, dst.Port())
+	b = binary.BigEndian.AppendUint16(b, uint16(8+len(payload)))
+	b = append(b, 0, 0) // no checksum
+	return append(b, payload...)
+}
+
+// TestVXLANFromPeersOnly sends node A VXLAN packets that carry a datagram
+// from a pod of its peer node B to node A's device address: from node B,
+// which A takes; from a stranger beside B, and from B's pod (which B
+// masquerades to its own node IP), which never arrive. Over IPv4 and IPv6.
+func TestVXLANFromPeersOnly(t *testing.T) {
+	a, b, pod := newNetns(t), newNetns(t), newNetns(t)
+	if err := a.Do(addLink(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "uplink0"}, PeerName: "uplink0", PeerNamespace: netlink.NsFd(b.FD)})); err != nil {
+		t.Fatal(err)
+	}
+	route := func(dst string) func() error {
+		return func() error {
+			up, err := netlink.LinkByName("uplink0")
+			if err != nil {
+				return err
+			}
+			return netlink.RouteAdd(&netlink.Route{LinkIndex: up.Attrs().Index, Dst: prefixNet(netip.MustParsePrefix(dst))})
+		}
+	}
+	// The stranger's addresses are on B's uplink, but of other networks,
+	// so that neither B's packets nor its pod's leave with them. A routes
+	// them back, or its reverse path filter would drop them before kelp's
+	// table does.
+	if err := a.Do(func() error {
+		return inOrder(addAddr("uplink0", "10.99.0.2/24"), addAddr("uplink0", "fd99::2/64"), setUp("uplink0"), setUp("lo"),
+			route("10.98.0.0/24"), route("fd98::/64"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Do(func() error {
+		return inOrder(
+			func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) },
+			func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644) },
+			addAddr("uplink0", "10.99.0.3/24"), addAddr("uplink0", "fd99::3/64"),
+			addAddr("uplink0", "10.98.0.9/24"), addAddr("uplink0", "fd98::9/64"),
+			setUp("uplink0"),
+			addLink(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth0"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(pod.FD)}),
+			addAddr("veth0", "10.42.1.1/24"), addAddr("veth0", "fd42:0:0:1::1/64"), setUp("veth0"),
+			func() error { return cni.EnsureMasquerade(prefixes("10.42.0.0/16,fd42::/56")) },
+		)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pod.Do(func() error {
+		return inOrder(addAddr("eth0", "10.42.1.5/24"), addAddr("eth0", "fd42:0:0:1::5/64"), setUp("eth0"),
+			func() error { return netlink.RouteAdd(&netlink.Route{Gw: net.ParseIP("10.42.1.1")}) },
+			func() error {
+				return netlink.RouteAdd(&netlink.Route{Dst: prefixNet(netip.MustParsePrefix("::/0")), Gw: net.ParseIP("fd42:0:0:1::1")})
+			})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var listener *net.UDPConn
+	if err := a.Do(func() (err error) {
+		listener, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 9000})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+
+	uplinks := map[family]string{ipv4: "uplink0", ipv6: "uplink0"}
+	for _, over := range []family{ipv4, ipv6} {
+		i := map[family]int{ipv4: 0, ipv6: 1}[over]
+		ipA, ipB := addrs("10.99.0.2,fd99::2")[i], addrs("10.99.0.3,fd99::3")[i]
+		stranger := addrs("10.98.0.9,fd98::9")[i]
+		err := errors.Join(
+			a.Do(func() error {
+				return program(local{backend: BackendVXLAN, ip: ipA, uplinks: uplinks, mac: vtepMAC("node-a"), podCIDRs: prefixes("10.42.0.0/24")},
+					[]Peer{peerOf("node-b", "10.42.1.0/24", "10.99.0.3,fd99::3", vtepMAC("node-b"))})
+			}),
+			b.Do(func() error {
+				return program(local{backend: BackendVXLAN, ip: ipB, uplinks: uplinks, mac: vtepMAC("node-b"), podCIDRs: prefixes("10.42.1.0/24")},
+					[]Peer{peerOf("node-a", "10.42.0.0/24", "10.99.0.2,fd99::2", vtepMAC("node-a"))})
+			}))
+		if err != nil {
+			t.Fatalf("program over %s: %v", over, err)
+		}
+		// send sends a packet tagged tag from the address from, or from
+		// the one the kernel picks if from is nil.
+		send := func(from *net.UDPAddr, tag string) func() error {
+			return func() error {
+				c, err := net.DialUDP("udp", from, net.UDPAddrFromAddrPort(netip.AddrPortFrom(ipA, vxlanPort)))
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write(vxlanPacket(vtepMAC("node-a"), netip.MustParseAddrPort("10.42.1.5:4000"), netip.MustParseAddrPort("10.42.0.0:9000"), tag))
+				return err
+			}
+		}
+		// The peer's last: once it is in, the others had their chance.
+		if err := errors.Join(
+			b.Do(send(&net.UDPAddr{IP: stranger.AsSlice()}, "stranger")),
+			pod.Do(send(nil, "pod")),
+			b.Do(send(&net.UDPAddr{IP: ipB.AsSlice()}, "peer")),
+		); err != nil {
+			t.Fatalf("send over %s: %v", over, err)
+		}
+		var got []string
+		buf := make([]byte, 1500)
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			if err := listener.SetReadDeadline(deadline); err != nil {
+				t.Fatal(err)
+			}
+			n, err := listener.Read(buf)
+			if err != nil {
+				break
+			}
+			got = append(got, string(buf[:n]))
+			if string(buf[:n]) == "peer" { // and what comes late
+				deadline = time.Now().Add(300 * time.Millisecond)
+			}
+		}
+		if !slices.Equal(got, []string{"peer"}) {
+			t.Errorf("over %s: A took the packets of %q, want only the peer's", over, got)
+		}
 	}
 }

@@ -208,6 +208,9 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync ti
 		// Made now, not once the node has a pod CIDR, so a kernel
 		// without VXLAN fails kelp at start, where it is seen.
 		if cfg.Backend == BackendVXLAN {
+			if err := guardNew(); err != nil {
+				return err
+			}
 			if _, err := ensureDevice(o.local, ups[familyOf(o.local.ip)]); err != nil {
 				return err
 			}

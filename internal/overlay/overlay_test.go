@@ -266,6 +266,7 @@ func TestRunDualStack(t *testing.T) {
 				},
 				Neighs: []string{"10.42.1.0 lladdr " + mac + " dev kelp.vxlan", "fd42:0:0:1:: lladdr " + mac + " dev kelp.vxlan"},
 				FDB:    []string{mac + " dst fd99::3"},
+				Table:  "peers4 {10.99.0.3} peers6 {fd99::3}",
 			}
 			var last state
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
