@@ -77,6 +77,9 @@ func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
 		ServiceCIDR:   kubeargs.CIDRs(cfg.ServiceCIDRs),
 		ClusterDomain: cfg.ClusterDomain,
 	}
+	if !cfg.DisableAgent {
+		req.NodeName = cfg.Node.NodeName
+	}
 	if cfg.EmbeddedEtcd() {
 		req.PeerURL = (&url.URL{Scheme: "https", Host: net.JoinHostPort(cfg.AdvertiseAddress.String(), strconv.Itoa(etcdPeerPort))}).String()
 	}

@@ -480,7 +480,9 @@ func ClaimServerNode(ctx context.Context, c kubernetes.Interface, node string) e
 	if apierrors.IsNotFound(err) {
 		_, err = secrets.Create(ctx, claim, metav1.CreateOptions{})
 	} else {
-		log.Warnf("a machine joined as an agent under this server's node name %s: the name is this server's again, and that machine can no longer join under it", node)
+		log.Errorf("a machine joined as an agent under the server node name %s (its address: `kubectl get node %[1]s -o wide`, before this server's node takes the name over): "+
+			"the name is the server's again and that machine can no longer join or renew under it, but the certificates it was issued stay valid until they expire; "+
+			"revoke them by rotating the CAs (`kelp certificate rotate-ca`, then `--finish`: README, Rotating the CAs)", node)
 		existing.Labels, existing.Data = claim.Labels, claim.Data
 		_, err = secrets.Update(ctx, existing, metav1.UpdateOptions{})
 	}

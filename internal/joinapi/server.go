@@ -38,6 +38,9 @@ type ServerJoinRequest struct {
 	// upstream derives the apiserver's identity and the leader-election
 	// identities from it. Empty from a kelp that did not send it.
 	Hostname string `json:"hostname,omitempty"`
+	// NodeName is the joining server's own node, claimed for it as it
+	// joins (ClaimServerNode); empty without one (--disable-agent).
+	NodeName string `json:"nodeName,omitempty"`
 	// PeerURL is where etcd peers reach the new member; empty when it
 	// runs on an external datastore.
 	PeerURL       string `json:"peerURL"`
@@ -157,6 +160,17 @@ func (s *joinAPI) admitServer(ctx context.Context, req ServerJoinRequest) (Serve
 	}
 	if err := s.hostnameFree(ctx, req.Hostname); err != nil {
 		return ServerJoinResponse{}, err
+	}
+	if req.NodeName != "" {
+		// Now, not at the server's first start: until then an agent
+		// token could claim the name.
+		c, err := s.kube()
+		if err == nil {
+			err = ClaimServerNode(ctx, c, req.NodeName)
+		}
+		if err != nil {
+			return ServerJoinResponse{}, fmt.Errorf("%w: %v", errUnavailable, err)
+		}
 	}
 	authorities, err := pki.ReadAuthorities(s.cfg.Certs)
 	if err != nil {

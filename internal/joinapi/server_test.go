@@ -182,3 +182,24 @@ func TestServerJoinHostname(t *testing.T) {
 		})
 	}
 }
+
+// A joining server's node name is the server's as soon as it joins, not
+// at its first start: until then an agent token could take it, and with
+// it system:node:<name>.
+func TestServerJoinClaimsNodeName(t *testing.T) {
+	s, client := testJoinAPI(t)
+	s.cfg.Agent = AgentConfig{ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
+	s.cfg.Datastore = datastore.KindEtcd
+	s.cfg.Members = &fakeMembers{}
+	req := ServerJoinRequest{Name: "server-2", NodeName: "server-2", PeerURL: "https://10.0.0.2:2380", ClusterCIDR: "10.42.0.0/16", ServiceCIDR: "10.43.0.0/16", ClusterDomain: "cluster.local"}
+	if w := serverJoinAs(s, "server:server-secret", req); w.Code != http.StatusOK {
+		t.Fatalf("server join: %d %s", w.Code, w.Body)
+	}
+	w := joinAs(s, "node:agent-secret", JoinRequest{NodeName: "server-2", Password: "an-agents-password"})
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), `"server-2" is the node of a server`) {
+		t.Errorf("an agent joining under the node name of a server that joined but has not started: %d %s", w.Code, w.Body)
+	}
+	if _, err := client.CoreV1().Secrets("kube-system").Get(t.Context(), "server-2.node-password.kelp", metav1.GetOptions{}); err != nil {
+		t.Errorf("no claim of server-2's node name: %v", err)
+	}
+}
