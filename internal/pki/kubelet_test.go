@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 )
 
 // A node's serving certificate names the node and its addresses, and
@@ -200,10 +201,26 @@ func TestKubeletCAOfSharedDatastoreUpgrade(t *testing.T) {
 	if !bytes.Equal(readFile(t, f.KubeletCA.Cert), readFile(t, f.ServerCA.Cert)) {
 		t.Error("a copy cut short left a kubelet CA that is not the server CA")
 	}
-	// A cluster that has its kubelet CA keeps it.
+	// A cluster that has its kubelet CA keeps it, and says at every start
+	// that it is the server CA, and what to do.
 	kubeletPEM := readFile(t, f.KubeletCA.Cert)
-	run(t, cfg)
+	_, hook := run(t, cfg)
 	if !bytes.Equal(readFile(t, f.KubeletCA.Cert), kubeletPEM) {
 		t.Error("a second start changed the kubelet CA")
 	}
+	if !saysRotate(hook) {
+		t.Error("a start of a cluster whose kubelet CA is its server CA did not say to rotate the CAs")
+	}
+	if _, hook := run(t, testConfig(t)); saysRotate(hook) {
+		t.Error("a cluster with a kubelet CA of its own was told to rotate the CAs")
+	}
+}
+
+func saysRotate(hook *logtest.Hook) bool {
+	for _, e := range hook.AllEntries() {
+		if e.Level == logrus.WarnLevel && strings.Contains(e.Message, "kelp certificate rotate-ca") {
+			return true
+		}
+	}
+	return false
 }

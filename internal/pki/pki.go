@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"bytes"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -238,6 +239,11 @@ func ensure(cfg Config, log logrus.FieldLogger) (Files, error) {
 	}
 	if newKubeletCA {
 		log.WithField("cert", f.KubeletCA.Cert).Info("made a CA for the kubelets' serving certificates, which the server CA signed before")
+	}
+	if bytes.Equal(cas.kubelet.cert.Raw, cas.server.cert.Raw) {
+		// Said at every start: it stays so until the operator acts.
+		log.Warn("the kubelets' serving certificates are signed by the server CA on this cluster (made before kelp had a kubelet CA, on a datastore its servers share), " +
+			"so a client that trusts the apiserver trusts a kubelet's certificate too: `kelp certificate rotate-ca` gives the kubelets a CA of their own (README: Rotating the CAs)")
 	}
 
 	for path, ca := range map[string]*authority{f.ServerCASigner: cas.server, f.ClientCASigner: cas.client, f.KubeletCASigner: cas.kubelet} {
