@@ -59,6 +59,8 @@ type ServeConfig struct {
 	// those a crash left are released when it starts again, and by kelp
 	// killall.
 	AddressesFile string
+	// Limits bound the clients; zero fields take their defaults.
+	Limits Limits
 }
 
 // Serve runs the node's data path until ctx ends: it reads the Secret
@@ -82,12 +84,7 @@ func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) er
 	release()
 	defer release()
 	d := &dataPath{client: client, cfg: cfg, servers: map[int32]*portServer{}, changed: make(chan struct{}, 1)}
-	d.transport = &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-	}
+	d.transport = backendTransport(cfg.Limits.orDefaults())
 	d.current.Store(&compiled{regexps: newRegexpCache(Config{})})
 	// The servers' own errors (a client's failed TLS handshake) are
 	// nothing an operator acts on.
@@ -147,6 +144,17 @@ func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) er
 		}
 		d.listen(ctx)
 		held.sync(d.current.Load().addresses)
+	}
+}
+
+// backendTransport is the proxy's, to the backends' endpoints.
+func backendTransport(l Limits) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: l.BackendHeader,
 	}
 }
 
@@ -268,6 +276,7 @@ func (d *dataPath) load() {
 // listen makes the listening ports those of the current config.
 func (d *dataPath) listen(ctx context.Context) {
 	c := d.current.Load()
+	limits := d.cfg.Limits.orDefaults()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for port, s := range d.servers {
@@ -292,7 +301,15 @@ func (d *dataPath) listen(ctx context.Context) {
 		if _, was := d.failed[port]; was {
 			log.Infof("listening on port %d for the Gateway API", port)
 		}
-		srv := &http.Server{Handler: d.handler(port, protocol == "HTTPS"), ReadHeaderTimeout: 30 * time.Second, ErrorLog: d.errorLog}
+		srv := &http.Server{
+			Handler:           bodyProgress(d.handler(port, protocol == "HTTPS"), limits.BodyProgress),
+			ReadHeaderTimeout: limits.Header,
+			IdleTimeout:       limits.Idle,
+			MaxHeaderBytes:    limits.MaxHeaderBytes,
+			ErrorLog:          d.errorLog,
+		}
+		// Capped below TLS: a connection refused costs no handshake.
+		ln = newCapListener(ln, port, limits)
 		if protocol == "HTTPS" {
 			srv.TLSConfig = &tls.Config{GetCertificate: d.certificate(port), MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}}
 			ln = tls.NewListener(ln, srv.TLSConfig)
@@ -496,8 +513,12 @@ func (d *dataPath) proxy(w http.ResponseWriter, r *http.Request, rt *Route, b *B
 			applyHeaders(resp.Header, b.Response)
 			return nil
 		},
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			log.WithError(err).WithField("route", rt.Name).Debug("proxy")
+			if bodyStalled(r.Body) {
+				http.Error(w, "the request body stopped arriving", http.StatusRequestTimeout)
+				return
+			}
 			http.Error(w, "the backend did not answer", http.StatusBadGateway)
 		},
 	}
