@@ -238,6 +238,15 @@ func (d *dataPath) load() {
 		}
 		c.addresses[a.Unmap()] = h.Node
 	}
+	pairs := map[string]*tls.Certificate{}
+	for id, cert := range cfg.Certs {
+		pair, err := tls.X509KeyPair(cert.Cert, cert.Key)
+		if err != nil {
+			log.WithError(err).Warnf("certificate %s", id)
+			continue
+		}
+		pairs[id] = &pair
+	}
 	for i := range cfg.Ports {
 		p := &cfg.Ports[i]
 		k := portKey{port: p.Port}
@@ -259,15 +268,9 @@ func (d *dataPath) load() {
 		c.ports[k] = p
 		c.certs[k] = map[string]*tls.Certificate{}
 		for _, h := range p.Hosts {
-			if h.Cert == nil {
-				continue
+			if pair := pairs[h.CertID]; pair != nil {
+				c.certs[k][h.Hostname] = pair
 			}
-			pair, err := tls.X509KeyPair(h.Cert.Cert, h.Cert.Key)
-			if err != nil {
-				log.WithError(err).WithField("port", p.Port).Warnf("certificate of host %q", h.Hostname)
-				continue
-			}
-			c.certs[k][h.Hostname] = &pair
 		}
 	}
 	d.current.Store(c)

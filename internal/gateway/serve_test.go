@@ -196,10 +196,13 @@ func TestCertificateBySNI(t *testing.T) {
 	certB, keyB := tlsPair(t)
 	certC, keyC := tlsPair(t)
 	cfg := func(a Cert) Config {
-		return Config{Ports: []Port{{Port: 443, Protocol: "HTTPS", Hosts: []Host{
-			{Hostname: "a.example.com", Cert: &a},
-			{Hostname: "*.example.com", Cert: &Cert{Cert: certB, Key: keyB}},
-		}}}}
+		return Config{
+			Certs: map[string]Cert{"app/a": a, "app/b": {Cert: certB, Key: keyB}},
+			Ports: []Port{{Port: 443, Protocol: "HTTPS", Hosts: []Host{
+				{Hostname: "a.example.com", CertID: "app/a"},
+				{Hostname: "*.example.com", CertID: "app/b"},
+			}}},
+		}
 	}
 	d := testDataPath(t, cfg(Cert{Cert: certA, Key: keyA}), "127.0.0.1:1")
 	get := d.certificate(443)
@@ -238,7 +241,7 @@ func TestMisdirectedRequests(t *testing.T) {
 	cert, key := tlsPair(t)
 	svc := []Backend{{Weight: 1, Namespace: "app", Service: "svc", PortName: "web", Port: 80}}
 	host := func(name string) Host {
-		h := Host{Hostname: name, Cert: &Cert{Cert: cert, Key: key}, Routes: []Route{{Name: "app/r", Path: PathMatch{Type: PathPrefix, Value: "/"}, Backends: svc}}}
+		h := Host{Hostname: name, CertID: "app/tls", Routes: []Route{{Name: "app/r", Path: PathMatch{Type: PathPrefix, Value: "/"}, Backends: svc}}}
 		if name != "" {
 			h.Routes[0].Hostnames = []string{name}
 		} else {
@@ -252,7 +255,10 @@ func TestMisdirectedRequests(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	cfg := Config{Ports: []Port{{Port: int32(port), Protocol: "HTTPS", Hosts: []Host{host(""), host("second-example.org"), host("*.wildcard.org"), host("fourth-example.wildcard.org")}}}}
+	cfg := Config{
+		Ports: []Port{{Port: int32(port), Protocol: "HTTPS", Hosts: []Host{host(""), host("second-example.org"), host("*.wildcard.org"), host("fourth-example.wildcard.org")}}},
+		Certs: map[string]Cert{"app/tls": {Cert: cert, Key: key}},
+	}
 	d := testDataPath(t, cfg, u.Host)
 	d.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	d.cfg = ServeConfig{NodeName: "n1", ListenHost: "127.0.0.1"}
@@ -368,9 +374,10 @@ func TestDispatchByLocalAddress(t *testing.T) {
 			{Address: "2001:db8::10", Port: 80, Protocol: "HTTP", Hosts: redirect("gw6.example")},
 			{Address: "192.0.2.10", Port: 8080, Protocol: "HTTP", Hosts: redirect("gw-8080.example")},
 			{Address: "192.0.2.11", Port: 8080, Protocol: "HTTP", Hosts: redirect("gw11.example")},
-			{Port: 443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certNodes, Key: keyNodes}}}},
-			{Address: "192.0.2.10", Port: 443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certGateway, Key: keyGateway}}}},
+			{Port: 443, Protocol: "HTTPS", Hosts: []Host{{CertID: "app/nodes"}}},
+			{Address: "192.0.2.10", Port: 443, Protocol: "HTTPS", Hosts: []Host{{CertID: "app/gateway"}}},
 		},
+		Certs: map[string]Cert{"app/nodes": {Cert: certNodes, Key: keyNodes}, "app/gateway": {Cert: certGateway, Key: keyGateway}},
 	}
 	d := testDataPath(t, cfg, "127.0.0.1:1")
 	if got := d.current.Load().protocols; len(got) != 3 || got[80] != "HTTP" || got[8080] != "HTTP" || got[443] != "HTTPS" {
@@ -451,9 +458,10 @@ func TestDispatchListening(t *testing.T) {
 			Ports: []Port{
 				{Port: 8080, Protocol: "HTTP", Hosts: []Host{{Routes: redirect("nodes.example")}}},
 				{Address: "127.0.0.2", Port: 8080, Protocol: "HTTP", Hosts: []Host{{Routes: redirect("gw.example")}}},
-				{Port: 8443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certNodes, Key: keyNodes}, Routes: redirect("nodes.example")}}},
-				{Address: "127.0.0.2", Port: 8443, Protocol: "HTTPS", Hosts: []Host{{Cert: &Cert{Cert: certGateway, Key: keyGateway}, Routes: redirect("gw.example")}}},
+				{Port: 8443, Protocol: "HTTPS", Hosts: []Host{{CertID: "app/nodes", Routes: redirect("nodes.example")}}},
+				{Address: "127.0.0.2", Port: 8443, Protocol: "HTTPS", Hosts: []Host{{CertID: "app/gateway", Routes: redirect("gw.example")}}},
 			},
+			Certs: map[string]Cert{"app/nodes": {Cert: certNodes, Key: keyNodes}, "app/gateway": {Cert: certGateway, Key: keyGateway}},
 		}
 		listening(t, cfg)
 		der := func(p []byte) []byte {
