@@ -1,14 +1,18 @@
 package server_test
 
 import (
+	"archive/tar"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -18,9 +22,10 @@ import (
 // sharedImage is in no registry: its registry's name resolves to nothing.
 const sharedImage = "registry.invalid/kelp-test/shared:1.0"
 
-// sharedPods run sharedImage on the server's node and on agent-2, whose
-// airgap dirs lack it.
-const sharedPods = `
+// sharedPods run image on the server's node and on agent-2, whose airgap
+// dirs lack it.
+func sharedPods(image string) string {
+	return `
 apiVersion: v1
 kind: Pod
 metadata: {name: shared-on-agent-2}
@@ -28,7 +33,7 @@ spec:
   nodeName: agent-2
   terminationGracePeriodSeconds: 0
   containers:
-  - {name: app, image: ` + sharedImage + `, args: [serve]}
+  - {name: app, image: ` + image + `, args: [serve]}
 ---
 apiVersion: v1
 kind: Pod
@@ -37,14 +42,41 @@ spec:
   nodeName: server
   terminationGracePeriodSeconds: 0
   containers:
-  - {name: app, image: ` + sharedImage + `, args: [serve]}
+  - {name: app, image: ` + image + `, args: [serve]}
 `
+}
+
+// imageDigest returns the digest of the one image of the OCI image
+// tarball at path.
+func imageDigest(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("%s: no index.json: %v", path, err)
+		}
+		if strings.TrimPrefix(h.Name, "./") != "index.json" {
+			continue
+		}
+		var index ocispec.Index
+		if err := json.NewDecoder(tr).Decode(&index); err != nil || len(index.Manifests) != 1 {
+			t.Fatalf("%s: want an index.json of one image (%v)", path, err)
+		}
+		return index.Manifests[0].Digest.String()
+	}
+}
 
 // TestEmbeddedRegistry: with --embedded-registry and the image's registry
 // among the mirrors of every node's registries.yaml, an image only agent-1
-// has (from its airgap dir) runs on agent-2 and on the server's node, with
-// no registry reachable at all; agent-1's mirror serves nodes of the
-// cluster only.
+// has (from its airgap dir) runs by digest on agent-2 and on the server's
+// node, with no registry reachable at all (a tag is the registry's to
+// resolve); agent-1's mirror serves nodes of the cluster only.
 func TestEmbeddedRegistry(t *testing.T) {
 	t.Parallel()
 	lab := testcluster.NewLab(t)
@@ -57,7 +89,9 @@ func TestEmbeddedRegistry(t *testing.T) {
 	srv.Start("--embedded-registry", "--private-registry", registries)
 	srv.WaitReady(startTimeout)
 	agent1, agent2 := lab.NewNode("agent-1", "10.99.0.3"), lab.NewNode("agent-2", "10.99.0.4")
-	agent1.AddImage(testcluster.BuildTestImage(t, sharedImage))
+	image := testcluster.BuildTestImage(t, sharedImage)
+	agent1.AddImage(image)
+	digest := imageDigest(t, image)
 	for _, a := range []*testcluster.Node{agent1, agent2} {
 		a.StartAgent(srv.URL(), srv.TokenFile(), "--private-registry", registries)
 	}
@@ -68,15 +102,16 @@ func TestEmbeddedRegistry(t *testing.T) {
 	c := srv.Client()
 	waitNodesReady(t, c, 3)
 	waitServiceAccount(t, c, "default")
-	apply(t, srv, sharedPods)
+	apply(t, srv, sharedPods("registry.invalid/kelp-test/shared@"+digest))
 	kubectl(t, srv, "wait", "--for=condition=Ready", "pod/shared-on-agent-2", "pod/shared-on-server", "--timeout=55s")
 	if out, err := agent2.RunKelp(time.Minute, "crictl", "images"); err != nil || !strings.Contains(out, "registry.invalid/kelp-test/shared") {
 		t.Errorf("agent-2 lacks the image it pulled from agent-1: %v\n%s", err, out)
 	}
 
 	t.Run("agent-1 serves nodes of the cluster only", func(t *testing.T) {
-		url := "https://10.99.0.3:5001/v2/kelp-test/shared/manifests/1.0?ns=registry.invalid"
-		head := func(cert *tls.Certificate) (*http.Response, error) {
+		const manifests = "https://10.99.0.3:5001/v2/kelp-test/shared/manifests/"
+		byDigest := manifests + digest + "?ns=registry.invalid"
+		head := func(url string, cert *tls.Certificate) (*http.Response, error) {
 			cfg := &tls.Config{InsecureSkipVerify: true} // what is tested is agent-1's check of the client
 			if cert != nil {
 				cfg.Certificates = []tls.Certificate{*cert}
@@ -102,15 +137,18 @@ func TestEmbeddedRegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 		for what, cert := range map[string]*tls.Certificate{"no certificate": nil, "the cluster admin's certificate": &admin} {
-			if resp, err := head(cert); err == nil {
+			if resp, err := head(byDigest, cert); err == nil {
 				resp.Body.Close()
 				t.Errorf("%s: served, %s", what, resp.Status)
 			} else if !strings.Contains(err.Error(), "certificate") {
 				t.Errorf("%s: refused for another reason: %v", what, err)
 			}
 		}
-		if resp, err := head(&agent2Cert); err != nil || resp.StatusCode != http.StatusOK {
+		if resp, err := head(byDigest, &agent2Cert); err != nil || resp.StatusCode != http.StatusOK {
 			t.Errorf("agent-2's certificate: %v %v", resp, err)
+		}
+		if resp, err := head(manifests+"1.0?ns=registry.invalid", &agent2Cert); err != nil || resp.StatusCode != http.StatusNotFound {
+			t.Errorf("a tag, with agent-2's certificate: %v %v", resp, err)
 		}
 	})
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -25,17 +26,19 @@ import (
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
-// fakeStore is a node's images and content in memory.
+// fakeStore is a node's images (their targets by name) and content in
+// memory.
 type fakeStore struct {
 	images map[string]ocispec.Descriptor
 	blobs  map[digest.Digest][]byte
 }
 
-func (f fakeStore) Image(_ context.Context, name string) (ocispec.Descriptor, error) {
-	if d, ok := f.images[name]; ok {
-		return d, nil
+func (f fakeStore) Images(context.Context) ([]images.Image, error) {
+	var out []images.Image
+	for name, target := range f.images {
+		out = append(out, images.Image{Name: name, Target: target})
 	}
-	return ocispec.Descriptor{}, fmt.Errorf("image %q: %w", name, errdefs.ErrNotFound)
+	return out, nil
 }
 
 func (f fakeStore) Info(_ context.Context, d digest.Digest) (content.Info, error) {
@@ -64,14 +67,38 @@ type fixture struct {
 	indexD, manifestD, layD digest.Digest
 }
 
-func newFixture(t *testing.T) fixture {
+// add puts data in the store.
+func (f fixture) add(data []byte) digest.Digest {
+	d := digest.FromBytes(data)
+	f.store.blobs[d] = data
+	return d
+}
+
+// imageDigests are the digests of an image of one manifest.
+type imageDigests struct{ manifest, layer digest.Digest }
+
+// image adds an image name of one manifest of an empty config and layer.
+func (f fixture) image(t testing.TB, name string, layer []byte) imageDigests {
+	t.Helper()
+	config := []byte(`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}`)
+	m := ocispec.Manifest{
+		MediaType: ocispec.MediaTypeImageManifest,
+		Config:    ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: f.add(config), Size: int64(len(config))},
+		Layers:    []ocispec.Descriptor{{MediaType: ocispec.MediaTypeImageLayer, Digest: f.add(layer), Size: int64(len(layer))}},
+	}
+	m.SchemaVersion = 2
+	data, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := f.add(data)
+	f.store.images[name] = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: d, Size: int64(len(data))}
+	return imageDigests{manifest: d, layer: m.Layers[0].Digest}
+}
+
+func newFixture(t testing.TB) fixture {
 	t.Helper()
 	f := fixture{store: fakeStore{images: map[string]ocispec.Descriptor{}, blobs: map[digest.Digest][]byte{}}}
-	add := func(data []byte) digest.Digest {
-		d := digest.FromBytes(data)
-		f.store.blobs[d] = data
-		return d
-	}
 	marshal := func(v any) []byte {
 		data, err := json.Marshal(v)
 		if err != nil {
@@ -80,18 +107,18 @@ func newFixture(t *testing.T) fixture {
 		return data
 	}
 	f.layer = bytes.Repeat([]byte("layer bytes "), 1000)
-	f.layD = add(f.layer)
+	f.layD = f.add(f.layer)
 	config := []byte(`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}`)
-	configD := add(config)
+	configD := f.add(config)
 	f.manifest = marshal(ocispec.Manifest{
 		MediaType: ocispec.MediaTypeImageManifest,
 		Config:    ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: configD, Size: int64(len(config))},
 		Layers:    []ocispec.Descriptor{{MediaType: ocispec.MediaTypeImageLayer, Digest: f.layD, Size: int64(len(f.layer))}},
 	})
 	f.manifest = bytes.Replace(f.manifest, []byte(`{`), []byte(`{"schemaVersion":2,`), 1)
-	f.manifestD = add(f.manifest)
+	f.manifestD = f.add(f.manifest)
 	f.index = []byte(fmt.Sprintf(`{"schemaVersion":2,"manifests":[{"mediaType":%q,"digest":%q,"size":%d}]}`, ocispec.MediaTypeImageManifest, f.manifestD, len(f.manifest)))
-	f.indexD = add(f.index)
+	f.indexD = f.add(f.index)
 	f.store.images["registry.example.com/app:1.0"] = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageIndex, Digest: f.indexD, Size: int64(len(f.index))}
 	return f
 }

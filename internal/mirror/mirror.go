@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -82,8 +83,8 @@ func Start(cfg Config, nodes kubernetes.Interface) (*component.Running, error) {
 	}
 	transport := NewTransport(cfg.Identity, peers)
 	servers := []*http.Server{
-		{Handler: Registry{Store: containerdStore{c}, Shares: shares}, TLSConfig: cfg.Identity.ServerTLS(), ReadHeaderTimeout: 10 * time.Second},
-		{Handler: Mirror{Peers: peers, Transport: transport, AskTimeout: askTimeout}, ReadHeaderTimeout: 10 * time.Second},
+		{Handler: NewRegistry(containerdStore{c}, shares), TLSConfig: cfg.Identity.ServerTLS(), ReadHeaderTimeout: 10 * time.Second},
+		{Handler: ownUser{uid: uint32(os.Getuid()), next: NewMirror(peers, transport, shares)}, ReadHeaderTimeout: 10 * time.Second},
 	}
 	return component.Go("registry mirror", func(ctx context.Context) error {
 		defer c.Close()

@@ -2,14 +2,18 @@ package mirror
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
-	"strings"
+	"strconv"
+	"sync"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // Peer is another node that may have content.
@@ -19,15 +23,22 @@ type Peer struct {
 }
 
 // Mirror answers the node's own containerd: it asks every peer which has
-// the content (HEAD) and streams it from the first that has, or answers
-// 404 so that containerd tries the next host of the registry.
+// the manifest or blob of a digest (HEAD) and passes on the answer of the
+// first that has, checked against the digest, or answers 404 so that
+// containerd tries the next host of the registry. Tags never reach the
+// peers (see Registry): containerd resolves them with the registry, or
+// the endpoints the admin lists in registries.yaml.
 type Mirror struct {
-	// Peers are the other nodes, at the time of a request.
-	Peers func() []Peer
-	// Transport reaches peers; see NewTransport.
-	Transport http.RoundTripper
-	// AskTimeout bounds the question to each peer.
-	AskTimeout time.Duration
+	peers     func() []Peer
+	transport http.RoundTripper
+	shares    func(registry string) bool
+	distrust  distrust
+}
+
+// NewMirror asks the peers, at the time of each request, through
+// transport (see NewTransport), for the registries shares accepts.
+func NewMirror(peers func() []Peer, transport http.RoundTripper, shares func(registry string) bool) *Mirror {
+	return &Mirror{peers: peers, transport: transport, shares: shares, distrust: distrust{until: map[string]time.Time{}}}
 }
 
 // NewTransport reaches the peers named in a URL's host by their node name
@@ -56,35 +67,28 @@ func NewTransport(id Identity, peers func() []Peer) *http.Transport {
 	}
 }
 
-func (m Mirror) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	path, ns, ok := pullRequest(w, req)
+func (m *Mirror) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	p, ok := pullRequest(w, req, m.shares)
 	if !ok {
 		return
 	}
-	// A tag that moves by convention is the registry's to resolve: a peer
-	// has the one it pulled last.
-	if strings.HasSuffix(path, "/manifests/latest") {
-		registryError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", "latest is resolved by the registry, not by other nodes")
-		return
-	}
-	rel := &url.URL{Path: req.URL.Path, RawQuery: url.Values{"ns": {ns}}.Encode()}
+	rel := &url.URL{Path: req.URL.Path, RawQuery: url.Values{"ns": {p.registry}}.Encode()}
 	haves, cancel := m.ask(req.Context(), rel)
 	defer cancel()
 	for have := range haves {
-		if req.Method == http.MethodHead {
-			copyHeaders(w, have.header)
-			w.WriteHeader(http.StatusOK)
-			return
+		switch {
+		case p.manifest:
+			ok = m.manifest(w, req, have.peer, rel, p.digest)
+		case req.Method == http.MethodHead:
+			ok = blobHead(w, have.header, p.digest)
+		default:
+			ok = m.blob(w, req, have.peer, rel, p.digest)
 		}
-		if m.fetch(w, req, have.peer, rel) {
+		if ok {
 			return
 		}
 	}
-	code := "BLOB_UNKNOWN"
-	if strings.Contains(path, "/manifests/") {
-		code = "MANIFEST_UNKNOWN"
-	}
-	registryError(w, http.StatusNotFound, code, "no other node has "+path)
+	registryError(w, http.StatusNotFound, p.unknown(), fmt.Sprintf("no other node has %s of %s", p.digest, p.registry))
 }
 
 type have struct {
@@ -92,12 +96,17 @@ type have struct {
 	header http.Header
 }
 
-// ask sends HEAD of rel to every peer at once and delivers those that have
-// it as they answer; the channel closes once all did. cancel ends the
-// questions still open.
-func (m Mirror) ask(ctx context.Context, rel *url.URL) (<-chan have, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(ctx, m.AskTimeout)
-	peers := m.Peers()
+// ask sends HEAD of rel to every peer not distrusted at once and delivers
+// those that have it as they answer; the channel closes once all did.
+// cancel ends the questions still open.
+func (m *Mirror) ask(ctx context.Context, rel *url.URL) (<-chan have, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	var peers []Peer
+	for _, p := range m.peers() {
+		if !m.distrust.has(p.Name) {
+			peers = append(peers, p)
+		}
+	}
 	out := make(chan have, len(peers))
 	done := make(chan struct{}, len(peers))
 	for _, p := range peers {
@@ -107,7 +116,7 @@ func (m Mirror) ask(ctx context.Context, rel *url.URL) (<-chan have, context.Can
 			if err != nil {
 				return
 			}
-			resp, err := m.Transport.RoundTrip(req)
+			resp, err := m.transport.RoundTrip(req)
 			if err != nil {
 				if ctx.Err() == nil {
 					log.WithError(err).WithField("peer", p.Name).Debug("ask a peer")
@@ -129,47 +138,164 @@ func (m Mirror) ask(ctx context.Context, rel *url.URL) (<-chan have, context.Can
 	return out, cancel
 }
 
-// fetch streams the GET of rel from p to w and reports whether it
-// answered; a peer that fails before its answer began leaves w untouched.
-func (m Mirror) fetch(w http.ResponseWriter, req *http.Request, p Peer, rel *url.URL) bool {
-	preq, err := http.NewRequestWithContext(req.Context(), http.MethodGet, peerURL(p, rel), nil)
-	if err != nil {
-		return false
-	}
-	for _, h := range []string{"Accept", "Range", "If-Range"} {
-		if v := req.Header.Values(h); len(v) > 0 {
-			preq.Header[h] = v
-		}
-	}
-	resp, err := m.Transport.RoundTrip(preq)
+// manifest passes on p's manifest d, for a GET or a HEAD alike, once it
+// checked that it is d's content; it reports whether it did. Its media
+// type is what the content says, not what p says.
+func (m *Mirror) manifest(w http.ResponseWriter, req *http.Request, p Peer, rel *url.URL, d digest.Digest) bool {
+	resp, err := m.get(req.Context(), p, rel)
 	if err != nil {
 		log.WithError(err).WithField("peer", p.Name).Info("fetch from a peer failed; trying another")
 		return false
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
-		log.WithField("peer", p.Name).Infof("fetch %s from a peer: %s; trying another", rel.Path, resp.Status)
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxManifest+1))
+	if err != nil {
+		log.WithError(err).WithField("peer", p.Name).Info("fetch from a peer broke off; trying another")
 		return false
 	}
-	copyHeaders(w, resp.Header)
-	w.WriteHeader(resp.StatusCode)
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		// containerd sees a short body and fails the pull; it verifies
-		// what it got by digest in any case.
+	if d.Algorithm().FromBytes(data) != d {
+		m.distrust.add(p.Name, d)
+		return false
+	}
+	mediaType, ok := manifestType(data)
+	if !ok {
+		log.WithField("peer", p.Name).Infof("%s from a peer is not a manifest; trying another", d)
+		return false
+	}
+	w.Header().Set("Content-Type", mediaType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	w.Header().Set("Docker-Content-Digest", d.String())
+	if req.Method == http.MethodGet {
+		_, _ = w.Write(data)
+	}
+	return true
+}
+
+// blob streams p's blob d to w and reports whether p answered; a peer that
+// fails before its answer began leaves w untouched. A blob is too large
+// to hold before it is checked: it goes on as it arrives but for its last
+// bytes, which go once all of it hashed to d, so that other content never
+// arrives whole: containerd sees an answer cut short, and pulls again,
+// from another node (p is distrusted) or the registry.
+//
+// The whole blob is always fetched and passed on: a Range (containerd's
+// resume of a pull) cannot be checked on its own, and containerd skips
+// what it has of an answer that ignored it.
+func (m *Mirror) blob(w http.ResponseWriter, req *http.Request, p Peer, rel *url.URL, d digest.Digest) bool {
+	resp, err := m.get(req.Context(), p, rel)
+	if err != nil {
+		log.WithError(err).WithField("peer", p.Name).Info("fetch from a peer failed; trying another")
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.ContentLength < 0 {
+		// Cut short, an answer of no stated length would look whole.
+		log.WithField("peer", p.Name).Infof("%s from a peer has no length; trying another", d)
+		return false
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	w.Header().Set("Docker-Content-Digest", d.String())
+	w.WriteHeader(http.StatusOK)
+	err = copyVerified(w, resp.Body, d)
+	switch {
+	case errors.Is(err, errOtherContent):
+		m.distrust.add(p.Name, d)
+	case err != nil:
 		log.WithError(err).WithField("peer", p.Name).Info("fetch from a peer broke off")
 	}
 	return true
 }
 
-func peerURL(p Peer, rel *url.URL) string {
-	return "https://" + net.JoinHostPort(p.Name, fmt.Sprint(p.Addr.Port())) + rel.String()
+// blobHead answers a HEAD of blob d with the length a peer's answer
+// header states, which containerd checks with the content, and reports
+// whether it did.
+func blobHead(w http.ResponseWriter, header http.Header, d digest.Digest) bool {
+	size, err := strconv.ParseInt(header.Get("Content-Length"), 10, 64)
+	if err != nil || size < 0 {
+		return false
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.Header().Set("Docker-Content-Digest", d.String())
+	return true
 }
 
-// copyHeaders copies the headers that describe content.
-func copyHeaders(w http.ResponseWriter, from http.Header) {
-	for _, h := range []string{"Content-Type", "Content-Length", "Docker-Content-Digest", "Content-Range", "Accept-Ranges"} {
-		if v := from.Get(h); v != "" {
-			w.Header().Set(h, v)
+// get sends GET of rel to p and returns its answer if it has the content.
+func (m *Mirror) get(ctx context.Context, p Peer, rel *url.URL) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peerURL(p, rel), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := m.transport.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %s", rel.Path, resp.Status)
+	}
+	return resp, nil
+}
+
+var errOtherContent = errors.New("the content is not the digest's")
+
+// copyVerified copies body to w, but for the last bytes it read, which it
+// writes only once all of body hashed to d.
+func copyVerified(w io.Writer, body io.Reader, d digest.Digest) error {
+	verifier := d.Verifier()
+	buf, held := make([]byte, 32<<10), make([]byte, 0, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			_, _ = verifier.Write(buf[:n])
+			if _, err := w.Write(held); err != nil {
+				return err
+			}
+			held = append(held[:0], buf[:n]...)
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
 		}
 	}
+	if !verifier.Verified() {
+		return errOtherContent
+	}
+	_, err := w.Write(held)
+	return err
+}
+
+// distrustFor is how long a peer that answered with other content than
+// the digest asked for is not asked: its root lies, or its disk broke.
+const distrustFor = time.Hour
+
+// distrust keeps the peers not to ask, by name, until a time.
+type distrust struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+func (t *distrust) add(peer string, d digest.Digest) {
+	log.WithField("peer", peer).Warnf("a peer answered for %s with other content; it is not asked again for %s: look at that node, whose root may be trying to make the others run its images", d, distrustFor)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.until[peer] = time.Now().Add(distrustFor)
+}
+
+func (t *distrust) has(peer string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	until, ok := t.until[peer]
+	if ok && time.Now().After(until) {
+		delete(t.until, peer)
+		return false
+	}
+	return ok
+}
+
+func peerURL(p Peer, rel *url.URL) string {
+	return "https://" + net.JoinHostPort(p.Name, fmt.Sprint(p.Addr.Port())) + rel.String()
 }

@@ -12,7 +12,11 @@ import (
 
 func TestRegistry(t *testing.T) {
 	f := newFixture(t)
-	r := Registry{Store: f.store, Shares: func(registry string) bool { return registry == "registry.example.com" }}
+	// The node holds an image of docker.io, which it does not share, and
+	// content of no image.
+	secret := f.image(t, "docker.io/library/secret:1.0", []byte("secret layer"))
+	loose := f.add([]byte("loose content"))
+	r := NewRegistry(f.store, func(registry string) bool { return registry == "registry.example.com" })
 	const ns = "?ns=registry.example.com"
 	tests := []struct {
 		name, method, path string
@@ -22,18 +26,14 @@ func TestRegistry(t *testing.T) {
 		want               map[string]string
 	}{
 		{name: "API check", method: "GET", path: "/v2/", status: 200, body: []byte("{}")},
-		{name: "manifest by tag", method: "GET", path: "/v2/app/manifests/1.0" + ns, status: 200, body: f.index,
-			want: map[string]string{"Content-Type": ocispec.MediaTypeImageIndex, "Docker-Content-Digest": f.indexD.String(), "Content-Length": strconv.Itoa(len(f.index))}},
-		{name: "HEAD of a manifest by tag", method: "HEAD", path: "/v2/app/manifests/1.0" + ns, status: 200, body: []byte{},
-			want: map[string]string{"Content-Type": ocispec.MediaTypeImageIndex, "Docker-Content-Digest": f.indexD.String(), "Content-Length": strconv.Itoa(len(f.index))}},
+		{name: "a tag is the registry's to resolve, never a node's", method: "GET", path: "/v2/app/manifests/1.0" + ns, status: 404},
+		{name: "HEAD of a tag", method: "HEAD", path: "/v2/app/manifests/1.0" + ns, status: 404},
 		{name: "manifest by digest", method: "GET", path: "/v2/app/manifests/" + f.manifestD.String() + ns, status: 200, body: f.manifest,
 			want: map[string]string{"Content-Type": ocispec.MediaTypeImageManifest, "Docker-Content-Digest": f.manifestD.String()}},
 		{name: "index by digest, typed by its fields", method: "GET", path: "/v2/app/manifests/" + f.indexD.String() + ns, status: 200, body: f.index,
 			want: map[string]string{"Content-Type": ocispec.MediaTypeImageIndex}},
 		{name: "a layer asked for as a manifest", method: "GET", path: "/v2/app/manifests/" + f.layD.String() + ns, status: 404},
-		{name: "unknown tag", method: "HEAD", path: "/v2/app/manifests/2.0" + ns, status: 404},
-		{name: "unknown repository", method: "GET", path: "/v2/other/manifests/1.0" + ns, status: 404},
-		{name: "neither tag nor digest", method: "GET", path: "/v2/app/manifests/a:b" + ns, status: 400},
+		{name: "neither tag nor digest", method: "GET", path: "/v2/app/manifests/a:b" + ns, status: 404},
 		{name: "blob", method: "GET", path: "/v2/app/blobs/" + f.layD.String() + ns, status: 200, body: f.layer,
 			want: map[string]string{"Docker-Content-Digest": f.layD.String(), "Content-Length": strconv.Itoa(len(f.layer))}},
 		{name: "HEAD of a blob", method: "HEAD", path: "/v2/app/blobs/" + f.layD.String() + ns, status: 200, body: []byte{},
@@ -42,7 +42,11 @@ func TestRegistry(t *testing.T) {
 			want: map[string]string{"Content-Range": "bytes 12-23/" + strconv.Itoa(len(f.layer))}},
 		{name: "unknown blob", method: "GET", path: "/v2/app/blobs/sha256:" + strings.Repeat("0", 64) + ns, status: 404},
 		{name: "not a digest", method: "GET", path: "/v2/app/blobs/latest" + ns, status: 400},
-		{name: "registry not shared", method: "GET", path: "/v2/app/manifests/1.0?ns=docker.io", status: 404},
+		{name: "registry not shared", method: "GET", path: "/v2/app/manifests/" + f.indexD.String() + "?ns=docker.io", status: 404},
+		{name: "a layer of an image of a registry not shared", method: "GET", path: "/v2/app/blobs/" + secret.layer.String() + ns, status: 404},
+		{name: "HEAD of a layer of an image of a registry not shared", method: "HEAD", path: "/v2/app/blobs/" + secret.layer.String() + ns, status: 404},
+		{name: "a manifest of an image of a registry not shared", method: "GET", path: "/v2/app/manifests/" + secret.manifest.String() + ns, status: 404},
+		{name: "content of no image", method: "GET", path: "/v2/app/blobs/" + loose.String() + ns, status: 404},
 		{name: "no registry named", method: "GET", path: "/v2/app/blobs/" + f.layD.String(), status: 404},
 		{name: "push", method: "PUT", path: "/v2/app/manifests/1.0" + ns, status: 405},
 		{name: "outside the API", method: "GET", path: "/other", status: 404},
@@ -70,13 +74,30 @@ func TestRegistry(t *testing.T) {
 	}
 }
 
+// TestRegistryAll: a node that shares every registry serves the content
+// of the images of each, under that registry's name only.
 func TestRegistryAll(t *testing.T) {
 	f := newFixture(t)
 	f.store.images["docker.io/library/app:1.0"] = f.store.images["registry.example.com/app:1.0"]
-	r := Registry{Store: f.store, Shares: func(string) bool { return true }}
-	w := httptest.NewRecorder()
-	r.ServeHTTP(w, httptest.NewRequest("HEAD", "/v2/library/app/manifests/1.0?ns=docker.io", nil))
-	if w.Code != http.StatusOK || w.Header().Get("Docker-Content-Digest") != f.indexD.String() {
-		t.Errorf("docker.io/library/app:1.0: %d %v", w.Code, w.Header())
+	other := f.image(t, "ghcr.io/other/app:2.0", []byte("ghcr.io layer"))
+	// containerd's CRI also names an image by its ID, which names no
+	// registry.
+	byID := f.image(t, "sha256:"+strings.Repeat("a", 64), []byte("layer of an image named by its ID"))
+	r := NewRegistry(f.store, shareAll)
+	for _, tt := range []struct {
+		path   string
+		status int
+	}{
+		{"/v2/library/app/manifests/" + f.indexD.String() + "?ns=docker.io", http.StatusOK},
+		{"/v2/library/app/blobs/" + f.layD.String() + "?ns=docker.io", http.StatusOK},
+		{"/v2/other/app/blobs/" + other.layer.String() + "?ns=ghcr.io", http.StatusOK},
+		{"/v2/library/app/blobs/" + other.layer.String() + "?ns=docker.io", http.StatusNotFound},
+		{"/v2/library/app/blobs/" + byID.layer.String() + "?ns=docker.io", http.StatusNotFound},
+	} {
+		w := httptest.NewRecorder()
+		r.ServeHTTP(w, httptest.NewRequest("HEAD", tt.path, nil))
+		if w.Code != tt.status {
+			t.Errorf("HEAD %s: %d, want %d", tt.path, w.Code, tt.status)
+		}
 	}
 }

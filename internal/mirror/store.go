@@ -5,6 +5,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -12,12 +13,11 @@ import (
 	nodeimages "github.com/kelp-dev/kelp/internal/images"
 )
 
-// Store is what Registry serves from: the node's images by name and its
-// content by digest. Errors of things it lacks satisfy errdefs.IsNotFound.
+// Store is what Registry serves from: the node's images, whose names say
+// which registry their content is of, and its content by digest. Errors of
+// things it lacks satisfy errdefs.IsNotFound.
 type Store interface {
-	// Image returns the target of the image name, e.g.
-	// docker.io/library/nginx:1.27.
-	Image(ctx context.Context, name string) (ocispec.Descriptor, error)
+	Images(ctx context.Context) ([]images.Image, error)
 	Info(ctx context.Context, d digest.Digest) (content.Info, error)
 	ReaderAt(ctx context.Context, desc ocispec.Descriptor) (content.ReaderAt, error)
 }
@@ -28,9 +28,8 @@ type containerdStore struct{ c *client.Client }
 
 var _ Store = containerdStore{}
 
-func (s containerdStore) Image(ctx context.Context, name string) (ocispec.Descriptor, error) {
-	img, err := s.c.ImageService().Get(namespaces.WithNamespace(ctx, nodeimages.Namespace), name)
-	return img.Target, err
+func (s containerdStore) Images(ctx context.Context) ([]images.Image, error) {
+	return s.c.ImageService().List(namespaces.WithNamespace(ctx, nodeimages.Namespace))
 }
 
 func (s containerdStore) Info(ctx context.Context, d digest.Digest) (content.Info, error) {
