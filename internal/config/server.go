@@ -48,7 +48,7 @@ type Server struct {
 	// Leases and Events in state.db too, instead of in its RAM store.
 	DisableRAMStore bool
 	// HelmAllowLocalRepos is --helm-allow-local-repos: HelmCharts may
-	// fetch from loopback and link-local addresses.
+	// fetch from loopback, link-local and cloud metadata addresses.
 	HelmAllowLocalRepos bool
 	// Token and AgentToken are the secrets nodes join with (--token,
 	// --agent-token); empty: the token kept in the data dir, or none.
@@ -200,7 +200,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.StringFlag{Name: "token-file", EnvVars: env("token-file"), Destination: &in.tokenFile, Usage: "file holding --token's secret (or, with --server, the join token)"},
 		&cli.StringFlag{Name: "agent-token-file", EnvVars: env("agent-token-file"), Destination: &in.agentTokenFile, Usage: "file holding --agent-token's secret"},
 		&cli.StringFlag{Name: "overlay", EnvVars: env("overlay"), Value: "vxlan", Destination: &in.overlay, Usage: "pod network between nodes: vxlan, host-gw (nodes on one L2 network) or none (bring your own CNI)"},
-		&cli.BoolFlag{Name: "helm-allow-local-repos", EnvVars: env("helm-allow-local-repos"), Destination: &in.helmAllowLocalRepos, Usage: "let HelmCharts fetch charts from loopback and link-local addresses (refused by default)"},
+		&cli.BoolFlag{Name: "helm-allow-local-repos", EnvVars: env("helm-allow-local-repos"), Destination: &in.helmAllowLocalRepos, Usage: "let HelmCharts fetch charts from loopback, link-local and cloud metadata addresses (refused by default)"},
 		&cli.BoolFlag{Name: "disable-ram-store", EnvVars: env("disable-ram-store"), Destination: &in.disableRAMStore, Usage: "on SQLite, keep Leases and Events on disk in the datastore instead of in RAM under /run/kelp"},
 		&cli.BoolFlag{Name: "embedded-registry", EnvVars: env("embedded-registry"), Destination: &in.embeddedRegistry, Usage: "nodes pull images from each other before the registry, for the registries listed under mirrors in their registries.yaml (port 5001 between nodes)"},
 		&cli.BoolFlag{Name: "disable-network-policy", EnvVars: env("disable-network-policy"), Destination: &in.disableNetworkPolicy, Usage: "do not enforce NetworkPolicies on the nodes"},

@@ -246,10 +246,14 @@ func isHTTP(s string) bool {
 	return strings.HasPrefix(s, "http://") || strings.HasPrefix(s, "https://")
 }
 
-// refuseLocal refuses a connection to a loopback, link-local or
-// unspecified address, which a HelmChart could otherwise point the server
-// at: its own ports, or a cloud's metadata service (169.254.169.254). It
-// checks the address being dialled, after name resolution and redirects.
+// refuseLocal refuses a connection to a loopback, link-local, unspecified
+// or cloud metadata address, which a HelmChart could otherwise point the
+// server at: its own ports, or a cloud's metadata service and the
+// credentials it hands out (169.254.169.254, fd00:ec2::254). It checks
+// the address being dialled, after name resolution and redirects, so no
+// name that resolves there (DNS rebinding included) gets around it. The
+// private ranges (10/8, 172.16/12, 192.168/16, fc00::/7) stay open: charts
+// are served from LANs too (README, Helm charts).
 func refuseLocal(network, address string, _ syscall.RawConn) error {
 	host, _, err := net.SplitHostPort(address)
 	if err != nil {
@@ -259,9 +263,26 @@ func refuseLocal(network, address string, _ syscall.RawConn) error {
 	if err != nil {
 		return err
 	}
-	ip = ip.Unmap()
-	if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() {
-		return fmt.Errorf("%s is a loopback or link-local address, which HelmCharts may not fetch from (kelp server --helm-allow-local-repos allows it)", ip)
+	ip = ip.Unmap().WithZone("")
+	// An IPv4 address through NAT64 (RFC 6052's well-known prefix) is
+	// that address.
+	if nat64 := netip.MustParsePrefix("64:ff9b::/96"); nat64.Contains(ip) {
+		b := ip.As16()
+		ip = netip.AddrFrom4([4]byte(b[12:]))
+	}
+	if ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified() || metadataService(ip) {
+		return fmt.Errorf("%s is a loopback, link-local or cloud metadata address, which HelmCharts may not fetch from (kelp server --helm-allow-local-repos allows it)", ip)
 	}
 	return nil
+}
+
+// metadataService says whether ip is a cloud's metadata service outside
+// the link-local ranges: AWS's over IPv6 (in the unique local range, which
+// LANs use too) and Alibaba Cloud's (in the shared range 100.64.0.0/10).
+func metadataService(ip netip.Addr) bool {
+	switch ip.String() {
+	case "fd00:ec2::254", "100.100.100.200":
+		return true
+	}
+	return false
 }

@@ -273,10 +273,20 @@ func TestLocalReposRefused(t *testing.T) {
 		"http://169.254.169.254",
 		"http://[fe80::1%25lo]:" + port,
 		"http://0.0.0.0:" + port,
+		"http://[fd00:ec2::254]",          // AWS's metadata service over IPv6
+		"http://[64:ff9b::a9fe:a9fe]",     // 169.254.169.254 through NAT64
+		"http://[::ffff:169.254.169.254]", // and as an IPv4-mapped address
+		"http://100.100.100.200",          // Alibaba Cloud's metadata service
 	} {
 		_, err := f.load(context.Background(), Spec{Chart: "demo", Repo: repoURL})
 		if err == nil || !strings.Contains(err.Error(), "which HelmCharts may not fetch from") {
 			t.Errorf("%s: got %v, want a refusal", repoURL, err)
+		}
+	}
+	// A LAN's chart server is reachable (see the README's Helm charts).
+	for _, lan := range []string{"10.0.0.5:80", "192.168.1.10:8080", "172.16.0.1:443", "[fd12:3456::5]:80", "[2001:db8::1]:443"} {
+		if err := refuseLocal("tcp", lan, nil); err != nil {
+			t.Errorf("%s: %v, want it allowed", lan, err)
 		}
 	}
 	_, err := fetcher{apiHost: "kelp.invalid:6443", allowLocal: true}.load(context.Background(), Spec{Chart: "demo", Repo: srv.URL})
