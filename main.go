@@ -95,6 +95,7 @@ func newApp() *cli.App {
 	var serverInput config.ServerInput
 	var agentInput config.AgentInput
 	var migrateInput config.ServerInput
+	var migrateTarget config.MigrateInput
 	return &cli.App{
 		Name:            "kelp",
 		Usage:           "Kubernetes in one binary",
@@ -119,18 +120,18 @@ func newApp() *cli.App {
 				Subcommands: []*cli.Command{{
 					Name:  "migrate",
 					Usage: "move a stopped server's cluster, with everything in it, to another datastore; the old one is kept beside it",
-					Flags: append(config.ServerFlags(&migrateInput), &cli.StringFlag{
-						Name:     "to",
-						Required: true,
-						Usage:    "where the cluster goes: sqlite, etcd (embedded), or a --datastore-endpoint (postgres://…, mysql://…, https://… for an external etcd)",
-					}),
+					Flags: append(config.ServerFlags(&migrateInput), config.MigrateFlags(&migrateTarget)...),
 					Action: func(c *cli.Context) error {
 						cfg, err := migrateInput.Parse(config.DetectHost())
 						if err != nil {
 							return err
 						}
+						to, err := migrateTarget.Target()
+						if err != nil {
+							return err
+						}
 						logging.Setup(cfg.Debug)
-						return server.MigrateDatastore(c.Context, cfg, c.String("to"), c.App.Writer)
+						return server.MigrateDatastore(c.Context, cfg, to, c.App.Writer)
 					},
 				}},
 			},

@@ -17,6 +17,7 @@ var secretFlags = map[string]string{
 	"new-token":              "--new-token-file",
 	"snapshot-s3-secret-key": "--snapshot-s3-secret-key-file or KELP_SNAPSHOT_S3_SECRET_KEY",
 	"datastore-endpoint":     "KELP_DATASTORE_ENDPOINT or the config file",
+	"to":                     "--to-file or KELP_MIGRATE_TO", // kelp datastore migrate
 }
 
 // tools are the programs kelp carries, whose flags are their own: -t of
@@ -25,7 +26,8 @@ var tools = []string{"kubectl", "crictl", "ctr", "etcdctl"}
 
 // SecretsOnCommandLine returns a warning for each secret in args, a
 // command line, that says where the secret belongs instead. A datastore
-// endpoint is a secret when it holds a password.
+// endpoint (--datastore-endpoint, migrate's --to) is a secret when it
+// holds a password.
 func SecretsOnCommandLine(args []string) []string {
 	if len(args) > 1 && slices.Contains(tools, args[1]) {
 		return nil
@@ -47,7 +49,7 @@ func SecretsOnCommandLine(args []string) []string {
 		if !inline && i+1 < len(args) {
 			value = args[i+1]
 		}
-		if name == "datastore-endpoint" && !hasPassword(value) {
+		if (name == "datastore-endpoint" || name == "to") && !hasPassword(value) {
 			continue
 		}
 		warnings = append(warnings, fmt.Sprintf("--%s on the command line can be read by every user of this machine (ps, /proc/<pid>/cmdline): use %s", name, instead))
