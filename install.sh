@@ -3,7 +3,7 @@
 #
 #   curl -sfL https://github.com/kelp-dev/kelp/releases/latest/download/install.sh | sh -
 #   curl -sfL … | sh -s - server --cluster-init
-#   curl -sfL … | KELP_URL=https://server:6443 KELP_TOKEN=… sh -
+#   curl -sfL … | KELP_URL=https://server:6443 KELP_TOKEN=… sh -   # a token of `kelp token create`
 #
 # Arguments after `sh -s -` are the service's command (`server …` or
 # `agent …`). Settings (INSTALL_KELP_* and KELP_* in the environment) are
@@ -186,7 +186,7 @@ parse_command() {
             ;;
         "" | -*)
             if [ -n "${KELP_URL:-}" ]; then
-                [ -n "$_has_token" ] || fatal "KELP_URL is set, so this is an agent: it needs KELP_TOKEN (the server's <data-dir>/server/token) too"
+                [ -n "$_has_token" ] || fatal "KELP_URL is set, so this is an agent: it needs KELP_TOKEN too: on the server, \`kelp token create\` makes one that joins agents only"
                 ROLE=agent
             else
                 ROLE=server
@@ -249,7 +249,7 @@ parse_command() {
 
     if [ "$ROLE" = agent ]; then
         [ -n "$_has_server" ] || fatal "an agent needs the server to join: pass --server https://<server>:6443 or set KELP_URL"
-        [ -n "$_has_token" ] || fatal "an agent needs a join token: pass --token or set KELP_TOKEN (the server's <data-dir>/server/token)"
+        [ -n "$_has_token" ] || fatal "an agent needs a join token: on the server, \`kelp token create\` makes one that joins agents only; pass it with --token-file or KELP_TOKEN"
     fi
     if [ -z "$DATA_DIR" ] && [ -f "$CONFIG_DIR/config.yaml" ]; then
         DATA_DIR=$(sed -n 's/^data-dir:[[:space:]]*["'\'']\{0,1\}\([^"'\'' #]*\).*/\1/p' "$CONFIG_DIR/config.yaml" | tail -n 1)

@@ -67,7 +67,7 @@ type AgentInput struct {
 func AgentFlags(in *AgentInput) []cli.Flag {
 	return append(nodeFlags(&in.nodeInput),
 		&cli.StringFlag{Name: "server", Aliases: []string{"s"}, EnvVars: []string{"KELP_URL"}, Destination: &in.server, Usage: "server to join, https://<server>:6443"},
-		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "join token: the server's <data-dir>/server/token (or agent-token)"},
+		&cli.StringFlag{Name: "token", Aliases: []string{"t"}, EnvVars: env("token"), Destination: &in.token, Usage: "join token: one that joins agents only, made by 'kelp token create' on a server (or the server's <data-dir>/server/agent-token)"},
 		&cli.StringFlag{Name: "token-file", EnvVars: env("token-file"), Destination: &in.tokenFile, Usage: "file holding the join token"},
 	)
 }
@@ -91,7 +91,7 @@ func (in *AgentInput) Parse(host Host) (Join, error) {
 	j.Token, err = token.FromFlagOrFile("token", in.token, "token-file", in.tokenFile)
 	check(err)
 	if j.Token == "" && len(errs) == 0 {
-		check(errors.New("a join token is required: --token, --token-file or KELP_TOKEN, from the server's <data-dir>/server/token"))
+		check(errors.New("a join token is required: --token, --token-file or KELP_TOKEN, from `kelp token create` on a server"))
 	}
 	if len(j.Node.NodeIPs) == 0 {
 		check(errors.New("no node IP found: set --node-ip"))

@@ -58,7 +58,7 @@ func TestAgentBadInput(t *testing.T) {
 		{[]string{"--token", "x"}, "--server is required"},
 		{[]string{"--server", "http://10.99.0.2:6443", "--token", "x"}, "want https://<server>:6443"},
 		{[]string{"--server", "10.99.0.2:6443", "--token", "x"}, "want https://<server>:6443"},
-		{[]string{"--server", "https://10.99.0.2:6443"}, "a join token is required"},
+		{[]string{"--server", "https://10.99.0.2:6443"}, "a join token is required: --token, --token-file or KELP_TOKEN, from `kelp token create` on a server"},
 		{[]string{"--server", "https://10.99.0.2:6443", "--token", "x", "--token-file", "/nonexistent"}, "exclude each other"},
 		{[]string{"--server", "https://10.99.0.2:6443", "--token-file", "/nonexistent"}, "--token-file"},
 		{[]string{"--server", "https://10.99.0.2:6443", "--token", "x", "--node-taint", "bad"}, "--node-taint"},
@@ -113,4 +113,21 @@ func TestShortSecrets(t *testing.T) {
 	if _, err := runServer(t); err == nil || !strings.Contains(err.Error(), "--token: a secret of 6 characters") {
 		t.Errorf("KELP_TOKEN=s3cret: %v", err)
 	}
+}
+
+// TestAgentHelpNamesAgentTokens: kelp agent --help sends agents to a
+// token that joins agents only, not to the server token, which also makes
+// servers.
+func TestAgentHelpNamesAgentTokens(t *testing.T) {
+	for _, f := range AgentFlags(&AgentInput{}) {
+		if f.Names()[0] != "token" {
+			continue
+		}
+		usage := f.(*cli.StringFlag).Usage
+		if !strings.Contains(usage, "kelp token create") || strings.Contains(usage, "server/token") {
+			t.Errorf("--token's help: %q, want it to name kelp token create and not the server token", usage)
+		}
+		return
+	}
+	t.Fatal("kelp agent has no --token")
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/token"
@@ -98,6 +99,12 @@ func (c Client) Post(ctx context.Context, path string, req, resp any) (ca []byte
 		return nil, fmt.Errorf("join %s: %w", c.Server, err)
 	}
 	defer answer.Body.Close()
+	// What the server warns of (an agent that joins with the server
+	// token) is for whoever runs this machine to read.
+	warnings, _ := utilnet.ParseWarningHeaders(answer.Header.Values("Warning"))
+	for _, w := range warnings {
+		log.WithField("server", c.Server).Warn(w.Text)
+	}
 	data, err := readAnswer(answer.Body, maxAnswer)
 	if err != nil {
 		return nil, fmt.Errorf("join %s: %w", c.Server, err)
@@ -222,12 +229,12 @@ func (c Client) serverCA(ctx context.Context) (ca []byte, first bool, err error)
 		return nil, true, err
 	}
 	if c.Token.CAHash == "" {
-		log.Warn("the token has no CA hash: trusting the server's CA on first use; use the full token from <data-dir>/server/token to pin it")
+		log.Warn("the token has no CA hash: trusting the server's CA on first use; use the full token to pin it (as `kelp token create` prints it; a server's: <data-dir>/server/token)")
 		return ca, true, nil
 	}
 	pinned, err := pki.PinnedCA(ca, c.Token.CAHash)
 	if errors.Is(err, pki.ErrCAHashMismatch) {
-		return nil, true, fmt.Errorf("%w: %w (%s%s serves %d certificate(s); neither one of them nor all together has that hash): check --server and the token (copy it again from <data-dir>/server/token on a server of this cluster; tokens from before a `kelp certificate rotate-ca --finish` no longer join), or something between this machine and %s is not the server", ErrRefused, err, c.Server, CACertsPath, strings.Count(string(ca), "-----BEGIN CERTIFICATE-----"), c.Server)
+		return nil, true, fmt.Errorf("%w: %w (%s%s serves %d certificate(s); neither one of them nor all together has that hash): check --server and the token (make one again with `kelp token create` on a server of this cluster, or for a server copy <data-dir>/server/token; tokens from before a `kelp certificate rotate-ca --finish` no longer join), or something between this machine and %s is not the server", ErrRefused, err, c.Server, CACertsPath, strings.Count(string(ca), "-----BEGIN CERTIFICATE-----"), c.Server)
 	}
 	if err != nil {
 		return nil, true, fmt.Errorf("%w: %s answered %s with %w: check that --server is the address of a kelp server (https://<server>:6443)", ErrRefused, c.Server, CACertsPath, err)

@@ -20,6 +20,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation"
 	genericrequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes"
@@ -151,13 +152,14 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	// A node that joined renews its certificates with them, not with a
 	// token: the one it joined with may have expired or been rotated since.
 	node, renewal := certifiedNode(r.Context())
+	var serverToken bool // the node joins with the server token
 	if !renewal {
 		src := sourceOf(r.RemoteAddr)
 		if wait, ok := s.limit.retryAfter(src); ok {
 			tooManyWrongTokens(w, wait)
 			return
 		}
-		ok, err := s.authorized(r.Context(), r.Header.Get(TokenHeader))
+		ok, byServerToken, err := s.authorized(r.Context(), r.Header.Get(TokenHeader))
 		if err != nil {
 			msg := "could not check the token"
 			if errors.Is(err, errNoServerToken) {
@@ -170,10 +172,15 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 		}
 		if !ok {
 			s.limit.failed(src, r.RemoteAddr, "a node presented a wrong token")
-			http.Error(w, "the token is not valid for this cluster: copy it from the server's <data-dir>/server/token", http.StatusUnauthorized)
+			http.Error(w, "the token is not valid for this cluster: make one with `kelp token create` on a server", http.StatusUnauthorized)
 			return
 		}
 		s.limit.succeeded(src)
+		if serverToken = byServerToken; serverToken {
+			// RFC 9111's form, which the apiserver's warnings have too.
+			warning, _ := utilnet.NewWarningHeader(299, "kelp", serverTokenText)
+			w.Header().Set("Warning", warning)
+		}
 	}
 	var req JoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
@@ -244,8 +251,17 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 		log.WithFields(logrus.Fields{"node": req.NodeName, "ips": req.NodeIPs}).Info("renewed a node's certificates")
 		return
 	}
+	if serverToken {
+		log.WithFields(logrus.Fields{"node": req.NodeName, "from": r.RemoteAddr}).Warn(serverTokenText)
+	}
 	log.WithFields(logrus.Fields{"node": req.NodeName, "ips": req.NodeIPs}).Info("node joined")
 }
+
+// serverTokenText is what the server logs, and tells the agent, when an
+// agent joins with the server token. It is let in, as agents always were,
+// but the server token also joins servers, which are handed the
+// cluster's CA keys: a stolen agent should not hold it.
+const serverTokenText = "an agent joined with the server token, which also joins servers and hands them the cluster's CA keys: give agents a token that joins agents only, from `kelp token create` on a server (or the server's --agent-token)"
 
 var errRenewalRefused = errors.New("renewal refused")
 
@@ -284,32 +300,32 @@ func certifiedNode(ctx context.Context) (string, bool) {
 // token, which it may have been, is unknown.
 var errNoServerToken = errors.New("the server token file is missing or empty")
 
-// authorized accepts the server token; as a node also the agent token and
-// the live tokens of `kelp token create`, even while the server token
-// file is missing.
-func (s *joinAPI) authorized(ctx context.Context, header string) (bool, error) {
+// authorized accepts the server token (serverToken says it was that one);
+// as a node also the agent token and the live tokens of `kelp token
+// create`, even while the server token file is missing.
+func (s *joinAPI) authorized(ctx context.Context, header string) (ok, serverToken bool, err error) {
 	user, secret, ok := strings.Cut(header, ":")
 	if !ok || secret == "" || (user != token.ServerUser && user != token.NodeUser) {
-		return false, nil
+		return false, false, nil
 	}
 	server, err := readSecret(s.cfg.TokenFile)
 	if err != nil {
-		return false, fmt.Errorf("the server token: %w", err)
+		return false, false, fmt.Errorf("the server token: %w", err)
 	}
 	if server != "" && token.Equal(secret, server) {
-		return true, nil
+		return true, true, nil
 	}
 	if user == token.NodeUser {
 		if ok, err := s.nodeToken(ctx, secret); ok || err != nil {
-			return ok, err
+			return ok, false, err
 		}
 	}
 	if server == "" {
 		// The token may be the server's: a refusal would send the node
 		// away for good, where an error lets it try again.
-		return false, fmt.Errorf("%w: %s", errNoServerToken, s.cfg.TokenFile)
+		return false, false, fmt.Errorf("%w: %s", errNoServerToken, s.cfg.TokenFile)
 	}
-	return false, nil
+	return false, false, nil
 }
 
 // nodeToken accepts the agent token and the live tokens of `kelp token

@@ -188,6 +188,6 @@ func (l *limiter) summarize() {
 func tooManyWrongTokens(w http.ResponseWriter, wait time.Duration) {
 	seconds := int((wait + time.Second - 1) / time.Second)
 	w.Header().Set("Retry-After", strconv.Itoa(seconds))
-	http.Error(w, fmt.Sprintf("too many wrong tokens came from this address: try again in %d s with the token from the server's <data-dir>/server/token", seconds),
+	http.Error(w, fmt.Sprintf("too many wrong tokens came from this address: try again in %d s with a token from `kelp token create` on a server", seconds),
 		http.StatusTooManyRequests)
 }
