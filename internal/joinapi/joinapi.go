@@ -154,8 +154,8 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 	node, renewal := certifiedNode(r.Context())
 	var serverToken bool // the node joins with the server token
 	if !renewal {
-		src := sourceOf(r.RemoteAddr)
-		if wait, ok := s.limit.retryAfter(src); ok {
+		src, id := sourceOf(r.RemoteAddr), tokenID(r.Header.Get(TokenHeader))
+		if wait, ok := s.limit.retryAfter(src, id); ok {
 			tooManyWrongTokens(w, wait)
 			return
 		}
@@ -171,11 +171,11 @@ func (s *joinAPI) join(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if !ok {
-			s.limit.failed(src, r.RemoteAddr, "a node presented a wrong token")
+			s.limit.failed(src, id, r.RemoteAddr, "a node presented a wrong token")
 			http.Error(w, "the token is not valid for this cluster: make one with `kelp token create` on a server", http.StatusUnauthorized)
 			return
 		}
-		s.limit.succeeded(src)
+		s.limit.succeeded(src, id)
 		if serverToken = byServerToken; serverToken {
 			// RFC 9111's form, which the apiserver's warnings have too.
 			warning, _ := utilnet.NewWarningHeader(299, "kelp", serverTokenText)

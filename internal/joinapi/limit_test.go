@@ -15,6 +15,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kelp-dev/kelp/internal/testlog"
+	"github.com/kelp-dev/kelp/internal/token"
 )
 
 // withFakeClock is testJoinAPI's server with a clock the test moves.
@@ -190,16 +191,16 @@ func TestLimiterBounded(t *testing.T) {
 	testlog.Capture(t)
 	blocked := netip.MustParsePrefix("203.0.113.1/32")
 	for range maxFailures {
-		l.failed(blocked, "203.0.113.1:1", "wrong")
+		l.failed(blocked, "static", "203.0.113.1:1", "wrong")
 	}
 	for i := range 2 * maxSources {
 		a := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
-		l.failed(netip.PrefixFrom(a, 32), a.String()+":1", "wrong")
+		l.failed(netip.PrefixFrom(a, 32), "static", a.String()+":1", "wrong")
 	}
 	if n := len(l.sources); n > maxSources {
 		t.Errorf("%d sources, want at most %d", n, maxSources)
 	}
-	if _, ok := l.retryAfter(blocked); !ok {
+	if _, ok := l.retryAfter(blocked, "static"); !ok {
 		t.Error("the source that was refused got forgotten")
 	}
 }
@@ -215,5 +216,45 @@ func TestSourceOf(t *testing.T) {
 		if got := sourceOf(remote).String(); got != want {
 			t.Errorf("sourceOf(%q) = %s, want %s", remote, got, want)
 		}
+	}
+}
+
+// TestJoinBackoffBehindNAT: many nodes share one address behind a NAT or
+// a load balancer. One that keeps presenting a wrong token waits alone:
+// a node with a token of another id joins. A guesser that tries many ids
+// from one address is still made to wait, whatever id it tries next.
+func TestJoinBackoffBehindNAT(t *testing.T) {
+	s, _ := withFakeClock(t)
+	testlog.Capture(t)
+	good, err := token.CreateBootstrap(t.Context(), s.client, time.Hour, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const nat = "192.0.2.7:40000"
+	stale := "node:abcdef.0123456789abcdef" // a token nobody made (or one deleted)
+	for range maxFailures {
+		if w := joinFrom(s, nat, stale); w.Code != http.StatusUnauthorized {
+			t.Fatalf("a wrong token: %d %s, want 401", w.Code, w.Body)
+		}
+	}
+	if w := joinFrom(s, nat, stale); w.Code != http.StatusTooManyRequests {
+		t.Errorf("the bad node again: %d %s, want 429", w.Code, w.Body)
+	}
+	if w := joinFrom(s, nat, "node:"+good); w.Code != http.StatusOK {
+		t.Errorf("a good node behind the same address: %d %s, want 200", w.Code, w.Body)
+	}
+	if w := joinFrom(s, nat, "node:agent-secret"); w.Code != http.StatusOK {
+		t.Errorf("a node with the agent token behind the same address: %d %s, want 200", w.Code, w.Body)
+	}
+
+	const guesser = "203.0.113.5:40000"
+	for i := range maxSourceFailures {
+		w := joinFrom(s, guesser, fmt.Sprintf("node:%06d.0123456789abcdef", i))
+		if w.Code != http.StatusUnauthorized {
+			t.Fatalf("guess %d: %d %s, want 401", i, w.Code, w.Body)
+		}
+	}
+	if w := joinFrom(s, guesser, "node:zzzzzz.0123456789abcdef"); w.Code != http.StatusTooManyRequests {
+		t.Errorf("a guesser's next id: %d %s, want 429", w.Code, w.Body)
 	}
 }

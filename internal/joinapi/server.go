@@ -72,14 +72,14 @@ func (s *joinAPI) serverJoin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
 		return
 	}
-	src := sourceOf(r.RemoteAddr)
-	if wait, ok := s.limit.retryAfter(src); ok {
+	src, id := sourceOf(r.RemoteAddr), tokenID(r.Header.Get(TokenHeader))
+	if wait, ok := s.limit.retryAfter(src, id); ok {
 		tooManyWrongTokens(w, wait)
 		return
 	}
 	switch err := s.serverAuthorized(r.Header.Get(TokenHeader)); {
 	case errors.Is(err, errNotServerToken):
-		s.limit.failed(src, r.RemoteAddr, "a server tried to join with a token other than the server token")
+		s.limit.failed(src, id, r.RemoteAddr, "a server tried to join with a token other than the server token")
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
 	case err != nil:
@@ -91,7 +91,7 @@ func (s *joinAPI) serverJoin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), status)
 		return
 	}
-	s.limit.succeeded(src)
+	s.limit.succeeded(src, id)
 	var req ServerJoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
 		http.Error(w, "malformed join request: "+err.Error(), http.StatusBadRequest)
