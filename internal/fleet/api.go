@@ -3,11 +3,13 @@ package fleet
 import (
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -46,6 +48,9 @@ const (
 	defaultConcurrency  = 1
 	defaultDrainTimeout = 5 * time.Minute
 	defaultNodeTimeout  = 15 * time.Minute
+	// defaultMaxSize is well above a kelp binary (189 MiB on amd64) and
+	// below what a small node's disk should give a download.
+	defaultMaxSize = "512Mi"
 )
 
 // Phases of an Upgrade.
@@ -77,8 +82,17 @@ type Upgrade struct {
 type Spec struct {
 	// SHA256 is the new binary's checksum, in hex.
 	SHA256 string `json:"sha256"`
-	// URL (http or https) is where each node fetches the binary.
+	// URL (https, or http with AllowHTTP) is where each node fetches the
+	// binary.
 	URL string `json:"url,omitempty"`
+	// AllowHTTP lets URL be plain http. The sha256 still decides what
+	// runs, but anyone on the path could then watch the fetch or feed
+	// every node up to MaxSize of garbage, so it is asked for by name.
+	AllowHTTP bool `json:"allowHTTP,omitempty"`
+	// MaxSize is the most a node reads of the new kelp, from URL or Path
+	// (a quantity such as 512Mi), so a wrong or hostile URL cannot fill
+	// the node's disk.
+	MaxSize string `json:"maxSize,omitempty"`
 	// Path is a file already on every node instead: a name in
 	// <data-dir>/agent/upgrades, or an absolute path in it.
 	Path string `json:"path,omitempty"`
@@ -149,13 +163,25 @@ func (s Spec) Validate() (Spec, error) {
 	}
 	switch {
 	case s.URL == "" && s.Path == "":
-		return s, fmt.Errorf("give the new kelp's spec.url (http or https, fetched by each node) or spec.path (a file already on every node in <data-dir>/agent/upgrades)")
+		return s, fmt.Errorf("give the new kelp's spec.url (https, fetched by each node) or spec.path (a file already on every node in <data-dir>/agent/upgrades)")
 	case s.URL != "" && s.Path != "":
 		return s, fmt.Errorf("give spec.url or spec.path, not both")
-	case s.URL != "" && !strings.HasPrefix(s.URL, "http://") && !strings.HasPrefix(s.URL, "https://"):
-		return s, fmt.Errorf("spec.url %q is not http or https", s.URL)
+	case s.URL != "":
+		u, err := url.Parse(s.URL)
+		switch {
+		case err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http"):
+			return s, fmt.Errorf("spec.url %q is not an https URL", s.URL)
+		case u.Scheme == "http" && !s.AllowHTTP:
+			return s, fmt.Errorf("spec.url %q is plain http, which anyone on the way can watch and answer: serve the file over https, or set spec.allowHTTP: true to fetch it anyway (the sha256 still decides what runs)", s.URL)
+		}
 	case s.Path != "" && !filepath.IsAbs(s.Path) && (strings.Contains(s.Path, "/") || s.Path == "." || s.Path == ".."):
 		return s, fmt.Errorf("spec.path %q is neither a file name in <data-dir>/agent/upgrades nor an absolute path in it", s.Path)
+	}
+	if s.MaxSize == "" {
+		s.MaxSize = defaultMaxSize
+	}
+	if q, err := resource.ParseQuantity(s.MaxSize); err != nil || q.Sign() <= 0 {
+		return s, fmt.Errorf("spec.maxSize %q is not a size like %s", s.MaxSize, defaultMaxSize)
 	}
 	if s.Concurrency < 0 {
 		return s, fmt.Errorf("spec.concurrency %d: give 1 or more", s.Concurrency)
@@ -182,6 +208,9 @@ func (s Spec) Validate() (Spec, error) {
 // durations of a validated spec.
 func (s Spec) drainTimeout() time.Duration { d, _ := time.ParseDuration(s.DrainTimeout); return d }
 func (s Spec) nodeTimeout() time.Duration  { d, _ := time.ParseDuration(s.NodeTimeout); return d }
+
+// maxSize of a validated spec, in bytes.
+func (s Spec) maxSize() int64 { q, _ := resource.ParseQuantity(s.MaxSize); return q.Value() }
 
 // ResolvePath is where a node whose data dir's upgrades directory is dir
 // finds the spec's path; a path outside dir is refused.

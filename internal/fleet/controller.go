@@ -57,9 +57,12 @@ type Config struct {
 	// Self is this server's node, upgraded last of the servers; "" when
 	// it runs none.
 	Self string
-	// DataDir is this server's: the new kelp is checked in it before any
-	// node is touched.
+	// DataDir is this server's: a spec.path is in its upgrades directory.
 	DataDir string
+	// StageDir is where the new kelp is checked before any node is
+	// touched: beside the running kelp, where each node puts it too, and
+	// not in the data dir, whose disk the datastore needs.
+	StageDir string
 }
 
 type controller struct {
@@ -211,11 +214,7 @@ func (c *controller) check(ctx context.Context, u *Upgrade) (plan []NodeStatus, 
 	if err != nil {
 		return nil, "", err.Error()
 	}
-	p := layout.Agent(c.cfg.DataDir)
-	if err := os.MkdirAll(p.Dir, 0o700); err != nil {
-		return nil, "", err.Error()
-	}
-	got, err := fetch(ctx, spec, p.Upgrades, p.Dir)
+	got, err := fetch(ctx, spec, layout.Agent(c.cfg.DataDir).Upgrades, c.cfg.StageDir)
 	if err != nil {
 		return nil, "", "on server " + c.name() + ": " + err.Error()
 	}

@@ -44,7 +44,7 @@ func testController(t *testing.T, ups ...*Upgrade) (*controller, func(name strin
 	}
 	scheme := runtime.NewScheme()
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{Resource: Kind + "List"}, objs...)
-	c := &controller{cfg: Config{DataDir: dataDir, Self: "n1"}, client: client, dynamic: dyn, store: store, workers: map[string]bool{}}
+	c := &controller{cfg: Config{DataDir: dataDir, StageDir: t.TempDir(), Self: "n1"}, client: client, dynamic: dyn, store: store, workers: map[string]bool{}}
 	get := func(name string) *Upgrade {
 		obj, err := dyn.Resource(Resource).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
@@ -83,9 +83,10 @@ func TestControllerRefuses(t *testing.T) {
 		want string
 	}{
 		{"older minor", Spec{SHA256: sum(older), Path: "kelp-older"}, "older minor than v1.36.3"},
-		{"source not answering", Spec{SHA256: sum(newKelp), URL: "http://127.0.0.1:1/kelp"}, "check that this node reaches it"},
+		{"source not answering", Spec{SHA256: sum(newKelp), URL: "http://127.0.0.1:1/kelp", AllowHTTP: true}, "check that this node reaches it"},
 		{"checksum mismatch", Spec{SHA256: sum("other"), Path: "kelp-new"}, "not spec.sha256"},
 		{"bad spec", Spec{SHA256: sum(newKelp)}, "give the new kelp's spec.url"},
+		{"plain http", Spec{SHA256: sum(newKelp), URL: "http://127.0.0.1:1/kelp"}, "allowHTTP: true"},
 	} {
 		c, get := testController(t, newUpgrade("up", 0, tc.spec))
 		upgrades := layout.Agent(c.cfg.DataDir).Upgrades

@@ -42,6 +42,8 @@ func upgradeCRD() *apiextensionsv1ac.CustomResourceDefinitionApplyConfiguration 
 	spec := object(map[string]apiextensionsv1ac.JSONSchemaPropsApplyConfiguration{
 		"sha256":       *props("string").WithPattern("^[0-9a-fA-F]{64}$"),
 		"url":          *props("string"),
+		"allowHTTP":    *props("boolean"),
+		"maxSize":      *props("string"),
 		"path":         *props("string"),
 		"concurrency":  *props("integer").WithMinimum(1),
 		"drainTimeout": *props("string"),

@@ -46,6 +46,16 @@ func newTestNode(t *testing.T) testNode {
 	return n
 }
 
+// valid is spec with its defaults, as the executor gets it.
+func valid(t *testing.T, spec Spec) Spec {
+	t.Helper()
+	v, err := spec.Validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 func write(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o755); err != nil {
@@ -79,7 +89,7 @@ func leftovers(t *testing.T, dir string, want ...string) []string {
 func TestApplySwaps(t *testing.T) {
 	n := newTestNode(t)
 	e := Executor{DataDir: n.dataDir, Binary: n.bin}
-	err := e.apply(context.Background(), "up1/"+sum(newKelp), Spec{SHA256: sum(newKelp), Path: "kelp-new"})
+	err := e.apply(context.Background(), "up1/"+sum(newKelp), valid(t, Spec{SHA256: sum(newKelp), Path: "kelp-new"}))
 	var restart *RestartError
 	if !errors.As(err, &restart) || restart.Binary != n.bin {
 		t.Fatalf("apply = %v, want a restart into %s", err, n.bin)
@@ -115,15 +125,15 @@ func TestApplyRefuses(t *testing.T) {
 		{"checksum mismatch", Spec{SHA256: sum("something else"), Path: "kelp-new"}, "not spec.sha256"},
 		{"no such file", Spec{SHA256: sum(newKelp), Path: "kelp-none"}, "copy it there on every node"},
 		{"path outside", Spec{SHA256: sum(newKelp), Path: "/usr/local/bin/kelp"}, "is not in this node's"},
-		{"URL not answering", Spec{SHA256: sum(newKelp), URL: closed.URL + "/kelp"}, "check that this node reaches it"},
-		{"URL 404", Spec{SHA256: sum(newKelp), URL: missing.URL + "/kelp"}, "404 Not Found"},
+		{"URL not answering", Spec{SHA256: sum(newKelp), URL: closed.URL + "/kelp", AllowHTTP: true}, "check that this node reaches it"},
+		{"URL 404", Spec{SHA256: sum(newKelp), URL: missing.URL + "/kelp", AllowHTTP: true}, "404 Not Found"},
 		{"does not run", Spec{SHA256: sum(notKelp), Path: "not-kelp"}, "does not run here"},
 		{"no way back", Spec{SHA256: sum(newKelp), Path: "kelp-new"}, "--upgrade-attempts 0"},
 	} {
 		n := newTestNode(t)
 		write(t, filepath.Join(layout.Agent(n.dataDir).Upgrades, "not-kelp"), notKelp)
 		e := Executor{DataDir: n.dataDir, Binary: n.bin, NoRollback: tc.name == "no way back"}
-		err := e.apply(context.Background(), "up/"+tc.spec.SHA256, tc.spec)
+		err := e.apply(context.Background(), "up/"+tc.spec.SHA256, valid(t, tc.spec))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
 		}
@@ -192,7 +202,7 @@ func TestApplyDiskFull(t *testing.T) {
 	write(t, filepath.Join(layout.Agent(n.dataDir).Upgrades, "kelp-big"), big)
 
 	e := Executor{DataDir: n.dataDir, Binary: n.bin}
-	err := e.apply(context.Background(), "up/"+sum(big), Spec{SHA256: sum(big), Path: "kelp-big"})
+	err := e.apply(context.Background(), "up/"+sum(big), valid(t, Spec{SHA256: sum(big), Path: "kelp-big"}))
 	if err == nil || !strings.Contains(err.Error(), "the disk is full: free space there") {
 		t.Fatalf("a new kelp larger than the bin dir's free space: %v", err)
 	}

@@ -70,7 +70,12 @@ func TestValidate(t *testing.T) {
 		{Spec{SHA256: "abc", Path: "kelp"}, "not a sha256"},
 		{Spec{SHA256: sha}, "give the new kelp's spec.url"},
 		{Spec{SHA256: sha, Path: "kelp", URL: "http://x/kelp"}, "not both"},
-		{Spec{SHA256: sha, URL: "ftp://x/kelp"}, "not http or https"},
+		{Spec{SHA256: sha, URL: "ftp://x/kelp"}, "not an https URL"},
+		{Spec{SHA256: sha, URL: "http://x/kelp"}, "allowHTTP: true"},
+		{Spec{SHA256: sha, URL: "HTTP://x/kelp"}, "allowHTTP: true"},
+		{Spec{SHA256: sha, URL: "http://x/kelp", AllowHTTP: true}, ""},
+		{Spec{SHA256: sha, URL: "https://x/kelp", MaxSize: "lots"}, "not a size"},
+		{Spec{SHA256: sha, URL: "https://x/kelp", MaxSize: "0"}, "not a size"},
 		{Spec{SHA256: sha, Path: "sub/kelp"}, "neither a file name"},
 		{Spec{SHA256: sha, Path: "kelp", DrainTimeout: "soon"}, "not a duration"},
 		{Spec{SHA256: sha, Path: "kelp", Concurrency: -1}, "give 1 or more"},
@@ -79,7 +84,7 @@ func TestValidate(t *testing.T) {
 		switch {
 		case tc.bad == "" && err != nil:
 			t.Errorf("%+v: %v", tc.spec, err)
-		case tc.bad == "" && (got.Concurrency != 1 || got.drainTimeout() != defaultDrainTimeout):
+		case tc.bad == "" && (got.Concurrency != 1 || got.drainTimeout() != defaultDrainTimeout || got.maxSize() != 512<<20):
 			t.Errorf("%+v: defaults not filled in: %+v", tc.spec, got)
 		case tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad)):
 			t.Errorf("%+v: %v, want an error with %q", tc.spec, err, tc.bad)

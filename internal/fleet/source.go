@@ -25,6 +25,8 @@ const (
 	fetchTimeout = 10 * time.Minute
 	// versionTimeout bounds `<new kelp> --version`.
 	versionTimeout = 30 * time.Second
+	// maxRedirects is as many as Go's client follows by default.
+	maxRedirects = 10
 )
 
 // fetched is a new kelp written to a file and checked.
@@ -36,9 +38,9 @@ type fetched struct {
 }
 
 // fetch writes the new kelp of spec into a new file in dir, checks its
-// sha256 and that it runs (--version), and returns it. upgrades is the
-// node's directory a spec.path is in. On any failure nothing is left in
-// dir.
+// size (at most spec.maxSize), sha256 and that it runs (--version), and
+// returns it. upgrades is the node's directory a spec.path is in. On any
+// failure nothing is left in dir.
 func fetch(ctx context.Context, spec Spec, upgrades, dir string) (fetched, error) {
 	src, err := open(ctx, spec, upgrades)
 	if err != nil {
@@ -57,7 +59,11 @@ func fetch(ctx context.Context, spec Spec, upgrades, dir string) (fetched, error
 		}
 	}()
 	sum := sha256.New()
-	if _, err := io.Copy(io.MultiWriter(f, sum), src); err != nil {
+	n, err := io.Copy(io.MultiWriter(f, sum), io.LimitReader(src, spec.maxSize()+1))
+	if err == nil && n > spec.maxSize() {
+		return fetched{}, errTooLarge(spec)
+	}
+	if err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
 			return fetched{}, fmt.Errorf("write the new kelp in %s: the disk is full: free space there and create the Upgrade again; nothing was swapped", dir)
 		}
@@ -85,6 +91,10 @@ func fetch(ctx context.Context, spec Spec, upgrades, dir string) (fetched, error
 	got.Path = f.Name()
 	ok = true
 	return got, nil
+}
+
+func errTooLarge(spec Spec) error {
+	return fmt.Errorf("the new kelp from %s is more than spec.maxSize %s: nothing was swapped; check the source, or raise spec.maxSize if the binary is that large", source(spec), spec.MaxSize)
 }
 
 // source names where spec's kelp comes from, for messages.
@@ -117,7 +127,7 @@ func open(ctx context.Context, spec Spec, upgrades string) (io.ReadCloser, error
 		cancel()
 		return nil, fmt.Errorf("spec.url %s: %w", spec.URL, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := downloadClient(http.DefaultTransport).Do(req)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("fetch the new kelp from %s: %w: check that this node reaches it", spec.URL, err)
@@ -126,6 +136,11 @@ func open(ctx context.Context, spec Spec, upgrades string) (io.ReadCloser, error
 		resp.Body.Close()
 		cancel()
 		return nil, fmt.Errorf("fetch the new kelp from %s: %s", spec.URL, resp.Status)
+	}
+	if resp.ContentLength > spec.maxSize() {
+		resp.Body.Close()
+		cancel()
+		return nil, errTooLarge(spec)
 	}
 	return cancelOnClose{resp.Body, cancel}, nil
 }
@@ -181,4 +196,20 @@ func fileSHA256(path string) (string, error) {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// downloadClient fetches a new kelp through rt. It follows redirects, as
+// Go's client does, but never from https to http: the sha256 would still
+// refuse a changed binary, but what https was asked for (nobody on the
+// way sees or answers the fetch) would be gone.
+func downloadClient(rt http.RoundTripper) *http.Client {
+	return &http.Client{Transport: rt, CheckRedirect: func(req *http.Request, via []*http.Request) error {
+		if len(via) >= maxRedirects {
+			return fmt.Errorf("stopped after %d redirects", maxRedirects)
+		}
+		if via[len(via)-1].URL.Scheme == "https" && req.URL.Scheme != "https" {
+			return fmt.Errorf("refused: a redirect from https to http (%s): give spec.url the https address the file is served at", req.URL.Redacted())
+		}
+		return nil
+	}}
 }
