@@ -104,7 +104,9 @@ func TestEmbeddedRegistry(t *testing.T) {
 	waitServiceAccount(t, c, "default")
 	apply(t, srv, sharedPods("registry.invalid/kelp-test/shared@"+digest))
 	kubectl(t, srv, "wait", "--for=condition=Ready", "pod/shared-on-agent-2", "pod/shared-on-server", "--timeout=55s")
-	if out, err := agent2.RunKelp(time.Minute, "crictl", "images"); err != nil || !strings.Contains(out, "registry.invalid/kelp-test/shared") {
+	// Pulled by digest, the image has no tag: crictl finds it by its
+	// reference with the digest.
+	if out, err := agent2.RunKelp(time.Minute, "crictl", "inspecti", "registry.invalid/kelp-test/shared@"+digest); err != nil {
 		t.Errorf("agent-2 lacks the image it pulled from agent-1: %v\n%s", err, out)
 	}
 
