@@ -277,13 +277,21 @@ func TestNode(t *testing.T) {
 				return strings.HasPrefix(string(body), "web-"), nil
 			})
 		}
-		// A pod's hostPort answers on the node's addresses.
+		// A pod's hostPort answers on the node's addresses. Pod
+		// Security's default, baseline, refuses it in a namespace without
+		// a level of its own; one labelled privileged runs it.
 		hostPortPod := filepath.Join(n.Dir, "hostport.yaml")
 		if err := os.WriteFile(hostPortPod, []byte(hostPortWorkload), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		kubectl(t, n, "apply", "-f", hostPortPod)
-		kubectl(t, n, "wait", "--for=condition=Ready", "pod/hostport", "--timeout=60s")
+		if out, err := n.Kubectl("apply", "-f", hostPortPod); err == nil || !strings.Contains(out, `violates PodSecurity "baseline:latest"`) {
+			t.Errorf("a hostPort pod in default: %v\n%s\nwant it refused by Pod Security baseline", err, out)
+		}
+		kubectl(t, n, "create", "namespace", "host")
+		kubectl(t, n, "label", "namespace", "host", "pod-security.kubernetes.io/enforce=privileged")
+		waitServiceAccount(t, c, "host")
+		kubectl(t, n, "apply", "-n", "host", "-f", hostPortPod)
+		kubectl(t, n, "wait", "-n", "host", "--for=condition=Ready", "pod/hostport", "--timeout=60s")
 		client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: outside.DialContext, DisableKeepAlives: true}}
 		eventually(t, "the hostPort answers from outside", func() (bool, error) {
 			resp, err := client.Get("http://" + testcluster.NodeOutsideIP + ":8081/")

@@ -377,12 +377,22 @@ func anonymousPaths() []string {
 	}
 }
 
-// writeAPIServerFiles writes the apiserver's admission and authentication
-// configuration and,
+// writeAPIServerFiles writes the apiserver's admission configuration, at
+// the Pod Security the flag or the cluster's recorded default gives, its
+// authentication configuration and,
 // with an audit log but no policy of the user's, kelp's audit policy.
 func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
 	paths := layout.Server(cfg.DataDir)
-	if err := apiserver.WriteAdmissionConfig(paths.AdmissionConfig, cfg.PodSecurityDefault); err != nil {
+	ps, err := apiserver.ResolvePodSecurity(paths.PodSecurityDefault, cfg.PodSecurityDefault, madeEarlier(paths))
+	if err != nil {
+		return apiserver.Audit{}, err
+	}
+	if cfg.PodSecurityDefault == "" && ps.Enforce == "privileged" {
+		log.Warn("Pod Security admission refuses no pod here: this cluster was made by an earlier kelp, whose default was upstream's privileged. " +
+			"Refuse what baseline refuses, as a new cluster does, with --pod-security-default baseline on every server, once `kubectl label --dry-run=server --overwrite ns --all pod-security.kubernetes.io/enforce=baseline` warns of nothing you need " +
+			"(a namespace that needs more: `kubectl label ns NAME pod-security.kubernetes.io/enforce=privileged`); --pod-security-default privileged keeps this and silences this warning")
+	}
+	if err := apiserver.WriteAdmissionConfig(paths.AdmissionConfig, ps); err != nil {
 		return apiserver.Audit{}, err
 	}
 	if err := apiserver.WriteAuthenticationConfig(paths.AuthenticationConfig, anonymousPaths()); err != nil {
@@ -395,6 +405,20 @@ func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
 	}
 	audit.PolicyFile = paths.AuditPolicy
 	return audit, apiserver.WriteDefaultAuditPolicy(paths.AuditPolicy)
+}
+
+// madeEarlier says that the data dir holds a cluster whose server ran
+// before this start, by the files an earlier kelp left there that a
+// start writes only after it records its Pod Security default: the
+// admission configuration, or the admin kubeconfig once the apiserver
+// ran. (The certificates tell nothing here: this start has made them.)
+func madeEarlier(paths layout.ServerPaths) bool {
+	for _, f := range []string{paths.AdmissionConfig, paths.AdminKubeconfig} {
+		if _, err := os.Stat(f); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // secretsEncryption returns the encryption configuration the apiserver

@@ -1,7 +1,9 @@
 package apiserver
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,9 +19,6 @@ type Audit struct {
 	PolicyFile                        string
 	MaxSizeMB, MaxBackups, MaxAgeDays int
 }
-
-// PodSecurityLevels are the levels Pod Security admission enforces.
-var PodSecurityLevels = []string{"privileged", "baseline", "restricted"}
 
 // defaultAuditPolicy logs who did what to which object, never the bodies:
 // Secrets, ConfigMaps and tokens would otherwise land in the log in the
@@ -49,12 +48,61 @@ func WriteDefaultAuditPolicy(path string) error {
 	return writeConfig(path, defaultAuditPolicy)
 }
 
+// PodSecurity is what Pod Security admission does to a pod in a
+// namespace without a level of its own: refuse it above Enforce, and
+// above Warn warn whoever made it and annotate its audit event.
+type PodSecurity struct{ Enforce, Warn string }
+
+// uniform is the PodSecurity of --pod-security-default level: that level
+// enforced, warned and audited.
+func uniform(level string) PodSecurity { return PodSecurity{Enforce: level, Warn: level} }
+
+// clusterDefaults are the PodSecurity of a cluster whose server is given
+// no --pod-security-default, by the name its record holds. "baseline" is
+// kelp's: it refuses what gives a pod the node (privileged containers,
+// the host's namespaces, hostPath, hostPort, capabilities beyond the
+// default set) yet runs most applications' charts unchanged, and its
+// restricted warnings show what the next step would refuse. "privileged"
+// is upstream's, which kelp had before, kept by the clusters made then:
+// an upgrade must not start refusing their pods.
+var clusterDefaults = map[string]PodSecurity{
+	"baseline":   {Enforce: "baseline", Warn: "restricted"},
+	"privileged": uniform("privileged"),
+}
+
+// ResolvePodSecurity returns the PodSecurity the apiserver runs with:
+// uniform(given) when --pod-security-default is given, else the cluster's
+// default, named in the file record. At a cluster's first start, flag or
+// not, record is written once: "privileged" when earlier says the data
+// dir holds a cluster made before record existed, "baseline" otherwise;
+// a later kelp that changes its default thus changes no cluster's. An
+// empty or truncated record, which names no default, counts as absent.
+func ResolvePodSecurity(record, given string, earlier bool) (PodSecurity, error) {
+	kept, err := os.ReadFile(record)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return PodSecurity{}, fmt.Errorf("read the cluster's Pod Security default: %w", err)
+	}
+	name := strings.TrimSpace(string(kept))
+	if _, ok := clusterDefaults[name]; !ok {
+		name = "baseline"
+		if earlier {
+			name = "privileged"
+		}
+		if err := atomicfile.Write(record, []byte(name+"\n"), 0o600); err != nil {
+			return PodSecurity{}, fmt.Errorf("record the cluster's Pod Security default: %w", err)
+		}
+	}
+	if given != "" {
+		return uniform(given), nil
+	}
+	return clusterDefaults[name], nil
+}
+
 // WriteAdmissionConfig writes the admission plugins' configuration to
-// path: Pod Security admission enforces, audits and warns at level for
-// every namespace without a level of its own, except kube-system, where
-// system add-ons run.
-func WriteAdmissionConfig(path, level string) error {
-	return writeConfig(path, fmt.Sprintf(`# Written by kelp at every start from --pod-security-default.
+// path: Pod Security admission applies ps to every namespace without a
+// level of its own, except kube-system, where system add-ons run.
+func WriteAdmissionConfig(path string, ps PodSecurity) error {
+	return writeConfig(path, fmt.Sprintf(`# Written by kelp at every start from --pod-security-default or the cluster's default.
 apiVersion: apiserver.config.k8s.io/v1
 kind: AdmissionConfiguration
 plugins:
@@ -63,15 +111,15 @@ plugins:
     apiVersion: pod-security.admission.config.k8s.io/v1
     kind: PodSecurityConfiguration
     defaults:
-      enforce: %[1]q
+      enforce: %q
       enforce-version: latest
-      audit: %[1]q
+      audit: %q
       audit-version: latest
-      warn: %[1]q
+      warn: %q
       warn-version: latest
     exemptions:
       namespaces: [kube-system]
-`, level))
+`, ps.Enforce, ps.Warn, ps.Warn))
 }
 
 // WriteAuthenticationConfig writes to path an authentication

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -43,7 +44,7 @@ func TestConfigFilesDecode(t *testing.T) {
 	}
 
 	admission := filepath.Join(dir, "etc", "admission.yaml")
-	if err := WriteAdmissionConfig(admission, "restricted"); err != nil {
+	if err := WriteAdmissionConfig(admission, PodSecurity{Enforce: "baseline", Warn: "restricted"}); err != nil {
 		t.Fatal(err)
 	}
 	var a apiserverv1.AdmissionConfiguration
@@ -55,7 +56,51 @@ func TestConfigFilesDecode(t *testing.T) {
 	if err := runtime.DecodeInto(serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDecoder(), a.Plugins[0].Configuration.Raw, &ps); err != nil {
 		t.Fatal(err)
 	}
-	if ps.Defaults.Enforce != "restricted" || ps.Defaults.Warn != "restricted" || len(ps.Exemptions.Namespaces) != 1 {
-		t.Errorf("Pod Security configuration %+v", ps)
+	if d := ps.Defaults; d.Enforce != "baseline" || d.Warn != "restricted" || d.Audit != "restricted" || len(ps.Exemptions.Namespaces) != 1 || ps.Exemptions.Namespaces[0] != "kube-system" {
+		t.Errorf("Pod Security configuration %+v, want baseline enforced, restricted warned and audited, kube-system exempt", ps)
+	}
+}
+
+// A cluster keeps the Pod Security default it was made with across
+// starts and upgrades; only the flag changes it.
+func TestResolvePodSecurity(t *testing.T) {
+	kelps := PodSecurity{Enforce: "baseline", Warn: "restricted"}
+	upstreams := PodSecurity{Enforce: "privileged", Warn: "privileged"}
+	for _, tc := range []struct {
+		name, record, given string
+		noRecord, earlier   bool
+		want                PodSecurity
+		wantRecord          string
+	}{
+		{name: "a new cluster", noRecord: true, want: kelps, wantRecord: "baseline"},
+		{name: "a cluster made by an earlier kelp", noRecord: true, earlier: true, want: upstreams, wantRecord: "privileged"},
+		{name: "the next start of a new cluster", record: "baseline\n", earlier: true, want: kelps, wantRecord: "baseline"},
+		{name: "the next start of an earlier cluster", record: "privileged\n", earlier: true, want: upstreams, wantRecord: "privileged"},
+		{name: "the flag on a new cluster", noRecord: true, given: "restricted", want: PodSecurity{"restricted", "restricted"}, wantRecord: "baseline"},
+		{name: "the flag on an earlier cluster", record: "privileged\n", earlier: true, given: "baseline", want: PodSecurity{"baseline", "baseline"}, wantRecord: "privileged"},
+		{name: "the flag keeping privileged", record: "baseline\n", given: "privileged", want: upstreams, wantRecord: "baseline"},
+		{name: "an empty record, earlier cluster", record: "", earlier: true, want: upstreams, wantRecord: "privileged"},
+		{name: "an empty record, new cluster", record: "", want: kelps, wantRecord: "baseline"},
+		{name: "a truncated record", record: "basel", earlier: true, want: upstreams, wantRecord: "privileged"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			record := filepath.Join(t.TempDir(), "pod-security-default")
+			if !tc.noRecord {
+				if err := os.WriteFile(record, []byte(tc.record), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := ResolvePodSecurity(record, tc.given, tc.earlier)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+			kept, err := os.ReadFile(record)
+			if err != nil || strings.TrimSpace(string(kept)) != tc.wantRecord {
+				t.Errorf("record %q (%v), want %q", kept, err, tc.wantRecord)
+			}
+		})
 	}
 }

@@ -81,8 +81,10 @@ type Server struct {
 	// addresses of their own from them, each held by one node; none:
 	// every Gateway is on the nodes' own addresses.
 	GatewayAddressRanges []AddressRange
-	// PodSecurityDefault is the Pod Security level of namespaces without
-	// their own: privileged (upstream's), baseline or restricted.
+	// PodSecurityDefault is --pod-security-default, the Pod Security
+	// level of namespaces without their own: privileged, baseline or
+	// restricted; empty: the cluster's default, which the server resolves
+	// (apiserver.ResolvePodSecurity).
 	PodSecurityDefault string
 }
 
@@ -212,7 +214,7 @@ func ServerFlags(in *ServerInput) []cli.Flag {
 		&cli.BoolFlag{Name: "secrets-encryption", EnvVars: env("secrets-encryption"), Value: true, Destination: &in.secretsEncryption,
 			Action: func(*cli.Context, bool) error { in.secretsEncryptionGiven = true; return nil },
 			Usage:  "encrypt Secrets at rest in a new cluster (secretbox; see kelp secrets-encrypt); given on a single server whose Secrets are in the clear, it encrypts them; --secrets-encryption=false stores them in the clear"},
-		&cli.StringFlag{Name: "pod-security-default", EnvVars: env("pod-security-default"), Value: "privileged", Destination: &in.podSecurityDefault, Usage: "Pod Security level of namespaces without their own: privileged, baseline or restricted"},
+		&cli.StringFlag{Name: "pod-security-default", EnvVars: env("pod-security-default"), Destination: &in.podSecurityDefault, Usage: "Pod Security level enforced, warned and audited in namespaces without their own: privileged, baseline or restricted (default: baseline enforced and restricted warned; privileged on a cluster made by an earlier kelp)"},
 		&cli.StringSliceFlag{Name: "kube-apiserver-arg", EnvVars: env("kube-apiserver-arg"), Destination: &in.apiserverArgs, Usage: "extra kube-apiserver flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-controller-manager-arg", EnvVars: env("kube-controller-manager-arg"), Destination: &in.cmArgs, Usage: "extra kube-controller-manager flag, name=value"},
 		&cli.StringSliceFlag{Name: "kube-scheduler-arg", EnvVars: env("kube-scheduler-arg"), Destination: &in.schedulerArgs, Usage: "extra kube-scheduler flag, name=value"},
@@ -303,7 +305,7 @@ func (in *ServerInput) Parse(host Host) (Server, error) {
 	}
 	check(checkJoin(s, in))
 	check(checkAudit(in.audit))
-	if !slices.Contains([]string{"privileged", "baseline", "restricted"}, in.podSecurityDefault) {
+	if in.podSecurityDefault != "" && !slices.Contains([]string{"privileged", "baseline", "restricted"}, in.podSecurityDefault) {
 		check(fmt.Errorf("--pod-security-default %q: want privileged, baseline or restricted", in.podSecurityDefault))
 	}
 	s.BindAddress, err = parseIP("--bind-address", in.bindAddress)

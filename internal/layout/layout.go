@@ -96,6 +96,9 @@ type ServerPaths struct {
 	AgentToken string // joins agents only
 	// Versions records which kelp and Kubernetes last ran the server.
 	Versions string
+	// PodSecurityDefault records the Pod Security default the cluster
+	// was made with, which it keeps without --pod-security-default.
+	PodSecurityDefault string
 	// Files kelp writes for the apiserver: its default audit policy, its
 	// admission plugins' and its authenticators' configuration.
 	AuditPolicy, AdmissionConfig, AuthenticationConfig string
@@ -123,6 +126,7 @@ func Server(dataDir string) ServerPaths {
 		Token:                       filepath.Join(dir, "token"),
 		AgentToken:                  filepath.Join(dir, "agent-token"),
 		Versions:                    filepath.Join(dir, "versions.json"),
+		PodSecurityDefault:          filepath.Join(dir, "pod-security-default"),
 		AuditPolicy:                 filepath.Join(dir, "etc", "audit-policy.yaml"),
 		AdmissionConfig:             filepath.Join(dir, "etc", "admission.yaml"),
 		AuthenticationConfig:        filepath.Join(dir, "etc", "authentication.yaml"),
