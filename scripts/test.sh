@@ -40,6 +40,17 @@ if ((${#need[@]})); then
   trap - EXIT
 fi
 
+# Every kelp node holds about two dozen inotify instances (the kubelet's
+# cAdvisor, certificate and manifest watchers, containerd), and the cluster
+# tests run several multi-node clusters at once: Linux's default of 128
+# instances per user runs out, and a kubelet that gets none never becomes
+# Ready. Raise it as kind's docs advise; a higher setting is kept.
+inotify=/proc/sys/fs/inotify/max_user_instances
+if (($(cat "$inotify") < 8192)); then
+  echo "raising fs.inotify.max_user_instances from $(cat "$inotify") to 8192 for the cluster tests"
+  echo 8192 >"$inotify"
+fi
+
 unformatted=$(gofmt -l main.go agent embed internal server)
 [[ -z $unformatted ]] || { echo "gofmt needed: $unformatted" >&2; exit 1; }
 shellcheck --external-sources --source-path=SCRIPTDIR install.sh scripts/*.sh scripts/lib/*.sh .ci/run
