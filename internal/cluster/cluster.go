@@ -254,6 +254,9 @@ func start(dir string, s *State) error {
 	if _, err := os.Stat(s.Binary); err != nil {
 		return fmt.Errorf("the kelp the cluster runs: %w", err)
 	}
+	if err := ensureInotify("/proc", len(s.Nodes), os.Stderr); err != nil {
+		return fmt.Errorf("cluster %s: %w", s.Name, err)
+	}
 	if err := removeStaleCgroups(s.Name); err != nil {
 		return err
 	}
