@@ -155,13 +155,10 @@ func restoreEtcd(ctx context.Context, cfg config.Server) error {
 	if found.FetchedFrom != "" {
 		log.WithFields(logrus.Fields{"from": found.FetchedFrom, "into": found.Path}).Info("Fetched the snapshot")
 	}
-	if err := dir.Verified(found.Path, datastore.KindEtcd, false); err != nil {
+	res, err := dir.Restore(found.Path, snapshot.Target{Kind: datastore.KindEtcd, Member: datastore.EtcdMember{Name: cfg.NodeName, AdvertiseIP: cfg.AdvertiseAddress.String()}})
+	if err != nil {
 		return fmt.Errorf("--cluster-reset-restore-path: %w", err)
 	}
-	backup, err := datastore.RestoreEtcd(cfg.DataDir, found.Path, datastore.EtcdMember{Name: cfg.NodeName, AdvertiseIP: cfg.AdvertiseAddress.String()})
-	if err != nil {
-		return err
-	}
-	log.WithFields(logrus.Fields{"snapshot": found.Path, "previous": backup}).Info("Restored the embedded etcd from the snapshot")
+	log.WithFields(logrus.Fields{"snapshot": found.Path, "previous": res.Backup}).Info("Restored the embedded etcd from the snapshot")
 	return nil
 }

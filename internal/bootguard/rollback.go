@@ -144,30 +144,17 @@ func restoreDatastore(dataDir string, up Upgrade) ([]string, error) {
 		return []string{"the new kelp opened the datastore before a snapshot could be taken (see the log of its first start); the datastore is left as it is"}, nil
 	}
 	d := snapshot.Dir{DataDir: dataDir, Path: filepath.Dir(s.Path)}
-	switch s.Datastore {
-	case datastore.KindSQLite:
-		res, err := d.Restore(s.Path, false)
-		if err != nil {
-			return nil, fmt.Errorf("restore the snapshot taken before the upgrade, %s: %w; nothing was rolled back", s.Path, err)
-		}
-		step := fmt.Sprintf("restored the SQLite datastore from the snapshot taken before the upgrade, %s", s.Name)
-		if res.Backup != "" {
-			step += fmt.Sprintf(" (the database the new kelp used is kept as %s)", res.Backup)
-		}
-		return []string{step}, nil
-	case datastore.KindEtcd:
-		if err := d.Verified(s.Path, datastore.KindEtcd, false); err != nil {
-			return nil, fmt.Errorf("restore the snapshot taken before the upgrade: %w; nothing was rolled back", err)
-		}
-		backup, err := datastore.RestoreEtcd(dataDir, s.Path, datastore.EtcdMember{Name: s.Member, AdvertiseIP: s.AdvertiseIP})
-		if err != nil {
-			return nil, fmt.Errorf("restore the snapshot taken before the upgrade, %s: %w; nothing was rolled back", s.Path, err)
-		}
-		step := fmt.Sprintf("restored the embedded etcd from the snapshot taken before the upgrade, %s", s.Name)
-		if backup != "" {
-			step += fmt.Sprintf(" (the member data the new kelp used is kept as %s)", backup)
-		}
-		return []string{step}, nil
+	res, err := d.Restore(s.Path, snapshot.Target{Kind: s.Datastore, Member: datastore.EtcdMember{Name: s.Member, AdvertiseIP: s.AdvertiseIP}})
+	if err != nil {
+		return nil, fmt.Errorf("restore the snapshot taken before the upgrade, %s: %w; nothing was rolled back", s.Path, err)
 	}
-	return nil, fmt.Errorf("the snapshot taken before the upgrade, %s, is of an unknown datastore %q; nothing was rolled back", s.Path, s.Datastore)
+	what, used := "SQLite datastore", "database"
+	if s.Datastore == datastore.KindEtcd {
+		what, used = "embedded etcd", "member data"
+	}
+	step := fmt.Sprintf("restored the %s from the snapshot taken before the upgrade, %s", what, s.Name)
+	if res.Backup != "" {
+		step += fmt.Sprintf(" (the %s the new kelp used is kept as %s)", used, res.Backup)
+	}
+	return []string{step}, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -59,23 +58,4 @@ func lockDir(dir string) (*dirLock, error) {
 func (l *dirLock) release() {
 	// Closing the only descriptor releases the flock.
 	_ = l.f.Close()
-}
-
-// FreePath returns path, or the first of path-2, path-3, … for which no
-// file exists with any of suffixes ("" for the path itself): the name a
-// datastore is kept under when it is moved aside, which must never be an
-// earlier one's (two restores within a second share their time).
-func FreePath(path string, suffixes ...string) string {
-	if len(suffixes) == 0 {
-		suffixes = []string{""}
-	}
-	for n := 1; ; n++ {
-		candidate := path
-		if n > 1 {
-			candidate = fmt.Sprintf("%s-%d", path, n)
-		}
-		if !slices.ContainsFunc(suffixes, func(s string) bool { return exists(candidate + s) }) {
-			return candidate
-		}
-	}
 }

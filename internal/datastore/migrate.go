@@ -19,7 +19,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/layout"
 )
 
@@ -28,8 +27,6 @@ const (
 	// in, beside the datastore; one left by a killed migration is removed
 	// by the next.
 	migratingPrefix = "migrating-"
-	// beforeMigrateInfix names a local source kept after a migration.
-	beforeMigrateInfix = ".before-migrate-"
 	// migratePageSize is how many keys one read of the source returns.
 	migratePageSize = 500
 	// migrateStopTimeout bounds the stop of each datastore a migration ran.
@@ -186,7 +183,7 @@ func Migrate(ctx context.Context, from, to Config) (_ Migrated, rerr error) {
 	if err := errors.Join(stopTarget(), stopSource()); err != nil {
 		return Migrated{}, err
 	}
-	kept, err := switchOver(db, staging, stamp, fromKind, toKind, snap, EtcdMember{Name: to.Name, AdvertiseIP: to.AdvertiseIP}, m.Revision)
+	kept, err := switchOver(from.DataDir, staging, fromKind, toKind, snap, EtcdMember{Name: to.Name, AdvertiseIP: to.AdvertiseIP}, m.Revision)
 	m.Kept = kept
 	return m, err
 }
@@ -416,59 +413,51 @@ func saveSnapshot(ctx context.Context, cli *clientv3.Client, path string) error 
 
 // switchOver puts the target built in staging in place of the source,
 // under the datastore's lock: first the new datastore, then the local
-// source renamed aside, so that at every moment the data dir holds the
-// whole cluster. It returns where the source was kept.
-func switchOver(db, staging, stamp, fromKind, toKind, snap string, member EtcdMember, fromRevision int64) (string, error) {
+// source moved aside (MoveAside), so that at every moment the data dir
+// holds the whole cluster. It returns where the source was kept.
+func switchOver(dataDir, staging, fromKind, toKind, snap string, member EtcdMember, fromRevision int64) (string, error) {
+	db, err := dbDirOf(dataDir)
+	if err != nil {
+		return "", err
+	}
 	lock, err := lockDir(db)
 	if err != nil {
 		return "", fmt.Errorf("%w: the migration is complete but was not put in place; nothing was changed", err)
 	}
 	defer lock.release()
+	now := time.Now()
+	staged := filepath.Join(staging, stateDBName)
 	switch toKind {
 	case KindSQLite:
 		// Only the database file moves: its WAL must hold nothing.
 		ctx, cancel := context.WithTimeout(context.Background(), migrateStopTimeout)
-		err := checkpoint(ctx, filepath.Join(staging, stateDBName))
+		err := checkpoint(ctx, staged)
 		cancel()
 		if err != nil {
 			return "", fmt.Errorf("%w: the migration was not put in place; nothing was changed", err)
 		}
-		if err := os.Rename(filepath.Join(staging, stateDBName), filepath.Join(db, stateDBName)); err != nil {
-			return "", fmt.Errorf("put the new SQLite datastore in place: %w; nothing was changed", err)
-		}
 	case KindEtcd:
 		// Above the source's revision and the restore bump of any snapshot
 		// restored into the source.
-		dir := filepath.Join(staging, "member")
-		if err := buildMember(dir, snap, member, uint64(fromRevision)+restoreRevisionBump); err != nil {
+		staged = filepath.Join(staging, "member")
+		if err := buildMember(staged, snap, member, uint64(fromRevision)+restoreRevisionBump); err != nil {
 			return "", err
 		}
-		if err := os.Rename(dir, filepath.Join(db, etcdDirName)); err != nil {
-			return "", fmt.Errorf("put the new etcd member in place: %w; nothing was changed", err)
+	}
+	if isLocal(toKind) {
+		// The target is free (targetFree): nothing is moved aside.
+		if _, err := replace(dataDir, toKind, staged, AsideMigrate, now); err != nil {
+			return "", fmt.Errorf("put the new datastore in place: %w", err)
 		}
 	}
-	if err := atomicfile.SyncDir(db); err != nil {
-		return "", err
+	if !isLocal(fromKind) {
+		return "", nil
 	}
-	var kept string
-	switch fromKind {
-	case KindSQLite:
-		base := filepath.Join(db, stateDBName)
-		kept = FreePath(base+beforeMigrateInfix+stamp, "", "-wal", "-shm")
-		// The WAL goes with it: a new database must not replay it.
-		for _, suffix := range []string{"", "-wal", "-shm"} {
-			if err := os.Rename(base+suffix, kept+suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return "", fmt.Errorf("keep the SQLite datastore as %s: %w; move it away by hand before starting the server", kept, err)
-			}
-		}
-	case KindEtcd:
-		live := filepath.Join(db, etcdDirName)
-		kept = FreePath(live + beforeMigrateInfix + stamp)
-		if err := os.Rename(live, kept); err != nil {
-			return "", fmt.Errorf("keep the embedded etcd as %s: %w; move it away by hand before starting the server", kept, err)
-		}
+	kept, err := MoveAside(dataDir, fromKind, AsideMigrate, now)
+	if err != nil {
+		return "", fmt.Errorf("keep the %s datastore: %w; move it away by hand before starting the server", describeKind(Config{ClusterInit: fromKind == KindEtcd}), err)
 	}
-	return kept, atomicfile.SyncDir(db)
+	return kept, nil
 }
 
 // stopStore stops d within migrateStopTimeout.

@@ -11,9 +11,6 @@ import (
 
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
-
-	"github.com/kelp-dev/kelp/internal/atomicfile"
-	"github.com/kelp-dev/kelp/internal/layout"
 )
 
 // restoreRevisionBump raises the restored revision above any a client saw
@@ -29,15 +26,13 @@ type EtcdMember struct {
 
 // RestoreEtcd replaces the embedded etcd data of dataDir with a new
 // one-member cluster made from the etcd snapshot at path, which the caller
-// has verified. The server must be stopped. The replaced data is kept as
-// etcd.before-restore-<time> beside it; that name is returned, or "" when
-// there was none.
-func RestoreEtcd(dataDir, path string, member EtcdMember) (backup string, err error) {
-	abs, err := filepath.Abs(dataDir)
+// has verified. The server must be stopped. The replaced data is kept
+// aside (MoveAside); where it went is returned, "" when there was none.
+func RestoreEtcd(dataDir, path string, member EtcdMember) (aside string, err error) {
+	db, err := dbDirOf(dataDir)
 	if err != nil {
-		return "", fmt.Errorf("resolve --data-dir %s: %w", dataDir, err)
+		return "", err
 	}
-	db := layout.Server(abs).DB
 	if err := makePrivateDir(db); err != nil {
 		return "", err
 	}
@@ -47,23 +42,16 @@ func RestoreEtcd(dataDir, path string, member EtcdMember) (backup string, err er
 	}
 	defer lock.release()
 
-	stamp := time.Now().UTC().Format("20060102T150405Z")
-	staging := filepath.Join(db, etcdDirName+".restoring-"+stamp)
+	now := time.Now()
+	staging := filepath.Join(db, etcdDirName+".restoring-"+now.UTC().Format(asideTime))
 	if err := buildMember(staging, path, member, restoreRevisionBump); err != nil {
 		return "", err
 	}
-	live := filepath.Join(db, etcdDirName)
-	if _, err := os.Stat(live); err == nil {
-		backup = FreePath(live + ".before-restore-" + stamp)
-		if err := os.Rename(live, backup); err != nil {
-			os.RemoveAll(staging)
-			return "", fmt.Errorf("move %s aside: %w; nothing was changed", live, err)
-		}
+	aside, err = replace(dataDir, KindEtcd, staging, AsideRestore, now)
+	if err != nil {
+		os.RemoveAll(staging)
 	}
-	if err := os.Rename(staging, live); err != nil {
-		return backup, fmt.Errorf("put the restored member in place as %s: %w; the previous data is %s", live, err, backup)
-	}
-	return backup, atomicfile.SyncDir(db)
+	return aside, err
 }
 
 // buildMember makes in dir, for the caller to put in place, the data of a

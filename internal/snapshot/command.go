@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/datastore"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/nodeevent"
 	"github.com/kelp-dev/kelp/internal/token"
@@ -193,7 +194,7 @@ func Command() *cli.Command {
 					if found.FetchedFrom != "" {
 						fmt.Fprintf(c.App.Writer, "fetched %s into %s\n", found.FetchedFrom, found.Path)
 					}
-					res, err := d.Restore(found.Path, c.Bool("force"))
+					res, err := d.Restore(found.Path, Target{Kind: datastore.KindSQLite, Force: c.Bool("force")})
 					if err != nil {
 						return err
 					}

@@ -25,7 +25,7 @@ func TestRestoreRefusesForgedSidecar(t *testing.T) {
 	d, m := savedSQLite(t)
 	forgeSidecar(t, d, m.Name, func(m *Metadata) { m.Node = "elsewhere" })
 	before := dbFiles(t, d)
-	_, err := d.Restore(filepath.Join(d.path(), m.Name), true)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), restoreForced)
 	if err == nil || !strings.Contains(err.Error(), "altered or forged") || !strings.Contains(err.Error(), "nothing was changed") {
 		t.Fatalf("Restore of a forged sidecar: %v", err)
 	}
@@ -120,7 +120,7 @@ func TestRestoreUnauthenticatedLocalSnapshot(t *testing.T) {
 	d, m := savedSQLite(t)
 	forgeSidecar(t, d, m.Name, func(m *Metadata) { m.MAC, m.MACKeyID = "", "" })
 	hook := testlog.Capture(t)
-	if _, err := d.Restore(filepath.Join(d.path(), m.Name), false); err != nil {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), restoreSQLite); err != nil {
 		t.Fatalf("Restore of an older kelp's snapshot: %v", err)
 	}
 	warned := false

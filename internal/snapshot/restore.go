@@ -6,27 +6,54 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/kelp-dev/kelp/internal/atomicfile"
 	"github.com/kelp-dev/kelp/internal/datastore"
 )
 
-// Restored says what Restore did.
-type Restored struct {
-	// Backup is where the replaced database went; empty when there was none.
-	Backup string
-	DB     string
+// Target is the datastore a restore replaces.
+type Target struct {
+	// Kind is datastore.KindSQLite or datastore.KindEtcd: the snapshot
+	// must be of it.
+	Kind string
+	// Force restores a snapshot of another cluster (another server CA).
+	Force bool
+	// Member is the one-member etcd cluster an etcd restore makes.
+	Member datastore.EtcdMember
 }
 
-// Restore puts the SQLite snapshot at path (from Find) in place of the
-// server's database, which must be stopped. It checks the snapshot as
-// Verified does before it changes anything, its content as it copies it.
-// The replaced database is kept beside it as state.db.before-restore-<time>.
-func (d Dir) Restore(path string, force bool) (Restored, error) {
+// Restored says what Restore did.
+type Restored struct {
+	// Backup is where the replaced datastore went (datastore.MoveAside);
+	// empty when there was none.
+	Backup string
+	// DB is the restored database file or etcd member directory.
+	DB string
+}
+
+// Restore puts the snapshot at path (from Find) in place of the stopped
+// server's datastore of to.Kind: every restore, by kelp snapshot restore,
+// --cluster-reset-restore-path or the boot guard's rollback, goes through
+// it. It checks the snapshot as Verified does before it changes anything
+// (a SQLite snapshot's content as it copies it), and keeps the replaced
+// datastore beside the new one (datastore.MoveAside).
+func (d Dir) Restore(path string, to Target) (Restored, error) {
+	switch to.Kind {
+	case datastore.KindSQLite:
+		return d.restoreSQLite(path, to.Force)
+	case datastore.KindEtcd:
+		if err := d.Verified(path, datastore.KindEtcd, to.Force); err != nil {
+			return Restored{}, err
+		}
+		backup, err := datastore.RestoreEtcd(d.DataDir, path, to.Member)
+		return Restored{Backup: backup, DB: datastore.EtcdDir(d.DataDir)}, err
+	}
+	return Restored{}, fmt.Errorf("snapshot %s: a %q datastore cannot be restored; nothing was changed", path, to.Kind)
+}
+
+func (d Dir) restoreSQLite(path string, force bool) (Restored, error) {
 	if kind := datastore.LocalKind(d.DataDir); kind == datastore.KindEtcd {
 		return Restored{}, fmt.Errorf("the data dir %s holds an embedded etcd datastore and kelp snapshot restore puts SQLite snapshots in place: an etcd snapshot is restored with kelp server --cluster-reset --cluster-reset-restore-path NAME", d.DataDir)
 	}
@@ -53,30 +80,11 @@ func (d Dir) Restore(path string, force bool) (Restored, error) {
 		return Restored{}, err
 	}
 	defer os.Remove(tmp) // gone once renamed
-
-	r := Restored{DB: db}
-	backup := datastore.FreePath(db+".before-restore-"+time.Now().UTC().Format(timeFormat), "", "-wal", "-shm", "-journal")
-	// The WAL and shared-memory files belong to the database beside them;
-	// moved together, the backup stays a database SQLite can open.
-	for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
-		err := os.Rename(db+suffix, backup+suffix)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return Restored{}, fmt.Errorf("move %s aside: %w", db+suffix, err)
-		}
-		if suffix == "" {
-			r.Backup = backup
-		}
-	}
-	if err := os.Rename(tmp, db); err != nil {
-		return Restored{}, fmt.Errorf("put the snapshot in place as %s: %w; the previous database is %s", db, err, backup)
-	}
-	if err := atomicfile.SyncDir(filepath.Dir(db)); err != nil {
+	backup, err := datastore.ReplaceSQLite(d.DataDir, tmp, datastore.AsideRestore)
+	if err != nil {
 		return Restored{}, err
 	}
-	return r, nil
+	return Restored{Backup: backup, DB: db}, nil
 }
 
 // copyVerified copies the snapshot at src into a synced temporary file in

@@ -26,6 +26,14 @@ import (
 
 // newServerDir makes a data dir with a server's PKI, as kelp server does
 // before it starts the datastore.
+
+// The targets of the tests' restores: a SQLite datastore, with and
+// without --force.
+var (
+	restoreSQLite = Target{Kind: datastore.KindSQLite}
+	restoreForced = Target{Kind: datastore.KindSQLite, Force: true}
+)
+
 func newServerDir(t *testing.T) (string, pki.Files) {
 	t.Helper()
 	dataDir := t.TempDir()
@@ -173,7 +181,7 @@ func TestSQLiteSaveWhileRunningAndRestore(t *testing.T) {
 	put(t, cli, "/registry/test/kept", "after")
 	put(t, cli, "/registry/test/lost", "written after the snapshot")
 
-	if _, err := d.Restore(filepath.Join(d.path(), m.Name), false); err == nil || !strings.Contains(err.Error(), "stop") {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), restoreSQLite); err == nil || !strings.Contains(err.Error(), "stop") {
 		t.Fatalf("Restore while the datastore runs: %v, want a refusal that says to stop the server", err)
 	}
 	if got := get(t, cli, "/registry/test/lost"); got == "" {
@@ -181,7 +189,7 @@ func TestSQLiteSaveWhileRunningAndRestore(t *testing.T) {
 	}
 
 	stop(t, ds)
-	r, err := d.Restore(filepath.Join(d.path(), m.Name), false)
+	r, err := d.Restore(filepath.Join(d.path(), m.Name), restoreSQLite)
 	if err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
@@ -316,7 +324,7 @@ func TestRestoreRefusesCorruptSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := dbFiles(t, d)
-	_, err = d.Restore(filepath.Join(d.path(), m.Name), true)
+	_, err = d.Restore(filepath.Join(d.path(), m.Name), restoreForced)
 	if err == nil || !strings.Contains(err.Error(), "sha256") || !strings.Contains(err.Error(), "nothing was changed") {
 		t.Fatalf("Restore of a corrupt snapshot: %v", err)
 	}
@@ -329,7 +337,7 @@ func TestRestoreRefusesTruncatedSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := dbFiles(t, d)
-	_, err := d.Restore(filepath.Join(d.path(), m.Name), true)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), restoreForced)
 	if err == nil || !strings.Contains(err.Error(), "incomplete") || !strings.Contains(err.Error(), "metadata says") {
 		t.Fatalf("Restore of a truncated snapshot: %v", err)
 	}
@@ -340,12 +348,12 @@ func TestRestoreRefusesAnotherCluster(t *testing.T) {
 	d, m := savedSQLite(t)
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.CAHash = strings.Repeat("0", 64) })
 	before := dbFiles(t, d)
-	_, err := d.Restore(filepath.Join(d.path(), m.Name), false)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), restoreSQLite)
 	if err == nil || !strings.Contains(err.Error(), "another cluster") || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("Restore of another cluster's snapshot: %v", err)
 	}
 	unchanged(t, d, before)
-	if _, err := d.Restore(filepath.Join(d.path(), m.Name), true); err != nil {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), restoreForced); err != nil {
 		t.Fatalf("Restore with force: %v", err)
 	}
 }
@@ -362,14 +370,14 @@ func TestRestoreRefusesNewerKubernetes(t *testing.T) {
 	}
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.Kubernetes = "v1.37.2" })
 	before := dbFiles(t, d)
-	_, err := d.Restore(filepath.Join(d.path(), m.Name), true)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), restoreForced)
 	if err == nil || !strings.Contains(err.Error(), "Kubernetes v1.37.2") || !strings.Contains(err.Error(), "nothing was changed") {
 		t.Fatalf("Restore of a newer Kubernetes minor's snapshot: %v", err)
 	}
 	unchanged(t, d, before)
 	// An older minor, or none recorded (an older kelp's sidecar), restores.
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.Kubernetes = "v1.35.9" })
-	if _, err := d.Restore(filepath.Join(d.path(), m.Name), false); err != nil {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), restoreSQLite); err != nil {
 		t.Errorf("Restore of an older minor's snapshot: %v", err)
 	}
 }
@@ -378,7 +386,7 @@ func TestRestoreRefusesEtcdSnapshot(t *testing.T) {
 	d, m := savedSQLite(t)
 	editSidecar(t, d, m.Name, func(m *Metadata) { m.Datastore = datastore.KindEtcd })
 	before := dbFiles(t, d)
-	_, err := d.Restore(filepath.Join(d.path(), m.Name), true)
+	_, err := d.Restore(filepath.Join(d.path(), m.Name), restoreForced)
 	if err == nil || !strings.Contains(err.Error(), "--cluster-reset-restore-path") {
 		t.Fatalf("Restore of an etcd snapshot into SQLite: %v", err)
 	}
@@ -509,7 +517,7 @@ func TestRestoreRefusesIncomplete(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := dbFiles(t, d)
-	if _, err := d.Restore(filepath.Join(d.path(), m.Name), true); err == nil || !strings.Contains(err.Error(), "incomplete") {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), restoreForced); err == nil || !strings.Contains(err.Error(), "incomplete") {
 		t.Fatalf("Restore without valid metadata: %v", err)
 	}
 	unchanged(t, d, before)
@@ -590,7 +598,7 @@ func TestEtcdSaveWhileRunning(t *testing.T) {
 	}
 
 	stop(t, ds)
-	if _, err := d.Restore(filepath.Join(d.path(), m.Name), false); err == nil || !strings.Contains(err.Error(), "--cluster-reset-restore-path") {
+	if _, err := d.Restore(filepath.Join(d.path(), m.Name), restoreSQLite); err == nil || !strings.Contains(err.Error(), "--cluster-reset-restore-path") {
 		t.Errorf("Restore of an etcd snapshot: %v", err)
 	}
 
@@ -651,11 +659,11 @@ func TestToPrune(t *testing.T) {
 // second backup does not overwrite the first.
 func TestRestoreTwiceKeepsBothBackups(t *testing.T) {
 	d, m := savedSQLite(t)
-	first, err := d.Restore(filepath.Join(d.path(), m.Name), false)
+	first, err := d.Restore(filepath.Join(d.path(), m.Name), restoreSQLite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := d.Restore(filepath.Join(d.path(), m.Name), false)
+	second, err := d.Restore(filepath.Join(d.path(), m.Name), restoreSQLite)
 	if err != nil {
 		t.Fatal(err)
 	}
