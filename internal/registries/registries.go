@@ -150,6 +150,14 @@ func (r Registries) hostsFiles(localMirror string) map[string][]byte {
 		}
 		for _, e := range endpoints {
 			h := map[string]any{"capabilities": []string{"pull", "resolve"}}
+			if e == localMirror {
+				// The nodes give each other content by digest only: the
+				// local mirror answers no tag, so containerd resolves tags
+				// with the admin's mirrors and the registry alone, and
+				// asks the local mirror for what it names by digest
+				// (containerd pulls a digest from hosts that may pull).
+				h["capabilities"] = []string{"pull"}
+			}
 			if u, err := url.Parse(e); err == nil {
 				maps.Copy(h, r.tlsFields(u.Host))
 			}

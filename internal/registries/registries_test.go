@@ -125,6 +125,7 @@ func hosts(t *testing.T, dir string) map[string]string {
 func TestWriteHosts(t *testing.T) {
 	type table = map[string]any
 	pullResolve := []any{"pull", "resolve"}
+	pull := []any{"pull"}
 	tests := []struct {
 		name        string
 		r           Registries
@@ -195,9 +196,9 @@ func TestWriteHosts(t *testing.T) {
 			},
 			localMirror: "http://127.0.0.1:5001",
 			want: map[string]table{
-				"registry.example.com": {"server": "https://registry.example.com", "host": table{"http://127.0.0.1:5001": table{"capabilities": pullResolve}}},
+				"registry.example.com": {"server": "https://registry.example.com", "host": table{"http://127.0.0.1:5001": table{"capabilities": pull}}},
 				"docker.io": {"server": "https://registry-1.docker.io", "host": table{
-					"http://127.0.0.1:5001": table{"capabilities": pullResolve},
+					"http://127.0.0.1:5001": table{"capabilities": pull},
 					"https://mirror1":       table{"capabilities": pullResolve},
 				}},
 				// Not a mirror: not shared.
@@ -209,7 +210,7 @@ func TestWriteHosts(t *testing.T) {
 			name:        "embedded mirror for every registry",
 			r:           Registries{Mirrors: map[string]Mirror{"*": {}}},
 			localMirror: "http://127.0.0.1:5001",
-			want:        map[string]table{"_default": {"host": table{"http://127.0.0.1:5001": table{"capabilities": pullResolve}}}},
+			want:        map[string]table{"_default": {"host": table{"http://127.0.0.1:5001": table{"capabilities": pull}}}},
 		},
 	}
 	for _, tt := range tests {
