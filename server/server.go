@@ -171,6 +171,7 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 		AuthenticationConfigFile: paths.AuthenticationConfig,
 		EncryptionConfigFile:     encryption,
 		ExtraArgs:                cfg.ExtraArgs.APIServer,
+		ForeignWrites:            guard.WriteWatch(),
 	}, routes(cfg, joinapi.Config{
 		Certs:                certs,
 		TokenFile:            tokens.server,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/errors"
+	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/flagz"
 	encryptionconfigcontroller "k8s.io/apiserver/pkg/server/options/encryptionconfig/controller"
 	"k8s.io/client-go/rest"
@@ -64,6 +65,9 @@ type Config struct {
 	// requests reach whatever RBAC grants system:unauthenticated.
 	AuthenticationConfigFile string
 	ExtraArgs                []string
+	// ForeignWrites, if not nil, is told of writes by clients other than
+	// kelp's own pieces (the boot guard's trial of an upgrade).
+	ForeignWrites ForeignWrites
 }
 
 // Args returns the kube-apiserver command line for cfg.
@@ -222,7 +226,7 @@ func Start(cfg Config, routes map[string]http.Handler) (*component.Running, erro
 	pool.AppendCertsFromPEM(ca)
 	readyz := LocalURL(cfg.BindAddress, cfg.Port) + "/readyz"
 	return component.Go("kube-apiserver", func(ctx context.Context) error {
-		return run(ctx, completed, routes)
+		return run(ctx, completed, routes, cfg.ForeignWrites)
 	},
 		component.ReadyWhen(component.GetOK(readyz, &tls.Config{RootCAs: pool})),
 		// It exits the whole process (klog.Fatal) when cancelled before its
@@ -232,11 +236,18 @@ func Start(cfg Config, routes map[string]http.Handler) (*component.Running, erro
 
 // run is upstream's app.Run with kelp's own routes added to the server,
 // behind its authentication and authorization: a path ending in "/" is a
-// prefix.
-func run(ctx context.Context, opts options.CompletedOptions, routes map[string]http.Handler) error {
+// prefix. With foreign not nil, every request passes watchWrites, at the
+// heart of the aggregator's handler chain, which sees every request.
+func run(ctx context.Context, opts options.CompletedOptions, routes map[string]http.Handler, foreign ForeignWrites) error {
 	config, err := app.NewConfig(opts)
 	if err != nil {
 		return err
+	}
+	if foreign != nil {
+		build := config.Aggregator.GenericConfig.BuildHandlerChainFunc
+		config.Aggregator.GenericConfig.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
+			return build(watchWrites(h, foreign), c)
+		}
 	}
 	completed, err := config.Complete()
 	if err != nil {

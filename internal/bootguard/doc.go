@@ -5,7 +5,9 @@
 // too, and the count is cleared once it is ready. After a number of starts
 // in a row that did not become ready, kelp rolls the node back: the
 // datastore of a single server that the new kelp opened is restored from
-// the snapshot taken before the upgrade, and kelp.previous, beside the
+// the snapshot taken before the upgrade (unless its apiserver took a write
+// from a client other than kelp's own, which the restore would undo: see
+// Guard.WriteWatch), and kelp.previous, beside the
 // running binary, takes its place in one rename. The process then exits
 // non-zero, so the service manager starts the previous kelp.
 package bootguard

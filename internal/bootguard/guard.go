@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -38,8 +39,11 @@ type Config struct {
 // lock, which keeps a second kelp and `kelp upgrade rollback` away, until
 // Close.
 type Guard struct {
-	cfg     Config
-	path    string
+	cfg  Config
+	path string
+	// mu guards rec and ready: the apiserver reports writes (WriteWatch)
+	// while the server starts.
+	mu      sync.Mutex
 	rec     Record
 	ready   bool
 	release func()
@@ -117,7 +121,12 @@ func (g *Guard) set(rec, next Record) error {
 
 // Upgrade is the upgrade this start tries; nil when it is none.
 func (g *Guard) Upgrade() *Upgrade {
-	if g == nil || g.rec.Upgrade == nil {
+	if g == nil {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rec.Upgrade == nil {
 		return nil
 	}
 	up := *g.rec.Upgrade
@@ -127,7 +136,16 @@ func (g *Guard) Upgrade() *Upgrade {
 // Update records what change did to the upgrade on trial: its
 // snapshot, that it opened the datastore.
 func (g *Guard) Update(change func(*Upgrade)) error {
-	if g == nil || g.rec.Upgrade == nil {
+	if g == nil {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.update(change)
+}
+
+func (g *Guard) update(change func(*Upgrade)) error {
+	if g.rec.Upgrade == nil {
 		return nil
 	}
 	next := g.rec
@@ -143,6 +161,8 @@ func (g *Guard) Ready() error {
 	if g == nil {
 		return nil
 	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.ready = true
 	running := g.cfg.Running
 	if up := g.rec.Upgrade; up != nil {
@@ -180,6 +200,34 @@ func (g *Guard) finish(err error) error {
 		return fmt.Errorf("%w; and the boot guard cannot roll back: %v", err, rerr)
 	}
 	return ErrRolledBack
+}
+
+// WriteWatch returns what the apiserver of an upgrade on trial tells of
+// the writes it takes from clients other than kelp's own pieces
+// (apiserver.ForeignWrites), or nil when there is nothing to watch: no
+// upgrade on trial, or one that took such a write already. The first
+// is recorded before the apiserver serves it, so that a rollback,
+// whenever it comes, keeps the datastore that holds it.
+func (g *Guard) WriteWatch() func(who, what string) bool {
+	up := g.Upgrade()
+	if up == nil || up.Written != nil {
+		return nil
+	}
+	return func(who, what string) bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.ready || g.rec.Upgrade == nil || g.rec.Upgrade.Written != nil {
+			return false
+		}
+		w := Write{Who: who, What: what, At: time.Now().UTC()}
+		if err := g.update(func(u *Upgrade) { u.Written = &w }); err != nil {
+			log.WithError(err).Error("The boot guard cannot record a write to the datastore of the upgrade on trial; a rollback would restore the snapshot taken before it")
+			return true
+		}
+		log.WithFields(logrus.Fields{"who": who, "what": what}).Warn("The upgraded kelp, not yet ready, took a write from a client other than kelp: " +
+			"if it is rolled back, the datastore is kept as it is, this write with it, and the snapshot taken before the upgrade is left for you to restore")
+		return false
+	}
 }
 
 // Close releases the data dir's lock.

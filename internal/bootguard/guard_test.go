@@ -252,3 +252,84 @@ func TestPaths(t *testing.T) {
 		}
 	}
 }
+
+// An upgrade whose apiserver took a write from a client other than kelp
+// during its trial is rolled back without restoring the snapshot taken
+// before it, which would undo that write: the datastore stays as it is,
+// and the rollback says how to restore the snapshot by hand.
+func TestRollbackKeepsWrittenDatastore(t *testing.T) {
+	n := newNode(t)
+	n.ready(v1)
+	db := filepath.Join(layout.Server(n.dataDir).DB, "state.db")
+	if err := os.MkdirAll(filepath.Dir(db), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	n.write(db, "written by the new kelp")
+	snap := &Snapshot{Name: "pre-upgrade-v0.4.0-v0.5.0-node-1", Path: filepath.Join(n.dataDir, "snapshots", "pre-upgrade-v0.4.0-v0.5.0-node-1"), Datastore: "sqlite"}
+	for i := 1; i <= 3; i++ {
+		g, err := n.begin(v2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Update(func(u *Upgrade) { u.Touched, u.Snapshot = true, snap }); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			report := g.WriteWatch()
+			if report == nil || report("system:admin from 127.0.0.1:40000", "create configmaps app in default") {
+				t.Fatal("the guard does not watch, or wants to hear of more than the first write")
+			}
+			if g.WriteWatch() != nil {
+				t.Error("the guard watches again once it recorded a write")
+			}
+		}
+		err = g.Finish(errors.New("the node did not start"))
+		g.Close()
+		if (i == 3) != errors.Is(err, ErrRolledBack) {
+			t.Fatalf("failed start %d: %v", i, err)
+		}
+	}
+	if n.read(n.bin) != previousScript {
+		t.Errorf("kelp is %q after the rollback, want the previous", n.read(n.bin))
+	}
+	if n.read(db) != "written by the new kelp" {
+		t.Errorf("the datastore is %q after the rollback, want it kept", n.read(db))
+	}
+	rb, err := LastRollback(n.dataDir)
+	if err != nil || rb == nil || !strings.Contains(rb.String(), "create configmaps app in default by system:admin") ||
+		!strings.Contains(rb.String(), "kelp snapshot restore "+snap.Name) {
+		t.Errorf("LastRollback = %v, %v", rb, err)
+	}
+}
+
+// A guard that is not on trial, or whose kelp became ready, watches no
+// writes.
+func TestWriteWatchEnds(t *testing.T) {
+	n := newNode(t)
+	g, err := n.begin(v1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.WriteWatch() != nil {
+		t.Error("a first start watches writes")
+	}
+	if err := g.Ready(); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	g, err = n.begin(v2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	report := g.WriteWatch()
+	if report == nil {
+		t.Fatal("an upgrade on trial watches no writes")
+	}
+	if err := g.Ready(); err != nil {
+		t.Fatal(err)
+	}
+	if report("alice from 10.0.0.9:5555", "delete pods x in default") {
+		t.Error("the guard wants to hear of writes once ready")
+	}
+}

@@ -77,6 +77,17 @@ type Upgrade struct {
 	Shared bool `json:"shared,omitempty"`
 	// Snapshot is the one taken before To opened the datastore.
 	Snapshot *Snapshot `json:"snapshot,omitempty"`
+	// Written is the first write To's apiserver took from a client other
+	// than kelp's own pieces: a rollback then keeps the datastore, which
+	// a restore would take that write from.
+	Written *Write `json:"written,omitempty"`
+}
+
+// Write is a write to the datastore by a client other than kelp's own.
+type Write struct {
+	Who  string    `json:"who"`
+	What string    `json:"what"`
+	At   time.Time `json:"at"`
 }
 
 // Snapshot is a snapshot of the datastore taken before an upgrade.

@@ -128,6 +128,18 @@ func runs(path string) (string, error) {
 	return first, nil
 }
 
+// keptWritten says that the datastore is kept because the new kelp's
+// apiserver took w, and how to restore the snapshot s by hand.
+func keptWritten(w Write, s Snapshot) string {
+	how := "kelp snapshot restore " + s.Name
+	if s.Datastore == datastore.KindEtcd {
+		how = "kelp server --cluster-reset --cluster-reset-restore-path " + s.Path
+	}
+	return fmt.Sprintf("the new kelp's apiserver took writes from clients other than kelp during its trial (the first: %s by %s at %s), which restoring the snapshot taken before the upgrade would undo: "+
+		"the datastore is kept as the new kelp left it, for the earlier kelp to run on; to go back to the data of before the upgrade instead, stop kelp and run %s",
+		w.What, w.Who, w.At.Format(time.RFC3339), how)
+}
+
 // restoreDatastore restores the snapshot taken before up, when up opened
 // the datastore of a single server, and says what it did.
 func restoreDatastore(dataDir string, up Upgrade) ([]string, error) {
@@ -142,6 +154,8 @@ func restoreDatastore(dataDir string, up Upgrade) ([]string, error) {
 		return []string{"the datastore is shared with other servers, which run the earlier kelp: it is left to them"}, nil
 	case s == nil:
 		return []string{"the new kelp opened the datastore before a snapshot could be taken (see the log of its first start); the datastore is left as it is"}, nil
+	case up.Written != nil:
+		return []string{keptWritten(*up.Written, *s)}, nil
 	}
 	d := snapshot.Dir{DataDir: dataDir, Path: filepath.Dir(s.Path)}
 	res, err := d.Restore(s.Path, snapshot.Target{Kind: s.Datastore, Member: datastore.EtcdMember{Name: s.Member, AdvertiseIP: s.AdvertiseIP}})
