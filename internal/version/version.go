@@ -36,18 +36,32 @@ func String() string {
 	return b.String()
 }
 
-// modules maps the path of every module built in to its version (the
-// replacement's where one is replaced).
+// modules maps the path of every module built in to its version
+// (moduleVersion).
 func modules() map[string]string {
 	mods := map[string]string{}
 	if info, ok := debug.ReadBuildInfo(); ok {
 		for _, m := range info.Deps {
-			if m.Replace != nil {
-				mods[m.Path] = m.Replace.Version
-			} else {
-				mods[m.Path] = m.Version
-			}
+			mods[m.Path] = moduleVersion(m)
 		}
 	}
 	return mods
+}
+
+// patchedSuffix marks the version of a module built from kelp's patched
+// copy of it.
+const patchedSuffix = "+kelp"
+
+// moduleVersion is the version m is built at: the replacement's where it
+// is replaced by another version; where it is replaced by a directory,
+// which Go reports as "(devel)", that is kelp's patched copy of the pinned
+// version (scripts/patches.sh): the pinned version, marked patched.
+func moduleVersion(m *debug.Module) string {
+	switch {
+	case m.Replace == nil:
+		return m.Version
+	case m.Replace.Version != "":
+		return m.Replace.Version
+	}
+	return m.Version + patchedSuffix
 }
