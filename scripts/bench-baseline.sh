@@ -70,22 +70,14 @@ IDLE=${IDLE:-300}
 SETTLE=${SETTLE:-30}
 TRIMMED=${TRIMMED:-1}
 BASELINE_GOGC=${BASELINE_GOGC-25}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
-LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-baseline go jq curl unshare nsenter ip awk flock
 
-die() { echo "bench-baseline: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root"
 [[ $IDLE =~ ^[1-9][0-9]*$ ]] || die "IDLE must be a positive integer (seconds), got '$IDLE'"
 [[ $SETTLE =~ ^[0-9]+$ ]] || die "SETTLE must be an integer (seconds), got '$SETTLE'"
 [[ $TRIMMED == [01] ]] || die "TRIMMED must be 0 or 1, got '$TRIMMED'"
 [[ -z $BASELINE_GOGC || $BASELINE_GOGC =~ ^([1-9][0-9]*|off)$ ]] || die "BASELINE_GOGC must be a positive integer, off or empty, got '$BASELINE_GOGC'"
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
-for tool in go jq curl unshare nsenter ip awk flock; do
-  command -v "$tool" >/dev/null || die "$tool is missing"
-done
 
 # --- the baseline's binaries --------------------------------------------------
 
@@ -304,7 +296,7 @@ fi
 
 # --- the figures ------------------------------------------------------------------
 
-echo "kelp bench-baseline: $("$KELP" --version | head -1), $(nproc) CPUs, load average $load_before before, $(cut -d' ' -f1-3 /proc/loadavg) after${KELP_ARGS:+, kelp server $KELP_ARGS}"
+bench_header "load $load_before before${KELP_ARGS:+, kelp server $KELP_ARGS}"
 echo "baseline: $("$bin/kube-apiserver" --version), kine $("$bin/kine" --version | awk '{print $3}'), $("$containerd_bin" --version | awk '{print $1, $3}'), GOGC=${BASELINE_GOGC:-100} (containerd: 100)"
 echo "idle ${IDLE}s after node Ready + ${SETTLE}s, no workload pods; the whole node: every process of its namespaces"
 for r in "${runs[@]}"; do

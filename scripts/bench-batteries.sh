@@ -9,8 +9,10 @@
 #   IDLE=120   seconds of each idle window
 #   KELP=bin/kelp
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
-export IDLE=${IDLE:-120} KELP=${KELP:-$repo/bin/kelp}
+# shellcheck source=lib/bench.sh
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-batteries
+export IDLE=${IDLE:-120} KELP
 
 all_off="--disable metrics-server --disable helm-controller --disable local-storage --disable coredns --disable servicelb --disable-network-policy"
 configs=(
@@ -34,7 +36,7 @@ done
 field() { # NAME WHAT: the number after WHAT in NAME's figures
   sed -E "s/.*$2 +([0-9.]+).*/\1/" <<<"${line[$1]}"
 }
-echo "kelp bench-batteries: $("$KELP" --version | head -1), idle ${IDLE}s each, whole node"
+bench_header "idle ${IDLE}s each, whole node"
 printf '  %-20s %9s %9s %12s %14s %13s\n' "" "RSS MiB" "PSS MiB" "CPU % core" "writes KiB/s" "working set"
 for c in "${configs[@]}"; do
   name=${c%%|*}

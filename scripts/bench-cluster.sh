@@ -30,14 +30,10 @@
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-cluster
 
-die() { echo "bench-cluster: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root: kelp cluster makes namespaces and cgroups"
-[[ -x $KELP ]] || die "no kelp binary at $KELP: build it with scripts/build.sh"
 
 work=$(mktemp -d /tmp/kelp-bench-cluster.XXXXXX)
 root=$work/clusters
@@ -180,7 +176,7 @@ mem1=$(cluster_pss one)
 kc delete one >/dev/null
 
 med() { printf '%s\n' "$@" | median; }
-echo "kelp cluster, $ROUNDS rounds (medians, seconds)"
+bench_header "kelp cluster, $ROUNDS rounds (medians, seconds)"
 echo "  create 1+2 -> Ready        $(secs "$(med "${ready[@]}")")"
 echo "  create 1+2 -> app by DNS   $(secs "$(med "${app[@]}")")"
 echo "  delete                     $(secs "$(med "${deletes[@]}")")"

@@ -17,13 +17,15 @@
 # Usage: scripts/bench-gateway-conns.sh    (from anywhere; no root needed)
 #   CONNS=5000   connections opened in each case (two file descriptors each)
 set -euo pipefail
+# shellcheck source=lib/bench.sh
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-gateway-conns --no-kelp go
 
 CONNS=${CONNS:-5000}
-die() { echo "bench-gateway-conns: $*" >&2; exit 1; }
 [[ $CONNS =~ ^[1-9][0-9]*$ ]] || die "CONNS must be a positive integer"
 (( 2 * CONNS + 100 <= $(ulimit -Hn) )) || die "CONNS=$CONNS needs $(( 2 * CONNS + 100 )) open files; the limit is $(ulimit -Hn)"
 ulimit -n "$(ulimit -Hn)"
-cd "$(dirname "$0")/.."
+cd "$repo"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -32,7 +34,7 @@ trap 'rm -rf "$work"' EXIT
 modfile=$(scripts/patches.sh .cache/patched)
 CGO_ENABLED=0 go test -modfile="$modfile" -c -o "$work/gateway.test" ./internal/gateway/
 
-echo "kelp bench-gateway-conns: $CONNS idle connections to one HTTP port, $(nproc) CPUs"
+bench_header "$CONNS idle connections to one HTTP port"
 printf '  %-18s %6s %9s %10s %17s %10s %7s\n' case kept 'RSS +MiB' 'KiB/conn' 'heap+stacks +MiB' 'KiB/conn' status
 for case in uncapped capped capped-64-sources; do
   # "BenchmarkIdleConnections/capped-2  1  N ns/op  V UNIT  V UNIT ..."

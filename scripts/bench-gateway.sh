@@ -42,22 +42,14 @@ CONNS=${CONNS:-16}
 ROUNDS=${ROUNDS:-5}
 ROUTES=${ROUTES:-100}
 SETTLE=${SETTLE:-20}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
-LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-gateway unshare nsenter ip curl awk
 
-die() { echo "bench-gateway: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root"
 for v in SECONDS_EACH CONNS ROUNDS ROUTES SETTLE; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
 done
 (( ROUTES <= 1000 )) || die "ROUTES must be at most 1000"
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
-for tool in unshare nsenter ip curl awk; do
-  command -v "$tool" >/dev/null || die "$tool is missing"
-done
 
 start_server_bench bench-gateway
 testapp() { in_node server "$work/testapp" "$@"; }
@@ -91,7 +83,7 @@ wait_for "the web pod Ready" kubectl wait --for=condition=Ready pod -l app=web -
 gateway=$(kubectl get gateway bench -o 'jsonpath={.status.addresses[0].value}')
 [[ -n $gateway ]] || die "the Gateway has no address in its status"
 pod_ip=$(kubectl get pod -l app=web -o 'jsonpath={.items[0].status.podIP}')
-echo "kelp bench-gateway: $("$KELP" --version | head -1), $(nproc) CPUs; Gateway at $gateway, pod at $pod_ip"
+bench_header "Gateway at $gateway, pod at $pod_ip"
 
 # kelp_memory: "RSS PSS" of the kelp process, in KiB.
 kelp_memory() {

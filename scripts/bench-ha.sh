@@ -62,20 +62,12 @@ set -euo pipefail
 OBJECTS=${OBJECTS:-10000}
 WRITES=${WRITES:-1000}
 WRITERS=${WRITERS:-8}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
-LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-ha unshare nsenter ip curl awk go
 
-die() { echo "bench-ha: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root"
 for v in OBJECTS WRITES WRITERS; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
-done
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
-for tool in unshare nsenter ip curl awk go; do
-  command -v "$tool" >/dev/null || die "$tool is missing"
 done
 
 declare -A ip=([server-1]=10.99.0.2 [server-2]=10.99.0.3 [server-3]=10.99.0.4)
@@ -354,7 +346,7 @@ ha() {
 
 # --- the runs -------------------------------------------------------------------
 
-echo "kelp bench-ha: $("$KELP" --version | head -1), $(nproc) CPUs; OBJECTS=$OBJECTS WRITES=$WRITES WRITERS=$WRITERS"
+bench_header "OBJECTS=$OBJECTS WRITES=$WRITES WRITERS=$WRITERS"
 t_run=$(now_ms)
 start_lab "$work"
 single sqlite

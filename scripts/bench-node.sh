@@ -44,19 +44,14 @@
 set -euo pipefail
 
 IDLE=${IDLE:-300}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
-LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-node
 
-die() { echo "bench-node: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root"
 [[ $IDLE =~ ^[1-9][0-9]*$ ]] || die "IDLE must be a positive integer (seconds)"
 [[ -z ${PODS:-} || $PODS =~ ^[0-9]+$ && $PODS -gt 2 ]] || die "PODS must be a number above 2, got '$PODS'"
 [[ -z ${SERVICES:-} || $SERVICES =~ ^[1-9][0-9]*$ && $SERVICES -le 25000 ]] || die "SERVICES must be a number from 1 to 25000, got '$SERVICES'"
 [[ -z ${SERVICES:-} || " ${KELP_ARGS:-} " == *" --debug "* ]] || die "SERVICES needs KELP_ARGS=--debug: the proxy's timings are in kelp's debug log"
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
 
 start_server_bench bench-node
 build_test_image "$repo" "$work"
@@ -103,7 +98,7 @@ if [[ " ${KELP_ARGS:-} " != *" --disable coredns "* ]]; then
   wait_for "the app by DNS name" app_by_name
   t_dns=$(( $(now_ms) - t0 ))
 fi
-echo "kelp bench-node: $("$KELP" --version | head -1), $(nproc) CPUs${KELP_ARGS:+, kelp server $KELP_ARGS}"
+bench_header "${KELP_ARGS:+kelp server $KELP_ARGS}"
 printf 'fresh start: apiserver %ss, node Ready %ss, 2 pods Running %ss, app answers by DNS name %ss\n' \
   "$(secs "$t_api")" "$(secs "$t_node")" "$(secs "$t_pod")" "$(secs "$t_dns")"
 

@@ -48,17 +48,13 @@ set -euo pipefail
 BACKENDS=${BACKENDS:-vxlan host-gw}
 BLAST=${BLAST:-5}
 IDLE=${IDLE:-60}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
-LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-nodes unshare nsenter ip awk find mountpoint
 
 readonly image=docker.io/kelp-test/testapp:1.0
 readonly server_ip=10.99.0.2 agent_ip=10.99.0.3 agent_name=agent-1
 
-die() { echo "bench-nodes: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root"
 for v in BLAST IDLE; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (seconds)"
 done
@@ -66,10 +62,6 @@ read -ra backends <<<"$BACKENDS"
 (( ${#backends[@]} > 0 )) || die "BACKENDS is empty"
 for b in "${backends[@]}"; do
   [[ $b == vxlan || $b == host-gw ]] || die "BACKENDS: unknown overlay backend '$b' (vxlan or host-gw)"
-done
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
-for tool in unshare nsenter ip awk find mountpoint; do
-  command -v "$tool" >/dev/null || die "$tool is missing"
 done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kelp-bench-nodes.XXXXXX")
@@ -259,7 +251,7 @@ run_backend() { # BACKEND: a new cluster with it, measured, then removed
 
 build_test_image "$repo" "$work"
 
-echo "kelp bench-nodes: $("$KELP" --version | head -1), $(nproc) CPUs; a server and an agent on this machine"
+bench_header "a server and an agent on this machine"
 for backend in "${backends[@]}"; do
   run_backend "$backend"
 done

@@ -58,14 +58,10 @@ LISTS=${LISTS:-20}
 DS_LISTS=${DS_LISTS:-3}
 LIMIT=${LIMIT:-500}
 GETS=${GETS:-200}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
-LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-scale unshare nsenter ip curl awk du go
 
-die() { echo "bench-scale: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root"
 for v in BATCH WRITERS LISTS DS_LISTS LIMIT GETS; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
 done
@@ -76,10 +72,6 @@ for s in "${sizes[@]}"; do
   [[ $s =~ ^[1-9][0-9]*$ ]] || die "SIZES must be positive integers, got '$s'"
   (( s > prev )) || die "SIZES must ascend, got '$SIZES'"
   prev=$s
-done
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
-for tool in unshare nsenter ip curl awk du go; do
-  command -v "$tool" >/dev/null || die "$tool is missing"
 done
 
 readonly srv=server ip=10.99.0.2 cache_off=--kube-apiserver-arg=watch-cache-sizes=configmaps#0
@@ -221,8 +213,7 @@ run() { # DATASTORE: sqlite or etcd
   teardown
 }
 
-echo "kelp bench-scale: $("$KELP" --version | head -1), $(nproc) CPUs;" \
-  "SIZES=\"$SIZES\" BATCH=$BATCH WRITERS=$WRITERS LISTS=$LISTS DS_LISTS=$DS_LISTS LIMIT=$LIMIT GETS=$GETS"
+bench_header "SIZES=\"$SIZES\" BATCH=$BATCH WRITERS=$WRITERS LISTS=$LISTS DS_LISTS=$DS_LISTS LIMIT=$LIMIT GETS=$GETS"
 t_run=$(now_ms)
 run sqlite
 run etcd

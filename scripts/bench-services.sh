@@ -38,22 +38,14 @@ set -euo pipefail
 ROUNDS=${ROUNDS:-5}
 BLAST=${BLAST:-5}
 QUERIES=${QUERIES:-2000}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
-LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init bench-services unshare nsenter ip curl awk
 
-die() { echo "bench-services: $*" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || die "run as root"
 for v in ROUNDS BLAST QUERIES; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer"
 done
 (( ROUNDS <= 50 )) || die "ROUNDS must be at most 50 (one ClusterIP each)"
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
-for tool in unshare nsenter ip curl awk; do
-  command -v "$tool" >/dev/null || die "$tool is missing"
-done
 
 start_server_bench bench-services
 build_test_image "$repo" "$work"
@@ -95,7 +87,7 @@ wait_for "the apiserver" kubectl get --raw /readyz
 wait_for "applying the workloads" kubectl apply -f "$work/app.yaml"
 wait_for "4 pods Ready" all_ready
 wait_for "the sink through its Service" kubectl exec client -- /testapp blast 10.43.200.1:9000 1
-echo "kelp bench-services: $("$KELP" --version | head -1), $(nproc) CPUs"
+bench_header ""
 
 # --- Service create -> first answer ----------------------------------------
 

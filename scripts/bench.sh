@@ -27,23 +27,19 @@ set -euo pipefail
 RUNS=${RUNS:-3}
 IDLE=${IDLE:-60}
 SETTLE=${SETTLE:-10}
-KELP=$(readlink -f "${KELP:-$(dirname "$0")/../bin/kelp}")
 POLL=${POLL:-curl}
-LOGDIR=${LOGDIR:+$(readlink -f "$LOGDIR")}
 # shellcheck source=lib/bench.sh
 source "$(dirname "$0")/lib/bench.sh"
+bench_init bench
 
 readonly port=6443 poll_interval=0.05 ready_timeout_s=300
 readonly datastores=(sqlite etcd)
 
-die() { echo "bench: $*" >&2; exit 1; }
 
-[[ $(id -u) == 0 ]] || die "run as root: kelp needs it"
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "RUNS must be a positive integer, got '$RUNS'"
 [[ $IDLE =~ ^[1-9][0-9]*$ ]] || die "IDLE must be a positive integer (seconds), got '$IDLE'"
 [[ $SETTLE =~ ^[0-9]+$ ]] || die "SETTLE must be an integer (seconds), got '$SETTLE'"
 [[ $POLL == curl || $POLL == kubectl ]] || die "POLL must be curl or kubectl, got '$POLL'"
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
 for tool in unshare nsenter ip awk $([[ $POLL == curl ]] && echo curl); do
   command -v "$tool" >/dev/null || die "$tool is missing"
 done
@@ -225,7 +221,7 @@ report_stop() {
 mkdir -p "$work/logs"
 : >"$work/config.yaml"
 fs=$(stat -f -c %T "$work")
-echo "kelp bench: $("$KELP" --version | head -1), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+bench_header ""
 echo "RUNS=$RUNS IDLE=${IDLE}s SETTLE=${SETTLE}s POLL=$POLL (/readyz every ${poll_interval}s in kelp's netns), data dir on $fs ($work)"
 [[ $fs == tmpfs ]] && echo "note: data dir on tmpfs: write_bytes counts no disk writes there"
 others=$( (pgrep -x kelp || true) | wc -l)

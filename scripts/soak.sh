@@ -77,13 +77,10 @@ WINDOW=${WINDOW:-1800}
 DURATION=${DURATION:-7200}
 LEAF_LIFETIME=${LEAF_LIFETIME-30m}
 TOKEN_TTL=${TOKEN_TTL:-10m}
-KELP=$(readlink -m "${KELP:-$(dirname "$0")/../bin/kelp}")
-LOGDIR=${LOGDIR:+$(readlink -m "$LOGDIR")}
-repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/bench.sh
-source "$repo/scripts/lib/bench.sh"
+source "$(dirname "$0")/lib/bench.sh"
+bench_init soak
 
-die() { echo "soak: $*" >&2; exit 1; }
 # seconds_of DURATION: a Go-style duration of one unit (90s, 10m, 1h) in seconds.
 seconds_of() {
   [[ $1 =~ ^([0-9]+)([smh])$ ]] || return 1
@@ -95,11 +92,9 @@ case $mode in
   crash) ;;
   *) die "usage: soak.sh idle|churn|crash (got '$mode'); see the comment at its top" ;;
 esac
-[[ $(id -u) == 0 ]] || die "run as root"
 if [[ $mode == crash ]]; then
   KILLS=${KILLS:-200}
   [[ $KILLS =~ ^[1-9][0-9]*$ ]] || die "KILLS must be a number of kills, got '$KILLS'"
-  [[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
   out=${LOGDIR:-$(mktemp -d "${TMPDIR:-/tmp}/kelp-soak-crash.XXXXXX")}/crash.log
   mkdir -p "$(dirname "$out")"
   echo "soak crash: $KILLS kills per datastore; the test's log goes to $out"
@@ -114,7 +109,6 @@ fi
 [[ -z $LEAF_LIFETIME ]] || (( $(seconds_of "$LEAF_LIFETIME" || echo 0) >= 60 )) ||
   die "LEAF_LIFETIME must be empty or a duration of at least 1m such as 30m, got '$LEAF_LIFETIME'"
 (( $(seconds_of "$TOKEN_TTL" || echo 0) >= 1 )) || die "TOKEN_TTL must be a duration such as 10m, got '$TOKEN_TTL'"
-[[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
 [[ -d /dev/shm && $(stat -f -c %T /dev/shm) == tmpfs ]] || die "/dev/shm is no tmpfs: kelp's logs would count as its disk writes"
 minutes=$(( seconds / 60 ))
 
@@ -217,7 +211,7 @@ for node in "${nodes[@]}"; do
   t_ready[$node]=$(( $(now_ms) - t_launch ))
 done
 
-echo "kelp soak $mode: $("$KELP" --version | head -1), $(nproc) CPUs, $minutes min once Ready, kelp server --debug${KELP_ARGS:+ $KELP_ARGS}"
+bench_header "$mode, $minutes min once Ready, kelp server --debug${KELP_ARGS:+ $KELP_ARGS}"
 for node in "${nodes[@]}"; do
   printf '  %-12s %-28s node Ready after %ss\n' "$node" "${node_args[$node]:-(default)}" "$(secs "${t_ready[$node]}")"
 done

@@ -1,7 +1,42 @@
 # shellcheck shell=bash
-# Helpers the bench scripts share; sourced by them, not run. The script
-# defines die MESSAGE (says it and exits) and KELP (the binary, which also
-# makes the nodes: see "nodes" below).
+# Helpers the bench scripts share; sourced by them, not run. A script
+# calls bench_init first, which gives it repo, KELP (the binary, which also
+# makes the nodes: see "nodes" below), LOGDIR and die.
+
+# bench_init NAME [--no-kelp] [TOOL...]: the preamble of every bench. It
+# sets repo (the tree the script is in), KELP (the KELP variable or
+# bin/kelp, resolved: a bench may change directory) and LOGDIR (resolved,
+# if set), makes die say "NAME: MESSAGE" and exit 1, and checks that it
+# runs as root, that KELP is built and that every TOOL is installed; with
+# --no-kelp (a bench of Go code alone) only the tools.
+bench_init() {
+  bench_name=$1
+  shift
+  repo=$(cd "$(dirname "${BASH_SOURCE[1]}")/.." && pwd)
+  KELP=$(readlink -m "${KELP:-$repo/bin/kelp}")
+  LOGDIR=${LOGDIR:+$(readlink -m "$LOGDIR")}
+  if [[ ${1:-} == --no-kelp ]]; then
+    shift
+  else
+    [[ $(id -u) == 0 ]] || die "run as root: kelp needs it"
+    [[ -x $KELP ]] || die "$KELP is missing: build it with scripts/build.sh"
+  fi
+  local tool
+  for tool; do
+    command -v "$tool" >/dev/null || die "$tool is missing"
+  done
+}
+
+die() { echo "${bench_name:-bench}: $*" >&2; exit 1; }
+
+# bench_header [SETTINGS]: the first line of every bench's figures: what
+# was measured (the bench, the kelp, the machine and its load) and the
+# settings that shape the figures.
+bench_header() {
+  local built="the code of $repo"
+  [[ ! -x $KELP ]] || built=$("$KELP" --version | head -1)
+  echo "kelp $bench_name: $built, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)${1:+; $1}"
+}
 
 # Where a node keeps state outside its data dir. Each node gets an empty
 # tmpfs over each of them in its mount namespace, as in the cluster tests
