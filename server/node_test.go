@@ -139,51 +139,20 @@ spec:
     args: [serve]
 `
 
-// TestNode runs `kelp server` with its node and checks, in one cluster to
-// keep the suite short: pods from an airgap image, kubectl logs, exec and
-// port-forward, volumes, a Job, pod-to-pod and masqueraded egress traffic,
-// a missing image, crictl and ctr, a static pod, a restart that keeps the containers,
-// containerd killed and restarted, and killall leaving nothing behind.
-// testRegistry is the registry TestNode's node pulls from, through a
+// testRegistry is the registry TestNodeImages's node pulls from, through a
 // mirror the test serves.
 const testRegistry = "registry.kelp.test"
 
-func TestNode(t *testing.T) {
+// TestNodeWorkloads runs `kelp server` with its node and checks what pods
+// get: pods from an airgap image, kubectl logs, exec and port-forward,
+// volumes, a Job, pod-to-pod and masqueraded egress traffic, Services of
+// every type, a UDP Service and DNS.
+func TestNodeWorkloads(t *testing.T) {
 	t.Parallel()
 	n := testcluster.NewNode(t)
-	n.Agent = true
 	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
-	images := filepath.Join(n.DataDir, "agent", "images")
-	if err := os.WriteFile(filepath.Join(images, "broken.tar.gz"), []byte("not a tarball"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	outside := n.NewOutside()
-	podManifests := filepath.Join(n.Dir, "pods")
-	// crictl pull fetches from a registry the test serves in the node's
-	// network namespace, a plain-HTTP mirror of registry.kelp.test.
-	registriesFile := filepath.Join(n.Dir, "registries.yaml")
-	if err := os.WriteFile(registriesFile, []byte("mirrors:\n  "+testRegistry+":\n    endpoint: [\"http://"+testcluster.NodeIP+":5000\"]\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	n.Start("--node-label", "kelp.test/role=edge", "--node-taint", "kelp.test/flaky=yes:PreferNoSchedule", "--pod-manifests", podManifests, "--private-registry", registriesFile)
-	n.WaitReady(startTimeout)
-	n.WaitLog("kelp node is running", startTimeout)
-	c := n.Client()
-	waitNodeReady(t, c)
-	if !n.Logged("airgap image tarball not imported") || !n.Logged(filepath.Join(images, "broken.tar.gz")+": not gzip") {
-		t.Error("the broken airgap tarball is not reported by name")
-	}
-
-	manifest := filepath.Join(n.Dir, "workload.yaml")
-	if err := os.WriteFile(manifest, []byte(workload), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	waitServiceAccount(t, c, "default")
-	kubectl(t, n, "apply", "-f", manifest)
-	kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
-	kubectl(t, n, "wait", "--for=condition=Complete", "job/once", "--timeout=60s")
-	pods := webPods(t, c)
-
+	c, pods := startWebNode(t, n)
 	t.Run("logs", func(t *testing.T) {
 		if out := kubectl(t, n, "logs", pods[0].Name); !strings.Contains(out, "serving on :8080") {
 			t.Errorf("logs: %q", out)
@@ -439,6 +408,31 @@ func TestNode(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestNodeImages runs `kelp server` with its node and checks its images
+// and runtime tools: a broken airgap tarball reported by name, a missing
+// image, an airgap image added while kelp runs, crictl and ctr, and
+// crictl pull and rmi through a mirror.
+func TestNodeImages(t *testing.T) {
+	t.Parallel()
+	n := testcluster.NewNode(t)
+	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
+	images := filepath.Join(n.DataDir, "agent", "images")
+	if err := os.WriteFile(filepath.Join(images, "broken.tar.gz"), []byte("not a tarball"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// crictl pull fetches from a registry the test serves in the node's
+	// network namespace, a plain-HTTP mirror of registry.kelp.test.
+	registriesFile := filepath.Join(n.Dir, "registries.yaml")
+	if err := os.WriteFile(registriesFile, []byte("mirrors:\n  "+testRegistry+":\n    endpoint: [\"http://"+testcluster.NodeIP+":5000\"]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, pods := startWebNode(t, n, "--private-registry", registriesFile)
+	if !n.Logged("airgap image tarball not imported") || !n.Logged(filepath.Join(images, "broken.tar.gz")+": not gzip") {
+		t.Error("the broken airgap tarball is not reported by name")
+	}
+
 	t.Run("missing image", func(t *testing.T) {
 		eventually(t, "an ErrImagePull event for the missing image", func() (bool, error) {
 			events, err := c.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=missing-image"})
@@ -453,21 +447,6 @@ func TestNode(t *testing.T) {
 			return false, nil
 		})
 		waitNodeReady(t, c)
-	})
-	t.Run("node labels and taints", func(t *testing.T) {
-		node, err := c.CoreV1().Nodes().Get(context.Background(), testcluster.NodeName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if node.Labels["kelp.test/role"] != "edge" {
-			t.Errorf("labels %v lack kelp.test/role=edge", node.Labels)
-		}
-		if len(node.Spec.Taints) != 1 || node.Spec.Taints[0].Key != "kelp.test/flaky" || node.Spec.Taints[0].Effect != corev1.TaintEffectPreferNoSchedule {
-			t.Errorf("taints %v, want kelp.test/flaky=yes:PreferNoSchedule", node.Spec.Taints)
-		}
-		if node.Spec.PodCIDR == "" || !strings.HasPrefix(node.Spec.PodCIDR, "10.42.") {
-			t.Errorf("pod CIDR %q, want a /24 of 10.42.0.0/16", node.Spec.PodCIDR)
-		}
 	})
 	t.Run("airgap image added while running", func(t *testing.T) {
 		const late = "docker.io/kelp-test/late:1.0"
@@ -680,6 +659,34 @@ func TestNode(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestNodeLifecycle runs `kelp server` with its node and checks the node
+// through its life: its labels and taints, a static pod, its CSINode, a
+// restart that keeps the containers, containerd killed and restarted, and
+// killall leaving nothing behind.
+func TestNodeLifecycle(t *testing.T) {
+	t.Parallel()
+	n := testcluster.NewNode(t)
+	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
+	podManifests := filepath.Join(n.Dir, "pods")
+	c, _ := startWebNode(t, n, "--node-label", "kelp.test/role=edge", "--node-taint", "kelp.test/flaky=yes:PreferNoSchedule", "--pod-manifests", podManifests)
+
+	t.Run("node labels and taints", func(t *testing.T) {
+		node, err := c.CoreV1().Nodes().Get(context.Background(), testcluster.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if node.Labels["kelp.test/role"] != "edge" {
+			t.Errorf("labels %v lack kelp.test/role=edge", node.Labels)
+		}
+		if len(node.Spec.Taints) != 1 || node.Spec.Taints[0].Key != "kelp.test/flaky" || node.Spec.Taints[0].Effect != corev1.TaintEffectPreferNoSchedule {
+			t.Errorf("taints %v, want kelp.test/flaky=yes:PreferNoSchedule", node.Spec.Taints)
+		}
+		if node.Spec.PodCIDR == "" || !strings.HasPrefix(node.Spec.PodCIDR, "10.42.") {
+			t.Errorf("pod CIDR %q, want a /24 of 10.42.0.0/16", node.Spec.PodCIDR)
+		}
+	})
 	t.Run("static pod", func(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(podManifests, "static-web.yaml"), []byte(staticPod), 0o600); err != nil {
 			t.Fatal(err)
@@ -752,6 +759,20 @@ func TestNode(t *testing.T) {
 		}
 		nothingLeft(t, n)
 	})
+}
+
+// startWebNode starts `kelp server` with its node on n, with args, and
+// runs workload on it; it returns the admin client and the web pods.
+func startWebNode(t *testing.T, n *testcluster.Node, args ...string) (kubernetes.Interface, []corev1.Pod) {
+	t.Helper()
+	startServerNode(n, args...)
+	c := n.Client()
+	waitNodeReady(t, c)
+	waitServiceAccount(t, c, "default")
+	apply(t, n, workload)
+	kubectl(t, n, "wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
+	kubectl(t, n, "wait", "--for=condition=Complete", "job/once", "--timeout=60s")
+	return c, webPods(t, c)
 }
 
 // bundledContainerd returns the pid of the node's containerd, which must be
