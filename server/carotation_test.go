@@ -15,25 +15,6 @@ import (
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
-// caRotationWorkload is a pod that must start on the agent.
-const caRotationWorkload = `
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: NAME}
-spec:
-  selector: {matchLabels: {app: NAME}}
-  template:
-    metadata: {labels: {app: NAME}}
-    spec:
-      nodeSelector: {kubernetes.io/hostname: agent-1}
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: web
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
-`
-
 // TestCARotation runs a server and a joined agent with a pod on each,
 // rotates the cluster's CAs (generated) and finishes the rotation, each
 // step on the stopped server, and checks that the agent, never joined
@@ -145,7 +126,7 @@ func TestCARotation(t *testing.T) {
 func agentWorks(t *testing.T, srv, agent *testcluster.Node, name string) {
 	t.Helper()
 	waitNodesReady(t, srv.Client(), 2)
-	apply(t, srv, strings.ReplaceAll(caRotationWorkload, "NAME", name))
+	apply(t, srv, testcluster.App{Name: name, Node: "agent-1"}.YAML()) // must start on the agent
 	rolloutStatus(t, srv, "deployment/"+name, 170*time.Second)
 	pod := podsByNode(t, srv.Client(), "app="+name)[agent.Name]
 	if pod.Name == "" {

@@ -21,22 +21,7 @@ import (
 // renewalWorkload is a pod that starts after the first leaves expired: the
 // scheduler and the controller-manager place it, and a Service in front of
 // the web pods that the Service proxy and DNS learn of only then.
-const renewalWorkload = `
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: after-expiry}
-spec:
-  selector: {matchLabels: {app: after-expiry}}
-  template:
-    metadata: {labels: {app: after-expiry}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: web
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
----
+var renewalWorkload = testcluster.App{Name: "after-expiry"}.YAML() + `---
 apiVersion: v1
 kind: Service
 metadata: {name: web-after-expiry}

@@ -24,23 +24,7 @@ import (
 
 // fleetWorkload is kept through the upgrades: its pods move between the
 // nodes as they are drained.
-const fleetWorkload = `
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: kept}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: kept}}
-  template:
-    metadata: {labels: {app: kept}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: web
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
-`
+var fleetWorkload = testcluster.App{Name: "kept", Replicas: 2}.YAML()
 
 // TestFleetUpgrade runs a server (with its node) and an agent, each on a
 // kelp installed as install.sh does, and upgrades both from inside the

@@ -31,7 +31,7 @@ const upgradeFromEnv = "KELP_UPGRADE_FROM"
 // fromEarlierWorkload is what the cluster made by the earlier kelp holds
 // besides fleetWorkload: a DaemonSet, whose pods no drain evicts, and a
 // Deployment whose claim's local volume ties its pod to one node.
-const fromEarlierWorkload = haDaemonSet + `---
+var fromEarlierWorkload = haDaemonSet + `---
 apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {name: data}

@@ -32,25 +32,7 @@ import (
 // Service, two Gateways of the class kelp (HTTP and HTTPS on 80 and 443,
 // HTTP on 8080), a route by hostname on both, one on the second Gateway
 // and one to a Service that does not exist.
-const gatewayApp = `
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: app}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: app}}
-  template:
-    metadata: {labels: {app: app}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: app
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
-        ports: [{containerPort: 8080, name: http}]
-        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
----
+var gatewayApp = testcluster.App{Name: "app", Ready: true}.YAML() + `---
 apiVersion: v1
 kind: Service
 metadata: {name: app}

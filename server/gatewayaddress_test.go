@@ -27,25 +27,7 @@ var gatewayAddressApp = gatewayAddressAppOf("one") + "---\n" + gatewayAddressApp
 // gatewayAddressAppOf is the app name, answering with its pod's name, its
 // Service, Gateway and HTTPRoute, all named name.
 func gatewayAddressAppOf(name string) string {
-	return strings.ReplaceAll(`
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: NAME}
-spec:
-  selector: {matchLabels: {app: NAME}}
-  template:
-    metadata: {labels: {app: NAME}}
-    spec:
-      nodeSelector: {kubernetes.io/hostname: server}
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: app
-        image: `+testcluster.TestImage+`
-        imagePullPolicy: IfNotPresent
-        args: [serve]
-        ports: [{containerPort: 8080, name: http}]
-        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
----
+	return testcluster.App{Name: name, Node: "server", Ready: true}.YAML() + strings.ReplaceAll(`---
 apiVersion: v1
 kind: Service
 metadata: {name: NAME}

@@ -26,22 +26,7 @@ import (
 const haAgentToken = "0123456789abcdef0123456789abcdef"
 
 // haDaemonSet runs a pod on every node, servers too.
-const haDaemonSet = `
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: everywhere}
-spec:
-  selector: {matchLabels: {app: everywhere}}
-  template:
-    metadata: {labels: {app: everywhere}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: web
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
-`
+var haDaemonSet = testcluster.App{Kind: "DaemonSet", Name: "everywhere"}.YAML()
 
 // everywherePod is haDaemonSet's pod on node.
 func everywherePod(t *testing.T, c kubernetes.Interface, node string) corev1.Pod {
@@ -54,21 +39,7 @@ func everywherePod(t *testing.T, c kubernetes.Interface, node string) corev1.Pod
 }
 
 // haWorkload is a web pod on the agent behind a ClusterIP Service.
-const haWorkload = `
-apiVersion: v1
-kind: Pod
-metadata: {name: web, labels: {app: web}}
-spec:
-  nodeSelector: {kubernetes.io/hostname: agent-1}
-  terminationGracePeriodSeconds: 0
-  containers:
-  - name: web
-    image: ` + testcluster.TestImage + `
-    imagePullPolicy: IfNotPresent
-    args: [serve]
-    ports: [{containerPort: 8080}]
-    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
----
+var haWorkload = testcluster.App{Kind: "Pod", Name: "web", Node: "agent-1", Ready: true}.YAML() + `---
 apiVersion: v1
 kind: Service
 metadata: {name: web}

@@ -24,24 +24,7 @@ import (
 
 // spreadWorkload puts one web pod on every node, behind a NodePort
 // Service, and a client pod on each agent.
-const spreadWorkload = `
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: web}
-spec:
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: web
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
-        ports: [{containerPort: 8080}]
-        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
----
+var spreadWorkload = testcluster.App{Kind: "DaemonSet", Name: "web", Ready: true}.YAML() + `---
 apiVersion: v1
 kind: Service
 metadata: {name: web}

@@ -21,25 +21,7 @@ import (
 // echoWorkload is what TestNetwork's Services lead to: three replicas
 // that answer with their name and the caller's address, behind a plain,
 // a sticky, a headless and an externalTrafficPolicy Local Service.
-const echoWorkload = `
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: echo}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: echo}}
-  template:
-    metadata: {labels: {app: echo}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: echo
-        image: ` + testcluster.TestImage + `
-        imagePullPolicy: IfNotPresent
-        args: [serve]
-        ports: [{containerPort: 8080, name: http}]
-        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
----
+var echoWorkload = testcluster.App{Name: "echo", Replicas: 3, Ready: true}.YAML() + `---
 apiVersion: v1
 kind: Service
 metadata: {name: echo}
@@ -73,14 +55,7 @@ spec:
   selector: {app: echo}
   ports: [{port: 80, targetPort: 8080, nodePort: 30090}]
 ---
-apiVersion: v1
-kind: Pod
-metadata: {name: client}
-spec:
-  terminationGracePeriodSeconds: 0
-  containers:
-  - {name: client, image: ` + testcluster.TestImage + `, imagePullPolicy: IfNotPresent, args: [serve]}
-`
+` + testcluster.App{Kind: "Pod", Name: "client"}.YAML()
 
 // TestNetwork runs a server with its node and checks what Services, DNS
 // and NetworkPolicy give pods beyond TestNode's basics: spreading over

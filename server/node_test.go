@@ -89,20 +89,8 @@ spec:
   - {name: missing, image: "docker.io/kelp-test/does-not-exist:1.0"}
 `
 
-const udpWorkload = `
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: udp}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: udp}}
-  template:
-    metadata: {labels: {app: udp}}
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - {name: udp, image: ` + testcluster.TestImage + `, imagePullPolicy: IfNotPresent, args: [udpserve]}
----
+// udpWorkload is a UDP server behind a Service.
+var udpWorkload = testcluster.App{Name: "udp", Args: []string{"udpserve"}}.YAML() + `---
 apiVersion: v1
 kind: Service
 metadata: {name: udp}
@@ -126,18 +114,7 @@ spec:
 `
 
 // staticPod is run by the kubelet from a file, without the apiserver.
-const staticPod = `apiVersion: v1
-kind: Pod
-metadata:
-  name: static-web
-  namespace: default
-spec:
-  containers:
-  - name: web
-    image: ` + testcluster.TestImage + `
-    imagePullPolicy: IfNotPresent
-    args: [serve]
-`
+var staticPod = testcluster.App{Kind: "Pod", Name: "static-web"}.YAML()
 
 // testRegistry is the registry TestNodeImages's node pulls from, through a
 // mirror the test serves.
@@ -309,11 +286,7 @@ func TestNodeWorkloads(t *testing.T) {
 		}
 	})
 	t.Run("udp service follows a replaced endpoint", func(t *testing.T) {
-		udpManifest := filepath.Join(n.Dir, "udp.yaml")
-		if err := os.WriteFile(udpManifest, []byte(udpWorkload), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		kubectl(t, n, "apply", "-f", udpManifest)
+		apply(t, n, udpWorkload)
 		kubectl(t, n, "wait", "--for=condition=Available", "deployment/udp", "--timeout=60s")
 		svc, err := c.CoreV1().Services("default").Get(context.Background(), "udp", metav1.GetOptions{})
 		if err != nil {
