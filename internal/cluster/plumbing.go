@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 
@@ -45,7 +46,7 @@ func machineCommand() *cli.Command {
 					stateFlag("the file to keep the machine's state in, for remove and network wire (must not exist)"),
 					&cli.StringSliceFlag{Name: "network", Usage: "a shell command run in the new network namespace, once loopback is up (repeatable)"},
 					&cli.StringSliceFlag{Name: "private", Usage: "DIR (an empty tmpfs) or DIR=HOSTDIR (a bind mount of it) that the machine gets its own copy of (repeatable)"},
-					&cli.StringFlag{Name: "cgroup-prefix", Usage: "its cgroups' names, before a random suffix (default: kelp-machine-NAME-)"},
+					&cli.StringFlag{Name: "cgroup-prefix", Usage: "its cgroups' names, before a random suffix: kelp-KIND-NAME- (default: kelp-machine-NAME-)"},
 				},
 				Action: func(c *cli.Context) error {
 					if err := checkPlumbing(c); err != nil {
@@ -161,8 +162,18 @@ var hostnameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 // script that mounts them.
 var safePathRE = regexp.MustCompile(`^/[A-Za-z0-9._/@+-]*$`)
 
-// cgroupPrefixRE: a cgroup name is one path element.
-var cgroupPrefixRE = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+// cgroupPrefixRE is the pattern of the cgroup prefix of the machine name:
+// kelp-KIND-NAME-. Remove accepts only cgroups named so (machineCgroup),
+// so that a state file cannot name another machine's, or the host's.
+func cgroupPrefixRE(name, suffix string) *regexp.Regexp {
+	return regexp.MustCompile("^kelp-[a-z0-9]+-" + regexp.QuoteMeta(name) + "-" + suffix + "$")
+}
+
+// machineCgroup says whether base is the name of a cgroup of the machine
+// name: its prefix and newCgroupTree's random digits.
+func machineCgroup(name string) func(base string) bool {
+	return cgroupPrefixRE(name, "[0-9]+").MatchString
+}
 
 // machineSpec is the machine that `machine make` is asked for, its cgroups
 // not yet placed.
@@ -173,8 +184,8 @@ func machineSpec(name, cgroupPrefix string, network, private []string) (machine.
 	if cgroupPrefix == "" {
 		cgroupPrefix = "kelp-machine-" + name + "-"
 	}
-	if !cgroupPrefixRE.MatchString(cgroupPrefix) {
-		return machine.Spec{}, fmt.Errorf("--cgroup-prefix %q: a cgroup name takes letters, digits, '.', '_' and '-'", cgroupPrefix)
+	if !cgroupPrefixRE(name, "").MatchString(cgroupPrefix) {
+		return machine.Spec{}, fmt.Errorf("--cgroup-prefix %q: give kelp-KIND-%s-, KIND of lower-case letters and digits (such as kelp-bench-%s-)", cgroupPrefix, name, name)
 	}
 	for _, cmd := range network {
 		if strings.TrimSpace(cmd) == "" {
@@ -267,7 +278,7 @@ func removeMachine(state string, w io.Writer) error {
 		return err
 	}
 	if err := checkMachine(&m); err != nil {
-		return fmt.Errorf("%s: %w; remove what it made by hand", state, err)
+		return fmt.Errorf("%s is no state of a machine kelp made here (%w): nothing removed", state, err)
 	}
 	if err := m.Remove(); err != nil {
 		return fmt.Errorf("remove machine %s: %w (kelp cluster machine remove --state %s tries again)", m.Name, err, state)
@@ -275,23 +286,20 @@ func removeMachine(state string, w io.Writer) error {
 	return removeState(state)
 }
 
-// checkMachine says why m, read from a state file, is not a machine Make
-// made: Remove kills every process in its cgroups, so a file edited or
-// mixed up must not name the root of a hierarchy, or no cgroup at all.
+// checkMachine says why m, read from a state file, is not a machine that
+// makeMachine made and run from here: Remove kills its holder and every
+// process in its cgroups, so a file edited, mixed up or forged must name
+// cgroups kelp named for m (machineCgroup) where makeMachine placed them,
+// and a holder of m's own (machine.Machine.Verify).
 func checkMachine(m *machine.Machine) error {
-	if m.Holder.Pid <= 0 {
-		return errors.New("no holder process")
+	if !hostnameRE.MatchString(m.Name) {
+		return fmt.Errorf("machine name %q is not one kelp gives", m.Name)
 	}
-	if m.Cgroups == nil || len(m.Cgroups.Hierarchies) == 0 {
-		return errors.New("no cgroups")
+	p, err := machine.BelowCaller()
+	if err != nil {
+		return err
 	}
-	for _, h := range m.Cgroups.Hierarchies {
-		rel, err := filepath.Rel(h.Mountpoint, h.Dir)
-		if !filepath.IsAbs(h.Mountpoint) || !filepath.IsAbs(h.Dir) || err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
-			return fmt.Errorf("cgroup %q is not below its hierarchy's root %q", h.Dir, h.Mountpoint)
-		}
-	}
-	return nil
+	return m.Verify(p, machineCgroup(m.Name))
 }
 
 // linkRE: a network interface's name, which goes unquoted into the shell
@@ -369,6 +377,12 @@ func wireMachine(networkState, machineState string, w wire) error {
 	if !m.Alive() {
 		return fmt.Errorf("the machine of %s no longer runs (its holder %d is gone): remove it and make it again", machineState, m.Holder.Pid)
 	}
+	if err := checkNetwork(&n); err != nil {
+		return fmt.Errorf("%s is no state of a network kelp made: %w", networkState, err)
+	}
+	if err := checkMachine(&m); err != nil {
+		return fmt.Errorf("%s is no state of a machine kelp made here: %w", machineState, err)
+	}
 	return n.Wire(&m, w.link, w.address, w.gateway)
 }
 
@@ -382,13 +396,22 @@ func removeNetwork(state string, w io.Writer) error {
 	} else if err != nil {
 		return err
 	}
-	if n.Holder.Pid <= 0 {
-		return fmt.Errorf("%s names no holder process; remove what it made by hand", state)
+	if err := checkNetwork(&n); err != nil {
+		return fmt.Errorf("%s is no state of a network kelp made (%w): nothing removed", state, err)
 	}
 	if err := n.Remove(); err != nil {
 		return err
 	}
 	return removeState(state)
+}
+
+// checkNetwork says why n, read from a state file, is not a network that
+// makeNetwork made: Remove kills its holder.
+func checkNetwork(n *machine.Network) error {
+	if err := checkLink("bridge", n.Bridge); err != nil {
+		return err
+	}
+	return n.Verify()
 }
 
 // checkNewState says why state cannot take a new machine's or network's
@@ -425,14 +448,42 @@ func writeNewState(state string, v any) error {
 	return atomicfile.SyncDir(filepath.Dir(state))
 }
 
-// readState reads the JSON of state into v.
+// readState reads the JSON of state into v. What state names is removed
+// as root, so it must be as writeNewState leaves it: this user's, and
+// written by no other (its directory too, unless sticky).
 func readState(state string, v any) error {
 	data, err := atomicfile.ReadRegular(state, maxStateSize)
 	if err != nil {
 		return err
 	}
+	if err := checkStateOwner(state); err != nil {
+		return err
+	}
 	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("read %s: %w (is it a state file of kelp cluster machine or network make?)", state, err)
+	}
+	return nil
+}
+
+// checkStateOwner says why another user than this one could have written
+// state: its owner, its mode, or its directory's.
+func checkStateOwner(state string) error {
+	for _, path := range []string{state, filepath.Dir(state)} {
+		info, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no owner", path)
+		}
+		if int(st.Uid) != os.Geteuid() {
+			return fmt.Errorf("%s belongs to uid %d, not to this user (uid %d): a state file is taken only from where no other user could have written it", path, st.Uid, os.Geteuid())
+		}
+		sticky := path != state && info.Mode()&fs.ModeSticky != 0
+		if info.Mode().Perm()&0o022 != 0 && !sticky {
+			return fmt.Errorf("%s is writable by other users (mode %s): a state file is taken only from where no other user could have written it", path, info.Mode().Perm())
+		}
 	}
 	return nil
 }

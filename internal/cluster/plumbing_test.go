@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -34,6 +36,9 @@ func TestMachineSpec(t *testing.T) {
 		{name: ""},
 		{name: strings.Repeat("a", 64)},
 		{name: "a", prefix: "a/b"},
+		{name: "a", prefix: "kelp-bench-b-"},
+		{name: "a", prefix: "system.slice"},
+		{name: "a", prefix: "kelp-machine-a"},
 		{name: "a", network: []string{" "}},
 		{name: "a", private: []string{"run/kelp"}},
 		{name: "a", private: []string{"/"}},
@@ -91,31 +96,122 @@ func TestParseWire(t *testing.T) {
 	}
 }
 
-// TestCheckMachine: remove kills every process in a machine's cgroups, so
-// a state file naming a hierarchy's root, or a cgroup outside it, is
-// refused.
-func TestCheckMachine(t *testing.T) {
-	cgroups := func(mount, dir string) *machine.Cgroups {
-		return &machine.Cgroups{Hierarchies: []machine.Hierarchy{{Mountpoint: mount, Dir: dir}}}
-	}
-	holder := machine.Process{Pid: 42, Start: 1}
-	for _, tc := range []struct {
-		m  machine.Machine
-		ok bool
-	}{
-		{machine.Machine{Name: "a", Holder: holder, Cgroups: cgroups("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu/user/kelp-bench-a-1")}, true},
-		{machine.Machine{Name: "a", Holder: holder, Cgroups: cgroups("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu")}, false},
-		{machine.Machine{Name: "a", Holder: holder, Cgroups: cgroups("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu/..")}, false},
-		{machine.Machine{Name: "a", Holder: holder, Cgroups: cgroups("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct/a")}, false},
-		{machine.Machine{Name: "a", Holder: holder, Cgroups: cgroups("/sys/fs/cgroup/cpu", "/")}, false},
-		{machine.Machine{Name: "a", Holder: holder, Cgroups: cgroups("", "a")}, false},
-		{machine.Machine{Name: "a", Holder: holder, Cgroups: &machine.Cgroups{}}, false},
-		{machine.Machine{Name: "a", Holder: holder}, false},
-		{machine.Machine{Name: "a", Cgroups: cgroups("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu/a")}, false},
-	} {
-		if err := checkMachine(&tc.m); (err == nil) != tc.ok {
-			t.Errorf("%+v %+v: %v", tc.m, tc.m.Cgroups, err)
+// TestForgedStates: remove kills a machine's holder and every process in
+// its cgroups, and a network's holder, as root: a state file that names
+// anything kelp did not make for it is refused, and nothing is killed or
+// removed. The victims are this test's own: two sleeping processes, one
+// of them listed in a directory tree made up as a cgroup.
+func TestForgedStates(t *testing.T) {
+	victim := func() machine.Process {
+		cmd := exec.Command("sleep", "600")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		p, err := machine.ProcessOf(cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	holder, inCgroup := victim(), victim()
+	fake := t.TempDir()
+	fakeDir := filepath.Join(fake, "kelp-machine-a-1")
+	if err := os.MkdirAll(fakeDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(fakeDir, "cgroup.procs"), fmt.Appendf(nil, "%d\n", inCgroup.Pid), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Where machine make run from here would place machine a's cgroup.
+	p, err := machine.BelowCaller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed, err := machine.FindCgroups(p, ".")
+	if err != nil || placed == nil {
+		t.Fatalf("no cgroup hierarchy: %v", err)
+	}
+	real := *placed
+	real.Hierarchies = slices.Clone(real.Hierarchies)
+	for i, h := range real.Hierarchies {
+		real.Hierarchies[i].Dir = filepath.Join(h.Dir, "kelp-machine-a-1")
+	}
+	other := func(dir string) *machine.Cgroups {
+		c := real
+		c.Hierarchies = slices.Clone(real.Hierarchies)
+		c.Hierarchies[0].Dir = dir
+		return &c
+	}
+	for _, tc := range []struct {
+		name string
+		m    machine.Machine
+	}{
+		{"a made-up hierarchy", machine.Machine{Name: "a", Holder: holder, Cgroups: &machine.Cgroups{Hierarchies: []machine.Hierarchy{{Mountpoint: fake, V2: true, Dir: fakeDir}}}}},
+		{"a hierarchy's root", machine.Machine{Name: "a", Holder: holder, Cgroups: other(real.Hierarchies[0].Mountpoint)}},
+		{"a cgroup of another name", machine.Machine{Name: "a", Holder: holder, Cgroups: other(filepath.Join(filepath.Dir(real.Hierarchies[0].Dir), "system.slice"))}},
+		{"another machine's cgroup", machine.Machine{Name: "a", Holder: holder, Cgroups: other(filepath.Join(filepath.Dir(real.Hierarchies[0].Dir), "kelp-machine-b-1"))}},
+		{"a cgroup deeper down", machine.Machine{Name: "a", Holder: holder, Cgroups: other(filepath.Join(filepath.Dir(real.Hierarchies[0].Dir), "x", "kelp-machine-a-1"))}},
+		{"a holder that is not the machine's", machine.Machine{Name: "a", Holder: holder, Cgroups: &real}},
+		{"no holder", machine.Machine{Name: "a", Cgroups: &real}},
+		{"no cgroups", machine.Machine{Name: "a", Holder: holder}},
+		{"a name kelp does not give", machine.Machine{Name: "a/..", Holder: holder, Cgroups: &real}},
+	} {
+		state := filepath.Join(t.TempDir(), "m.json")
+		if err := writeNewState(state, tc.m); err != nil {
+			t.Fatal(err)
+		}
+		if err := removeMachine(state, io.Discard); err == nil {
+			t.Errorf("%s: removed", tc.name)
+		}
+		if _, err := os.Stat(state); err != nil {
+			t.Errorf("%s: the state file is gone: %v", tc.name, err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		n    machine.Network
+	}{
+		{"a holder in this network namespace", machine.Network{Holder: holder, Bridge: "lab0"}},
+		{"no holder", machine.Network{Bridge: "lab0"}},
+		{"a bridge name kelp does not give", machine.Network{Holder: holder, Bridge: "lab0; reboot"}},
+	} {
+		state := filepath.Join(t.TempDir(), "n.json")
+		if err := writeNewState(state, tc.n); err != nil {
+			t.Fatal(err)
+		}
+		if err := removeNetwork(state, io.Discard); err == nil {
+			t.Errorf("%s: removed", tc.name)
+		}
+	}
+	// A state file others could have written is refused before it is read.
+	state := filepath.Join(t.TempDir(), "m.json")
+	if err := writeNewState(state, machine.Network{Holder: holder, Bridge: "lab0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(state, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeNetwork(state, io.Discard); err == nil || !strings.Contains(err.Error(), "writable by other users") {
+		t.Errorf("a state file writable by all: %v", err)
+	}
+	if err := os.Chmod(state, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(state), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeNetwork(state, io.Discard); err == nil || !strings.Contains(err.Error(), "writable by other users") {
+		t.Errorf("a state file in a directory writable by all: %v", err)
+	}
+
+	for _, v := range []machine.Process{holder, inCgroup} {
+		if !v.Alive() {
+			t.Errorf("process %d was killed", v.Pid)
+		}
+	}
+	if _, err := os.Stat(fakeDir); err != nil {
+		t.Errorf("the made-up cgroup was removed: %v", err)
 	}
 }
 
