@@ -44,6 +44,21 @@ func assign(ranges []config.AddressRange, gateways []*gatewayv1.Gateway, nodes [
 			}
 		}
 	}
+	// An address every node that may hold it found in use is another
+	// machine's: given to no Gateway.
+	for _, r := range ranges {
+		for _, n := range nodes {
+			for s := range strings.SplitSeq(n.Annotations[InUseAnnotation], ",") {
+				ip, err := netip.ParseAddr(strings.TrimSpace(s))
+				if err != nil || !r.Contains(ip) || taken[ip] != "" {
+					continue
+				}
+				if found := inUseOnNetwork(ip, nodes); len(found) > 0 {
+					taken[ip] = "another machine on its network, as " + nodeList(found) + " found"
+				}
+			}
+		}
+	}
 	inRanges := func(a netip.Addr) bool {
 		return slices.ContainsFunc(ranges, func(r config.AddressRange) bool { return r.Contains(a) })
 	}
@@ -210,15 +225,39 @@ func chooseHolder(addr netip.Addr, nodes []*corev1.Node, was string) (string, bo
 }
 
 func mayHold(n *corev1.Node, addr netip.Addr) bool {
+	return mayHoldOnNetwork(n, addr) && !foundInUse(n, addr)
+}
+
+// mayHoldOnNetwork is mayHold but for what the node found of addr.
+//
+// A node says itself which networks it is on (NetworksAnnotation), and
+// the server cannot check a node's links: so a network counts only if it
+// also holds an address the Node's status gives the node (its InternalIP
+// or ExternalIP, by which the cluster reaches it), and the address is not
+// one of the node's own. A node that claims a network it is not on gets
+// no address of the admin's ranges outside the networks of its own
+// addresses. (That the ranges hold no node's or cluster's address the
+// server's flags and assign see to.)
+func mayHoldOnNetwork(n *corev1.Node, addr netip.Addr) bool {
 	if n.Spec.Unschedulable || n.DeletionTimestamp != nil {
 		return false
 	}
 	if _, excluded := n.Labels[excludeLabel]; excluded {
 		return false
 	}
+	var own []netip.Addr
+	for _, a := range n.Status.Addresses {
+		if ip, err := netip.ParseAddr(a.Address); err == nil && (a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP) {
+			own = append(own, ip.Unmap())
+		}
+	}
+	if slices.Contains(own, addr) {
+		return false
+	}
 	onNetwork := false
 	for s := range strings.SplitSeq(n.Annotations[NetworksAnnotation], ",") {
-		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil && p.Contains(addr) {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err == nil && p.Contains(addr) && slices.ContainsFunc(own, p.Contains) {
 			onNetwork = true
 		}
 	}
@@ -231,4 +270,42 @@ func mayHold(n *corev1.Node, addr netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// foundInUse says whether node n found addr in use by another machine on
+// its network (InUseAnnotation).
+func foundInUse(n *corev1.Node, addr netip.Addr) bool {
+	for s := range strings.SplitSeq(n.Annotations[InUseAnnotation], ",") {
+		if ip, err := netip.ParseAddr(strings.TrimSpace(s)); err == nil && ip.Unmap() == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// inUseOnNetwork are the nodes that found addr in use, when every node
+// that may otherwise hold it did; else none. What one node reports takes
+// only that node off the address: a node's root cannot take an address
+// from the others by saying it is in use.
+func inUseOnNetwork(addr netip.Addr, nodes []*corev1.Node) []string {
+	var found []string
+	for _, n := range nodes {
+		if !mayHoldOnNetwork(n, addr) {
+			continue
+		}
+		if !foundInUse(n, addr) {
+			return nil
+		}
+		found = append(found, n.Name)
+	}
+	slices.Sort(found)
+	return found
+}
+
+// nodeList names nodes for a message: "node a", "nodes a, b".
+func nodeList(names []string) string {
+	if len(names) == 1 {
+		return "node " + names[0]
+	}
+	return "nodes " + strings.Join(names, ", ")
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -26,9 +27,10 @@ func ranges(t *testing.T, values ...string) []config.AddressRange {
 }
 
 // readyNode is a Ready node on the networks 10.0.0.0/24 and fd00::/64, as
-// its data path says.
+// its data path says, with the InternalIPs ip and fd00::1:<ip's last byte>.
 func readyNode(name, ip string) *corev1.Node {
 	n := node(name, ip, "")
+	n.Status.Addresses = append(n.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: fmt.Sprintf("fd00::1:%d", netip.MustParseAddr(ip).As4()[3])})
 	n.Annotations = map[string]string{NetworksAnnotation: "10.0.0.0/24,fd00::/64"}
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	return n
@@ -276,6 +278,97 @@ func TestHolder(t *testing.T) {
 	}
 	if got, _ := chooseHolder(ip, three, "cordoned"); got == "cordoned" {
 		t.Errorf("%s stayed on a cordoned node", ip)
+	}
+}
+
+// What a node says of itself makes only that node hold an address or
+// not: a network counts only if it holds the node's own InternalIP or
+// ExternalIP, a node's own address is never given to it, and a node that
+// found an address in use on its network does not hold it, while another
+// node that may takes it.
+func TestHolderSelfReported(t *testing.T) {
+	ip := netip.MustParseAddr("10.0.0.200")
+	liar := readyNode("liar", "192.168.5.5")
+	liar.Annotations[NetworksAnnotation] = "10.0.0.0/24,192.168.5.0/24"
+	if n, ok := chooseHolder(ip, []*corev1.Node{liar}, ""); ok {
+		t.Errorf("%s holds %s on a network that does not hold its address", n, ip)
+	}
+	if n, ok := chooseHolder(netip.MustParseAddr("10.0.0.1"), []*corev1.Node{readyNode("n1", "10.0.0.1")}, ""); ok {
+		t.Errorf("%s is given its own address", n)
+	}
+	external := readyNode("external", "192.168.5.6")
+	external.Status.Addresses = append(external.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "10.0.0.6"})
+	if n, _ := chooseHolder(ip, []*corev1.Node{external}, ""); n != "external" {
+		t.Errorf("a node whose ExternalIP is on the address's network: holder %q", n)
+	}
+
+	n1, n2 := readyNode("n1", "10.0.0.1"), readyNode("n2", "10.0.0.2")
+	was, _ := chooseHolder(ip, []*corev1.Node{n1, n2}, "")
+	found, other := n1, n2
+	if was == "n2" {
+		found, other = n2, n1
+	}
+	found.Annotations[InUseAnnotation] = "10.0.0.9," + ip.String()
+	if got, _ := chooseHolder(ip, []*corev1.Node{n1, n2}, was); got != other.Name {
+		t.Errorf("%s found %s in use: holder %q, want %s", found.Name, ip, got, other.Name)
+	}
+	if n, ok := chooseHolder(ip, []*corev1.Node{found}, was); ok {
+		t.Errorf("%s holds %s it found in use", n, ip)
+	}
+}
+
+// An address in use on the network is given to no Gateway once every node
+// that may hold it found it so: a Gateway that had it gets another; one
+// that asked for it is told. What one node of two found changes nothing.
+func TestAssignInUse(t *testing.T) {
+	r := ranges(t, "10.0.0.200-10.0.0.203")
+	had := withStatusAddress(aged(gateway("ns", "had", httpListener("http", 80, "")), time.Hour), "10.0.0.200")
+	asked := withSpecAddress(gateway("ns", "asked", httpListener("http", 80, "")), gatewayv1.IPAddressType, "10.0.0.201")
+	gateways := []*gatewayv1.Gateway{had, asked}
+	n1, n2 := readyNode("n1", "10.0.0.1"), readyNode("n2", "10.0.0.2")
+	n1.Annotations[InUseAnnotation] = "10.0.0.200,10.0.0.201"
+	got := assign(r, gateways, []*corev1.Node{n1, n2})
+	if a := got[nameOf(had)]; !slices.Equal(a.addrs, []netip.Addr{netip.MustParseAddr("10.0.0.200")}) {
+		t.Errorf("one node of two found it in use: Gateway had got %v %s", a.addrs, a.msg)
+	}
+	if a := got[nameOf(asked)]; !slices.Equal(a.addrs, []netip.Addr{netip.MustParseAddr("10.0.0.201")}) {
+		t.Errorf("one node of two found it in use: Gateway asked got %v %s", a.addrs, a.msg)
+	}
+
+	n2.Annotations[InUseAnnotation] = "10.0.0.201,10.0.0.200"
+	got = assign(r, gateways, []*corev1.Node{n1, n2})
+	if a := got[nameOf(had)]; !slices.Equal(a.addrs, []netip.Addr{netip.MustParseAddr("10.0.0.202")}) {
+		t.Errorf("every node found it in use: Gateway had got %v, want 10.0.0.202", a.addrs)
+	}
+	a := got[nameOf(asked)]
+	if len(a.addrs) > 0 || a.reason != string(gatewayv1.GatewayReasonAddressNotUsable) || !strings.Contains(a.msg, "another machine on its network, as nodes n1, n2 found") {
+		t.Errorf("every node found it in use: Gateway asked got %v %s: %s", a.addrs, a.reason, a.msg)
+	}
+}
+
+// A Gateway whose address the only node that may hold it found in use
+// moves to another address; one that asked for that address is told why
+// it is not Programmed, naming the node.
+func TestCompileAddressInUse(t *testing.T) {
+	n1 := readyNode("n1", "10.0.0.1")
+	n1.Annotations[InUseAnnotation] = "10.0.0.200"
+	n2 := readyNode("n2", "10.0.0.2")
+	n2.Status.Conditions[0].Status = corev1.ConditionFalse
+	had := withStatusAddress(aged(gateway("infra", "had", httpListener("http", 8080, "")), time.Hour), "10.0.0.200")
+	asked := withSpecAddress(gateway("infra", "asked", httpListener("http", 8080, "")), gatewayv1.IPAddressType, "10.0.0.200")
+	cfg, st := Compile(Objects{GatewayClasses: []*gatewayv1.GatewayClass{kelpClass()}, Gateways: []*gatewayv1.Gateway{had, asked}, Nodes: []*corev1.Node{n1, n2}, AddressRanges: ranges(t, "10.0.0.200-10.0.0.203")})
+	if want := []HeldAddress{{Address: "10.0.0.201", Node: "n1"}}; !slices.Equal(cfg.Addresses, want) {
+		t.Errorf("held %v, want %v", cfg.Addresses, want)
+	}
+	gst := st.Gateways[nameOf(had)]
+	if got := statusAddresses(gst); !slices.Equal(got, []string{"10.0.0.201"}) {
+		t.Errorf("Gateway had: addresses %v, want 10.0.0.201", got)
+	}
+	checkConditions(t, "Gateway had", gst.Conditions, had.Generation, condition{"Programmed", true, "Programmed"})
+	gst = st.Gateways[nameOf(asked)]
+	checkConditions(t, "Gateway asked", gst.Conditions, asked.Generation, condition{"Programmed", false, "AddressNotUsable"})
+	if c := apimeta.FindStatusCondition(gst.Conditions, "Programmed"); c == nil || !strings.Contains(c.Message, "10.0.0.200 is in use by another machine on its network, as node n1 found") {
+		t.Errorf("Gateway asked: Programmed says %v", c)
 	}
 }
 

@@ -38,6 +38,13 @@ const UnavailablePortsAnnotation = AnnotationPrefix + "unavailable-ports"
 // that it is given only Gateway addresses it can hold there.
 const NetworksAnnotation = AnnotationPrefix + "networks"
 
+// InUseAnnotation is the Node annotation by which a node's data path says
+// which Gateway addresses it was given and found in use by another
+// machine on their network (an ARP probe answered, IPv6 duplicate address
+// detection failed), comma-separated: it is not given them again, and an
+// address every node that may hold it found in use is given to no Gateway.
+const InUseAnnotation = AnnotationPrefix + "addresses-in-use"
+
 // AnnotationPrefix is the prefix of the Node annotations the data path
 // writes on its own Node.
 const AnnotationPrefix = "gateway.kelp.io/"
@@ -565,7 +572,7 @@ func (c *compiler) gatewayStatus(gw *gatewayv1.Gateway, ls []*listener) gatewayv
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, own.reason, own.msg, gen))
 	case len(unheld) > 0:
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonAddressNotAssigned),
-			fmt.Sprintf("no node may hold %s: a node holds a Gateway address when it is Ready, not cordoned, not labelled %s and has an interface on the address's network (its annotation %s)", strings.Join(unheld, ", "), excludeLabel, NetworksAnnotation), gen))
+			fmt.Sprintf("no node may hold %s: a node holds a Gateway address when it is Ready, not cordoned, not labelled %s, has an interface on the address's network that also holds its InternalIP or ExternalIP (its annotation %s), and did not find the address in use (its annotation %s)", strings.Join(unheld, ", "), excludeLabel, NetworksAnnotation, InUseAnnotation), gen))
 	case programmed == 0:
 		st.Conditions = append(st.Conditions, cond(gatewayv1.GatewayConditionProgrammed, false, string(gatewayv1.GatewayReasonInvalid), "no listener is served: see their conditions", gen))
 	default:

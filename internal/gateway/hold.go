@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -34,6 +35,25 @@ const (
 	announceInterval = time.Second
 )
 
+// Probes: before a node adds an IPv4 address it asks its network whether
+// another machine has it (RFC 5227's ARP probe), probeCount times
+// probeInterval apart, listening until probeWait after the last; an IPv6
+// address is added with the kernel's duplicate address detection, waited
+// for up to dadWait. An address found in use is not held and is reported
+// (InUseAnnotation) for inUseFor, without asking again while it is: long
+// enough for the controller to give it to every other node that may hold
+// it, short enough that an address freed on the network comes back.
+const (
+	probeCount    = 3
+	probeInterval = 200 * time.Millisecond
+	probeWait     = 500 * time.Millisecond
+	dadWait       = 5 * time.Second
+	inUseFor      = 2 * time.Minute
+)
+
+// errInUse: another machine answers for the address on its network.
+var errInUse = errors.New("in use on the network")
+
 // holder puts the Gateway addresses this node is given on the interfaces
 // of their networks, announces them there, and takes off those it is no
 // longer given. It records what it holds in a file before it adds an
@@ -46,6 +66,15 @@ type holder struct {
 	// problems are the last error logged for each address this node is
 	// given but cannot hold, so that each is logged once.
 	problems map[netip.Addr]string
+	// inUse are the addresses this node found in use by another machine
+	// on their network.
+	inUse map[netip.Addr]finding
+}
+
+// finding is when an address was found in use, and how.
+type finding struct {
+	at  time.Time
+	err error
 }
 
 type heldAddr struct {
@@ -69,7 +98,7 @@ type recordedAddr struct {
 // that is missing, empty or not valid (a crash cannot cut a write short:
 // it is written whole, but a disk can lose it) is taken as nothing held.
 func loadHolder(file, node string) (*holder, error) {
-	h := &holder{file: file, node: node, held: map[netip.Addr]*heldAddr{}, problems: map[netip.Addr]string{}}
+	h := &holder{file: file, node: node, held: map[netip.Addr]*heldAddr{}, problems: map[netip.Addr]string{}, inUse: map[netip.Addr]finding{}}
 	data, err := os.ReadFile(file)
 	if errors.Is(err, os.ErrNotExist) {
 		return h, nil
@@ -158,6 +187,12 @@ func (h *holder) hold(a netip.Addr, addrs []netlink.Addr) error {
 		ones, bits := x.Mask.Size()
 		if ip.Unmap() == a {
 			if held := h.held[a]; held != nil && ones == bits && linkName(x.LinkIndex) == held.iface {
+				if x.Flags&unix.IFA_F_DADFAILED != 0 {
+					// Found in use after it was added: its interface had
+					// no carrier then, and the kernel checked it later.
+					err := h.foundInUse(a, fmt.Errorf("%w of %s: another machine has it (IPv6 duplicate address detection)", errInUse, held.iface))
+					return errors.Join(err, h.release(a))
+				}
 				return nil
 			}
 			return fmt.Errorf("%s is already on interface %s, and kelp did not put it there: take it off, or take it out of --gateway-address-range", x.IPNet, linkName(x.LinkIndex))
@@ -178,6 +213,15 @@ func (h *holder) hold(a netip.Addr, addrs []netlink.Addr) error {
 		}
 	}
 	iface := link.Attrs().Name
+	if found, ok := h.inUse[a]; ok && time.Since(found.at) < inUseFor {
+		return found.err
+	}
+	delete(h.inUse, a)
+	if a.Is4() {
+		if err := probe(link, a); err != nil {
+			return h.foundInUse(a, err)
+		}
+	}
 	h.held[a] = &heldAddr{iface: iface}
 	if err := h.write(); err != nil {
 		delete(h.held, a)
@@ -189,6 +233,11 @@ func (h *holder) hold(a netip.Addr, addrs []netlink.Addr) error {
 			log.WithError(werr).Warn("cannot record the Gateway addresses this node holds")
 		}
 		return fmt.Errorf("add %s to %s: %w", a, iface, err)
+	}
+	if a.Is6() {
+		if err := awaitDAD(link, a); err != nil {
+			return errors.Join(h.foundInUse(a, err), h.release(a))
+		}
 	}
 	log.WithField("interface", iface).Infof("holding the Gateway address %s", a)
 	stop, err := announce(link, a)
@@ -217,6 +266,105 @@ func (h *holder) release(a netip.Addr) error {
 	delete(h.held, a)
 	log.WithField("interface", held.iface).Infof("released the Gateway address %s", a)
 	return h.write()
+}
+
+// foundInUse records a as in use when err says so (errInUse), and
+// returns err as hold reports it.
+func (h *holder) foundInUse(a netip.Addr, err error) error {
+	if !errors.Is(err, errInUse) {
+		return fmt.Errorf("%s: %w", a, err)
+	}
+	err = fmt.Errorf("%s: %w: this node does not hold it, and reports it to the server (%s) for %s; free it, or take it out of --gateway-address-range", a, err, InUseAnnotation, inUseFor)
+	h.inUse[a] = finding{at: time.Now(), err: err}
+	return err
+}
+
+// inUseReport are the addresses this node found in use in the last
+// inUseFor, as InUseAnnotation says them.
+func (h *holder) inUseReport() string {
+	var out []string
+	for _, a := range slices.SortedFunc(maps.Keys(h.inUse), netip.Addr.Compare) {
+		if time.Since(h.inUse[a].at) < inUseFor {
+			out = append(out, a.String())
+		} else {
+			delete(h.inUse, a)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// probe says whether another machine answers for a on the network of
+// link: an ARP probe (RFC 5227) from sender address 0.0.0.0, so that no
+// neighbour's cache learns anything of it. Any ARP packet from another
+// hardware address that says a is its own, or probes for a too, is an
+// answer. A link without link layer addresses is not asked.
+func probe(link netlink.Link, a netip.Addr) error {
+	ifi, err := net.InterfaceByIndex(link.Attrs().Index)
+	if err != nil {
+		return err
+	}
+	if len(ifi.HardwareAddr) == 0 {
+		return nil
+	}
+	c, err := arp.Dial(ifi)
+	if err != nil {
+		return fmt.Errorf("ARP probe on %s: %w", ifi.Name, err)
+	}
+	defer c.Close()
+	req, err := arp.NewPacket(arp.OperationRequest, ifi.HardwareAddr, netip.IPv4Unspecified(), make(net.HardwareAddr, len(ifi.HardwareAddr)), a)
+	if err != nil {
+		return err
+	}
+	for i := range probeCount {
+		if err := c.WriteTo(req, ethernet.Broadcast); err != nil {
+			return fmt.Errorf("ARP probe on %s: %w", ifi.Name, err)
+		}
+		wait := probeInterval
+		if i == probeCount-1 {
+			wait = probeWait
+		}
+		if err := c.SetReadDeadline(time.Now().Add(wait)); err != nil {
+			return err
+		}
+		for {
+			p, _, err := c.Read()
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("ARP probe on %s: %w", ifi.Name, err)
+			}
+			if bytes.Equal(p.SenderHardwareAddr, ifi.HardwareAddr) {
+				continue
+			}
+			if p.SenderIP == a || (p.TargetIP == a && p.SenderIP.IsUnspecified() && p.Operation == arp.OperationRequest) {
+				return fmt.Errorf("%w of %s: %s answers for it over ARP", errInUse, ifi.Name, p.SenderHardwareAddr)
+			}
+		}
+	}
+	return nil
+}
+
+// awaitDAD waits until the kernel's duplicate address detection of a on
+// link ends: errInUse when another machine has a. An address still
+// tentative after dadWait (a link without carrier, where DAD waits for
+// one) is left to the kernel: hold looks at it again at each sync.
+func awaitDAD(link netlink.Link, a netip.Addr) error {
+	for deadline := time.Now().Add(dadWait); ; time.Sleep(50 * time.Millisecond) {
+		list, err := netlink.AddrList(link, netlink.FAMILY_V6)
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(list, func(x netlink.Addr) bool { ip, _ := netip.AddrFromSlice(x.IP); return ip == a })
+		switch {
+		case i < 0:
+			return fmt.Errorf("%s went from %s while the kernel checked it", a, link.Attrs().Name)
+		case list[i].Flags&unix.IFA_F_DADFAILED != 0:
+			return fmt.Errorf("%w of %s: another machine has it (IPv6 duplicate address detection)", errInUse, link.Attrs().Name)
+		case list[i].Flags&unix.IFA_F_TENTATIVE == 0 || time.Now().After(deadline):
+			return nil
+		}
+	}
 }
 
 // releaseAll releases every address held, as the node stops.
@@ -260,14 +408,14 @@ func networks() string {
 	return strings.Join(s, ",")
 }
 
-// hostAddr is a alone, as kelp adds it. An IPv6 one is usable at once
-// (no duplicate address detection: the controller gives it to one node)
-// and deprecated, so that the node's own connections do not take it as
-// their source: it may move to another node.
+// hostAddr is a alone, as kelp adds it. An IPv6 one goes through the
+// kernel's duplicate address detection (the controller gives it to one
+// node, but another machine on the network may have it: see awaitDAD),
+// and is deprecated, so that the node's own connections do not take it
+// as their source: it may move to another node.
 func hostAddr(a netip.Addr) *netlink.Addr {
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
 	if a.Is6() {
-		addr.Flags = unix.IFA_F_NODAD
 		addr.ValidLft = math.MaxUint32 // forever
 		addr.PreferedLft = 0
 	}

@@ -258,6 +258,80 @@ func TestHoldRefused(t *testing.T) {
 	}
 }
 
+// An address another machine on the network has is not added: an ARP
+// probe finds an IPv4 one, the kernel's duplicate address detection an
+// IPv6 one. The node reports both as in use, and asks again only once
+// inUseFor has passed; a free address is added meanwhile.
+func TestHoldInUse(t *testing.T) {
+	l := newLAN(t)
+	// b has them: a machine that is no node, or a node that has not let
+	// go yet.
+	if err := addAddrs(l.b, "10.7.0.100/32", "fd07::100/128"); err != nil {
+		t.Fatal(err)
+	}
+	x4, x6, free := netip.MustParseAddr("10.7.0.100"), netip.MustParseAddr("fd07::100"), netip.MustParseAddr("10.7.0.101")
+	var h *holder
+	if err := l.a.Do(func() (err error) {
+		if h, err = loadHolder(l.record, "n1"); err != nil {
+			return err
+		}
+		h.sync(map[netip.Addr]string{x4: "n1", x6: "n1", free: "n1"})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := addrs(t, l.a), []string{"10.7.0.1/24", "10.7.0.101/32", "fd07::1/64"}; !slices.Equal(got, want) {
+		t.Errorf("a's addresses %v, want %v", got, want)
+	}
+	if got, want := recorded(t, l.record), []string{"10.7.0.101@eth0"}; !slices.Equal(got, want) {
+		t.Errorf("recorded %v, want %v", got, want)
+	}
+	if got, want := h.inUseReport(), "10.7.0.100,fd07::100"; got != want {
+		t.Errorf("reported in use %q, want %q", got, want)
+	}
+	for _, a := range []netip.Addr{x4, x6} {
+		if !strings.Contains(h.problems[a], errInUse.Error()) {
+			t.Errorf("problem of %s: %q", a, h.problems[a])
+		}
+	}
+
+	// Freed on the network: a asks again once inUseFor has passed.
+	if err := l.b.Do(func() error {
+		link, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		return errors.Join(netlink.AddrDel(link, hostAddr(x4)), netlink.AddrDel(link, hostAddr(x6)))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.a.Do(func() error {
+		h.sync(map[netip.Addr]string{x4: "n1", x6: "n1", free: "n1"})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := addrs(t, l.a); slices.Contains(got, "10.7.0.100/32") {
+		t.Errorf("asked again before inUseFor passed: %v", got)
+	}
+	if err := l.a.Do(func() error {
+		for a, f := range h.inUse {
+			f.at = f.at.Add(-inUseFor)
+			h.inUse[a] = f
+		}
+		h.sync(map[netip.Addr]string{x4: "n1", x6: "n1", free: "n1"})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := addrs(t, l.a), []string{"10.7.0.1/24", "10.7.0.100/32", "10.7.0.101/32", "fd07::1/64", "fd07::100/128"}; !slices.Equal(got, want) {
+		t.Errorf("a's addresses once freed %v, want %v", got, want)
+	}
+	if got := h.inUseReport(); got != "" {
+		t.Errorf("reported in use once freed: %q", got)
+	}
+}
+
 // Serve releases what a crash left recorded, but no address it did not
 // record, holds what the config gives its node, and releases all it holds
 // when it ends.

@@ -144,6 +144,8 @@ func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) er
 		}
 		d.listen(ctx)
 		held.sync(d.current.Load().addresses)
+		d.inUse = held.inUseReport()
+		d.report(ctx)
 	}
 }
 
@@ -210,6 +212,9 @@ type dataPath struct {
 	// write.
 	reported map[string]string
 	failed   map[int32]string
+	// inUse are the Gateway addresses the node found in use, as
+	// InUseAnnotation says them.
+	inUse string
 }
 
 type portServer struct {
@@ -325,19 +330,21 @@ func (d *dataPath) listen(ctx context.Context) {
 		}()
 	}
 	d.failed = failed
-	d.report(ctx, failed)
+	d.report(ctx)
 }
 
 // report publishes on the node's Node the ports it cannot listen on, for
-// the controller to show in the listeners' status, and the networks it is
-// on, so that it is given only Gateway addresses it can hold.
-func (d *dataPath) report(ctx context.Context, failed map[int32]string) {
+// the controller to show in the listeners' status, the networks it is
+// on, so that it is given only Gateway addresses it can hold, and the
+// addresses it found in use. It runs on the data path's one loop, as
+// listen does.
+func (d *dataPath) report(ctx context.Context) {
 	var ports []string
-	for p := range failed {
+	for p := range d.failed {
 		ports = append(ports, strconv.Itoa(int(p)))
 	}
 	slices.Sort(ports)
-	want := map[string]string{UnavailablePortsAnnotation: strings.Join(ports, ","), NetworksAnnotation: networks()}
+	want := map[string]string{UnavailablePortsAnnotation: strings.Join(ports, ","), NetworksAnnotation: networks(), InUseAnnotation: d.inUse}
 	if d.reported != nil && maps.Equal(d.reported, want) {
 		return
 	}
@@ -353,9 +360,9 @@ func (d *dataPath) report(ctx context.Context, failed map[int32]string) {
 		entry := log.WithError(err)
 		if apierrors.IsNotFound(err) {
 			// The kubelet has not registered the node yet.
-			entry.Debug("could not report the ports and networks of this node; trying again")
+			entry.Debug("could not report the ports, networks and addresses in use of this node; trying again")
 		} else {
-			entry.Warn("could not report the ports and networks of this node; trying again")
+			entry.Warn("could not report the ports, networks and addresses in use of this node; trying again")
 		}
 		return
 	}
