@@ -6,42 +6,30 @@ import (
 	"fmt"
 	"os"
 
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/kelp-dev/kelp/embed"
 	"github.com/kelp-dev/kelp/internal/addons"
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/config"
-	"github.com/kelp-dev/kelp/internal/layout"
-	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 // startAddons applies the manifests directory: kelp's built-in manifests,
 // written there first, and the user's. It returns once every manifest was
 // applied once (or reported), so that the built-in objects exist when the
 // server says it is ready; the directory is watched from then on.
-func startAddons(ctx context.Context, g *component.Group, cfg config.Server, certs pki.Files) error {
-	paths := layout.Server(cfg.DataDir)
-	ca, err := os.ReadFile(certs.ServerCA.Cert)
+func startAddons(ctx context.Context, g *component.Group, e *env) error {
+	ca, err := os.ReadFile(e.certs.ServerCA.Cert)
 	if err != nil {
 		return fmt.Errorf("built-in manifests: read the server CA: %w", err)
 	}
 	values := addons.Values{
-		ClusterDNS:    cfg.ClusterDNS.String(),
-		ClusterDomain: cfg.ClusterDomain,
+		ClusterDNS:    e.cfg.ClusterDNS.String(),
+		ClusterDomain: e.cfg.ClusterDomain,
 		ServingCA:     base64.StdEncoding.EncodeToString(ca),
 	}
-	if err := addons.Stage(paths.Manifests, embed.Manifests(), values, disabledManifests(cfg.Disable)); err != nil {
+	if err := addons.Stage(e.paths.Manifests, embed.Manifests(), values, disabledManifests(e.cfg.Disable)); err != nil {
 		return err
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", paths.AdminKubeconfig)
-	if err != nil {
-		return fmt.Errorf("load %s: %w", paths.AdminKubeconfig, err)
-	}
-	manifests, err := addons.New(rc, paths.Manifests)
-	if err != nil {
-		return err
-	}
+	manifests := addons.New(addons.Clients{Kube: e.admin.kube, Dynamic: e.admin.dynamic, Extensions: e.admin.extensions}, e.paths.Manifests)
 	if err := manifests.Start(ctx); err != nil {
 		return err
 	}

@@ -5,11 +5,10 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"time"
 
-	"github.com/kelp-dev/kelp/internal/apiserver"
 	"github.com/kelp-dev/kelp/internal/certrenew"
 	"github.com/kelp-dev/kelp/internal/component"
-	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
@@ -19,20 +18,14 @@ import (
 // The admin kubeconfig at --write-kubeconfig keeps them embedded, so that
 // it can be copied to another machine, and is written again when they are
 // renewed.
-func startCertRenewal(ctx context.Context, g *component.Group, cfg config.Server, certs pki.Files) error {
-	lifetime, err := certrenew.TestLifetime(os.Getenv(certrenew.TestLifetimeEnv))
-	if err != nil {
-		return err
-	}
-	certrenew.SpeedUpClientReload(pki.RenewalWindow(lifetime))
-	url := apiserver.LocalURL(cfg.BindAddress, cfg.HTTPSPort)
-	pcfg := pkiConfig(cfg)
-	pcfg.LeafLifetime = lifetime
+func startCertRenewal(ctx context.Context, g *component.Group, e *env) error {
+	pcfg := e.pki
+	pcfg.LeafLifetime = e.leafLifetime
 	renew := func(context.Context) error {
 		renewed, err := pki.Renew(pcfg)
-		if slices.Contains(renewed, certs.Admin) {
-			admin := kubeconfig.Client{Server: url, CAFile: certs.ServerCA.Cert, Cert: certs.Admin}
-			err = errors.Join(err, kubeconfig.Write(cfg.WriteKubeconfig, cfg.WriteKubeconfigMode, admin))
+		if slices.Contains(renewed, e.certs.Admin) {
+			admin := kubeconfig.Client{Server: e.url, CAFile: e.certs.ServerCA.Cert, Cert: e.certs.Admin}
+			err = errors.Join(err, kubeconfig.Write(e.cfg.WriteKubeconfig, e.cfg.WriteKubeconfigMode, admin))
 		}
 		return err
 	}
@@ -41,5 +34,17 @@ func startCertRenewal(ctx context.Context, g *component.Group, cfg config.Server
 	if err := renew(ctx); err != nil {
 		return err
 	}
-	return g.Go("certificate renewal", certrenew.Loop{Leaves: certs.Leaves(), Renew: renew}.Run)
+	return g.Go("certificate renewal", certrenew.Loop{Leaves: e.certs.Leaves(), Renew: renew}.Run)
+}
+
+// testLeafLifetime is the lifetime of the leaves a test asks for
+// (certrenew.TestLifetimeEnv), zero otherwise. The in-process clients
+// made after it look for renewed certificates often enough for it.
+func testLeafLifetime() (time.Duration, error) {
+	lifetime, err := certrenew.TestLifetime(os.Getenv(certrenew.TestLifetimeEnv))
+	if err != nil {
+		return 0, err
+	}
+	certrenew.SpeedUpClientReload(pki.RenewalWindow(lifetime))
+	return lifetime, nil
 }

@@ -2,30 +2,19 @@ package server
 
 import (
 	"context"
-	"fmt"
-
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kelp-dev/kelp/internal/component"
-	"github.com/kelp-dev/kelp/internal/config"
-	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/metrics"
-	"github.com/kelp-dev/kelp/internal/pki"
 )
 
 // startMetrics serves the metrics.k8s.io API from the kubelets' figures.
-func startMetrics(ctx context.Context, g *component.Group, cfg config.Server, certs pki.Files) error {
-	kubeconfig := layout.Server(cfg.DataDir).AdminKubeconfig
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return fmt.Errorf("load %s: %w", kubeconfig, err)
-	}
+func startMetrics(ctx context.Context, g *component.Group, e *env) error {
 	return g.Start(metrics.Start(ctx, metrics.Config{
-		Client:           rc,
-		BindAddress:      cfg.BindAddress,
-		AdvertiseAddress: cfg.AdvertiseAddress,
-		NodeName:         cfg.NodeName,
-		ClusterDomain:    cfg.ClusterDomain,
-		Certs:            certs,
+		Client:           e.admin.config,
+		BindAddress:      e.cfg.BindAddress,
+		AdvertiseAddress: e.cfg.AdvertiseAddress,
+		NodeName:         e.cfg.NodeName,
+		ClusterDomain:    e.cfg.ClusterDomain,
+		Certs:            e.certs,
 	}))
 }

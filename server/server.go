@@ -15,7 +15,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kelp-dev/kelp/agent"
 	"github.com/kelp-dev/kelp/embed"
@@ -24,24 +23,15 @@ import (
 	"github.com/kelp-dev/kelp/internal/bootguard"
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/config"
-	"github.com/kelp-dev/kelp/internal/controllermanager"
 	"github.com/kelp-dev/kelp/internal/datastore"
-	"github.com/kelp-dev/kelp/internal/etcdmembers"
-	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/helmchart"
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/layout"
-	"github.com/kelp-dev/kelp/internal/nodeaddress"
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/profiling"
-	"github.com/kelp-dev/kelp/internal/scheduler"
 	"github.com/kelp-dev/kelp/internal/secretsencrypt"
-	"github.com/kelp-dev/kelp/internal/servicelb"
-	"github.com/kelp-dev/kelp/internal/snapshot"
-	"github.com/kelp-dev/kelp/internal/systemobjects"
 	"github.com/kelp-dev/kelp/internal/version"
-	"github.com/kelp-dev/kelp/internal/volumeadmission"
 )
 
 // storeStopReserve is kept of the stop deadline for the datastore, stopped
@@ -85,70 +75,71 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 		}
 	}
 	began := time.Now()
-	paths := layout.Server(cfg.DataDir)
-	if err := os.MkdirAll(paths.Dir, 0o700); err != nil {
-		return fmt.Errorf("create %s: %w", paths.Dir, err)
+	e := &env{cfg: cfg, paths: layout.Server(cfg.DataDir), url: apiserver.LocalURL(cfg.BindAddress, cfg.HTTPSPort)}
+	if err := os.MkdirAll(e.paths.Dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", e.paths.Dir, err)
 	}
-	if err := version.CheckDataDir(paths.Versions, version.Ran{Kelp: version.Version, Kubernetes: version.Kubernetes()}); err != nil {
+	if err := version.CheckDataDir(e.paths.Versions, version.Ran{Kelp: version.Version, Kubernetes: version.Kubernetes()}); err != nil {
 		return err
 	}
 	// The control plane itself needs nothing from the bundle; staging it
 	// here means the node that will run beside it finds runc, the CNI
 	// plugins and the pause image in place.
-	staged, err := embed.Stage(cfg.DataDir)
-	if err != nil {
+	var err error
+	if e.staged, err = embed.Stage(cfg.DataDir); err != nil {
 		return err
 	}
-	log.WithField("dir", staged.Dir).Debug("bundle staged")
+	log.WithField("dir", e.staged.Dir).Debug("bundle staged")
 	cluster, err := joinCluster(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	certs, err := pki.Ensure(pkiConfig(cfg))
+	e.pki = pkiConfig(cfg)
+	if e.certs, err = pki.Ensure(e.pki); err != nil {
+		return err
+	}
+	tokens, err := ensureTokens(cfg, e.certs, cluster.agentToken)
 	if err != nil {
 		return err
 	}
-	tokens, err := ensureTokens(cfg, certs, cluster.agentToken)
-	if err != nil {
+	// Before any client is made: a test's short-lived certificates make
+	// the clients look for renewed ones more often.
+	if e.leafLifetime, err = testLeafLifetime(); err != nil {
+		return err
+	}
+	if e.admin, err = adminClients(e.url, e.certs); err != nil {
 		return err
 	}
 
-	audit, err := writeAPIServerFiles(cfg)
+	audit, err := writeAPIServerFiles(cfg, e.paths)
 	if err != nil {
 		return err
 	}
-	encryption, reencrypt, err := secretsEncryption(cfg, cluster.encryptionConfig)
-	if err != nil {
+	var encryption string
+	if encryption, e.reencrypt, err = secretsEncryption(cfg, e.paths, cluster.encryptionConfig); err != nil {
 		return err
 	}
 	if err := beforeDatastore(ctx, cfg, guard); err != nil {
 		return err
 	}
-	if err := migrateToEtcd(ctx, cfg, certs); err != nil {
+	if err := migrateToEtcd(ctx, cfg, e.certs); err != nil {
 		return err
 	}
-	dc := datastoreConfig(cfg, certs)
+	dc := datastoreConfig(cfg, e.certs)
 	dc.InitialCluster = cluster.initialCluster
 	store, err := datastore.Start(ctx, dc)
 	if err := g.Start(store, err); err != nil {
 		return err
 	}
-	if err := snapshotEtcd(ctx, cfg, guard, store.Backend().Kind); err != nil {
+	e.store = store
+	if err := snapshotEtcd(ctx, cfg, guard, e.store.Backend().Kind); err != nil {
 		return err
 	}
-	// A nil *Members in the interface would look like a member list.
-	var members joinapi.Members
-	if m := store.Members(); m != nil {
-		members = m
-	}
-	// Nothing else can ever use a SQLite datastore: one server, so no
-	// elections and no bookkeeping of other apiservers.
-	single := store.Backend().Kind == datastore.KindSQLite
 	// With one server, its RAM store is the only copy of the leases, so
 	// it is as consistent as the datastore; on etcd or an external
 	// datastore, which other servers share, it would not be.
 	var ram datastore.Backend
-	if single && !cfg.DisableRAMStore {
+	if e.single() && !cfg.DisableRAMStore {
 		rs, err := datastore.StartRAM(ctx, datastore.RAMConfig{DataDir: cfg.DataDir})
 		if err := g.Start(rs, err); err != nil {
 			return err
@@ -162,156 +153,41 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 		ServiceCIDRs:             cfg.ServiceCIDRs,
 		ServiceNodePortRange:     cfg.ServiceNodePortRange,
 		ClusterDomain:            cfg.ClusterDomain,
-		Certs:                    certs,
-		Storage:                  store.Backend(),
+		Certs:                    e.certs,
+		Storage:                  e.store.Backend(),
 		RAMStorage:               ram,
-		SingleServer:             single,
+		SingleServer:             e.single(),
 		Audit:                    audit,
-		AdmissionConfigFile:      paths.AdmissionConfig,
-		AuthenticationConfigFile: paths.AuthenticationConfig,
+		AdmissionConfigFile:      e.paths.AdmissionConfig,
+		AuthenticationConfigFile: e.paths.AuthenticationConfig,
 		EncryptionConfigFile:     encryption,
 		ExtraArgs:                cfg.ExtraArgs.APIServer,
 		ForeignWrites:            guard.WriteWatch(),
-	}, routes(cfg, joinapi.Config{
-		Certs:                certs,
-		TokenFile:            tokens.server,
-		AgentTokenFile:       tokens.agent,
-		AdminKubeconfig:      paths.AdminKubeconfig,
-		Agent:                agentConfig(cfg),
-		Datastore:            store.Backend().Kind,
-		Members:              members,
-		EncryptionConfigFile: paths.EncryptionConfig,
-	}))); err != nil {
+	}, routes(e, tokens))); err != nil {
 		return err
 	}
-	url := apiserver.LocalURL(cfg.BindAddress, cfg.HTTPSPort)
-	if err := writeKubeconfigs(cfg, url, certs); err != nil {
+	if err := writeKubeconfigs(e); err != nil {
 		return err
 	}
-	if err := startCertRenewal(ctx, g, cfg, certs); err != nil {
+	if err := startCertRenewal(ctx, g, e); err != nil {
 		return err
 	}
-	admin, err := adminClient(paths.AdminKubeconfig)
-	if err != nil {
+	if err := startParts(ctx, g, e, controlPlane()); err != nil {
 		return err
 	}
-	// The volumes webhook serves before its configuration, applied with
-	// the system objects, tells the apiserver to call it.
-	if err := g.Start(volumeadmission.Start(ctx, volumeadmission.Config{Client: admin, Serving: certs.APIServer})); err != nil {
-		return err
-	}
-	serverCA, err := os.ReadFile(certs.ServerCA.Cert)
-	if err != nil {
-		return fmt.Errorf("read the server CA: %w", err)
-	}
-	if err := systemobjects.Apply(ctx, admin, systemobjects.Config{DNS: !cfg.Disable.CoreDNS, ClusterDNS: cfg.ClusterDNS, ServerCA: serverCA}); err != nil {
-		return err
-	}
-	if reencrypt {
-		if err := g.Go("secrets re-encryption", func(ctx context.Context) error {
-			reencryptSecrets(ctx, cfg.DataDir, admin, store.Backend())
-			<-ctx.Done()
-			return nil
-		}); err != nil {
-			return err
-		}
-	}
-	if !cfg.DisableAgent {
-		if err := joinapi.ClaimServerNode(ctx, admin, cfg.Node.NodeName); err != nil {
-			return err
-		}
-	}
-	// The metrics API listens before the manifests register it with the
-	// apiserver, which would otherwise report it unreachable.
-	if !cfg.Disable.MetricsServer {
-		if err := startMetrics(ctx, g, cfg, certs); err != nil {
-			return err
-		}
-	}
-	if err := startAddons(ctx, g, cfg, certs); err != nil {
-		return err
-	}
-	if !single {
-		// A piece of its own, since it may wait for a lease to go
-		// unrenewed; it then idles until the server stops.
-		hostname, _ := os.Hostname()
-		if err := g.Go("leader leases", func(ctx context.Context) error {
-			if err := releaseOwnLeases(ctx, admin, hostname, leaseHolderGone); err != nil && ctx.Err() == nil {
-				log.WithError(err).Warn("the controller-manager and the scheduler wait for their previous leases to expire")
-			}
-			<-ctx.Done()
-			return nil
-		}); err != nil {
-			return err
-		}
-	}
-	if err := g.Start(controllermanager.Start(controllermanager.Config{
-		Kubeconfig:     paths.ControllerManagerKubeconfig,
-		ClusterCIDRs:   cfg.ClusterCIDRs,
-		ServiceCIDRs:   cfg.ServiceCIDRs,
-		Certs:          certs,
-		LeaderElection: !single,
-		ExtraArgs:      cfg.ExtraArgs.ControllerManager,
-	})); err != nil {
-		return err
-	}
-	if err := g.Start(scheduler.Start(scheduler.Config{
-		Kubeconfig:     paths.SchedulerKubeconfig,
-		LeaderElection: !single,
-		ExtraArgs:      cfg.ExtraArgs.Scheduler,
-	})); err != nil {
-		return err
-	}
-	log.WithFields(logrus.Fields{"datastore": store.Backend().Kind, "kubeconfig": cfg.WriteKubeconfig, "took": time.Since(began).Round(time.Millisecond)}).
+	log.WithFields(logrus.Fields{"datastore": e.store.Backend().Kind, "kubeconfig": cfg.WriteKubeconfig, "took": time.Since(began).Round(time.Millisecond)}).
 		Info("kelp server is ready")
-
-	// Nodes get their addresses, and lose the taint that keeps pods off a
-	// node without them, from this controller.
-	if err := g.Go("node addresses", func(ctx context.Context) error { return nodeaddress.Run(ctx, admin) }); err != nil {
+	if err := startParts(ctx, g, e, controllers()); err != nil {
 		return err
-	}
-	if m := store.Members(); m != nil {
-		if err := g.Go("etcd members", func(ctx context.Context) error { return etcdmembers.Run(ctx, admin, m) }); err != nil {
-			return err
-		}
-		if err := g.Go("etcd defrag", func(ctx context.Context) error { return datastore.Defrag(ctx, store.Backend()) }); err != nil {
-			return err
-		}
-	}
-	if !cfg.Disable.ServiceLB {
-		if err := g.Go("servicelb", func(ctx context.Context) error { return servicelb.Run(ctx, admin) }); err != nil {
-			return err
-		}
-	}
-	if !cfg.Disable.HelmController {
-		if err := startHelmController(g, cfg, !single); err != nil {
-			return err
-		}
-	}
-	if !cfg.Disable.Gateway {
-		gc := gateway.ControllerConfig{Kubeconfig: paths.AdminKubeconfig, CRDs: embed.GatewayCRDs(), LeaderElection: !single, AddressRanges: cfg.GatewayAddressRanges}
-		if err := g.Go("gateway controller", func(ctx context.Context) error { return gateway.RunController(ctx, gc) }); err != nil {
-			return err
-		}
-	}
-	if err := startUpgradeController(g, cfg, !single); err != nil {
-		return err
-	}
-	if !cfg.Snapshots.Disabled && cfg.Datastore.Endpoint == "" {
-		if err := g.Go("snapshots", func(ctx context.Context) error {
-			return snapshot.Schedule(ctx, snapshot.ScheduleConfig{Snapshots: cfg.Snapshots, DataDir: cfg.DataDir, Node: cfg.NodeName, Events: admin})
-		}); err != nil {
-			return err
-		}
 	}
 	if cfg.DisableAgent {
 		return nil
 	}
-	k, err := agent.Start(ctx, g, cfg.Agent(), staged, agent.Credentials{Server: url, Files: certs.Node()})
+	k, err := agent.Start(ctx, g, cfg.Agent(), e.staged, agent.Credentials{Server: e.url, Files: e.certs.Node()})
 	if err != nil {
 		return err
 	}
-	if !single {
+	if !e.single() {
 		if err := g.Go("CSI plugin", func(ctx context.Context) error { return reinitializeCSIPlugin(ctx, k) }); err != nil {
 			return err
 		}
@@ -322,10 +198,24 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 
 // routes are kelp's own paths on the apiserver's port: the join API and,
 // with the Helm controller, the charts it serves.
-func routes(cfg config.Server, join joinapi.Config) map[string]http.Handler {
-	r := joinapi.Routes(join)
-	if !cfg.Disable.HelmController {
-		maps.Copy(r, helmchart.Routes(layout.Server(cfg.DataDir).StaticCharts))
+func routes(e *env, tokens tokenFiles) map[string]http.Handler {
+	// A nil *Members in the interface would look like a member list.
+	var members joinapi.Members
+	if m := e.store.Members(); m != nil {
+		members = m
+	}
+	r := joinapi.Routes(joinapi.Config{
+		Certs:                e.certs,
+		TokenFile:            tokens.server,
+		AgentTokenFile:       tokens.agent,
+		Admin:                e.admin.kube,
+		Agent:                agentConfig(e.cfg),
+		Datastore:            e.store.Backend().Kind,
+		Members:              members,
+		EncryptionConfigFile: e.paths.EncryptionConfig,
+	})
+	if helmController(e) {
+		maps.Copy(r, helmchart.Routes(e.paths.StaticCharts))
 	}
 	return r
 }
@@ -382,8 +272,7 @@ func anonymousPaths() []string {
 // the Pod Security the flag or the cluster's recorded default gives, its
 // authentication configuration and,
 // with an audit log but no policy of the user's, kelp's audit policy.
-func writeAPIServerFiles(cfg config.Server) (apiserver.Audit, error) {
-	paths := layout.Server(cfg.DataDir)
+func writeAPIServerFiles(cfg config.Server, paths layout.ServerPaths) (apiserver.Audit, error) {
 	ps, err := apiserver.ResolvePodSecurity(paths.PodSecurityDefault, cfg.PodSecurityDefault, madeEarlier(paths))
 	if err != nil {
 		return apiserver.Audit{}, err
@@ -431,8 +320,7 @@ func madeEarlier(paths layout.ServerPaths) bool {
 // server (reencrypt: the Secrets are then rewritten once the apiserver
 // runs), and refuses to start a server that shares its datastore, whose
 // other servers must encrypt too.
-func secretsEncryption(cfg config.Server, fromCluster []byte) (path string, reencrypt bool, err error) {
-	paths := layout.Server(cfg.DataDir)
+func secretsEncryption(cfg config.Server, paths layout.ServerPaths, fromCluster []byte) (path string, reencrypt bool, err error) {
 	path, pending := paths.EncryptionConfig, paths.ReencryptPending
 	current, ok, err := secretsencrypt.Load(path)
 	switch {
@@ -471,8 +359,7 @@ func secretsEncryption(cfg config.Server, fromCluster []byte) (path string, reen
 // reencryptSecrets rewrites the Secrets stored otherwise than with the key
 // that writes, then removes the mark secretsEncryption left. A failure is
 // logged and the mark kept, so that the next start tries again.
-func reencryptSecrets(ctx context.Context, dataDir string, admin kubernetes.Interface, be datastore.Backend) {
-	paths := layout.Server(dataDir)
+func reencryptSecrets(ctx context.Context, paths layout.ServerPaths, admin kubernetes.Interface, be datastore.Backend) {
 	counts, err := secretsencrypt.Reencrypt(ctx, paths.EncryptionConfig, admin, be)
 	if err == nil {
 		err = os.Remove(paths.ReencryptPending)
@@ -494,31 +381,22 @@ func singleServer(cfg config.Server) bool {
 
 // writeKubeconfigs writes the in-process clients' kubeconfigs and the
 // admin's at --write-kubeconfig.
-func writeKubeconfigs(cfg config.Server, url string, certs pki.Files) error {
-	paths := layout.Server(cfg.DataDir)
+func writeKubeconfigs(e *env) error {
 	for _, f := range []struct {
 		path string
 		cert pki.Pair
 	}{
-		{paths.ControllerManagerKubeconfig, certs.ControllerManager},
-		{paths.SchedulerKubeconfig, certs.Scheduler},
-		{paths.AdminKubeconfig, certs.Admin},
+		{e.paths.ControllerManagerKubeconfig, e.certs.ControllerManager},
+		{e.paths.SchedulerKubeconfig, e.certs.Scheduler},
+		{e.paths.AdminKubeconfig, e.certs.Admin},
 	} {
-		if err := kubeconfig.WriteLocal(f.path, kubeconfig.Client{Server: url, CAFile: certs.ServerCA.Cert, Cert: f.cert}); err != nil {
+		if err := kubeconfig.WriteLocal(f.path, kubeconfig.Client{Server: e.url, CAFile: e.certs.ServerCA.Cert, Cert: f.cert}); err != nil {
 			return err
 		}
 	}
-	admin := kubeconfig.Client{Server: url, CAFile: certs.ServerCA.Cert, Cert: certs.Admin}
-	if err := kubeconfig.Write(cfg.WriteKubeconfig, cfg.WriteKubeconfigMode, admin); err != nil {
+	admin := kubeconfig.Client{Server: e.url, CAFile: e.certs.ServerCA.Cert, Cert: e.certs.Admin}
+	if err := kubeconfig.Write(e.cfg.WriteKubeconfig, e.cfg.WriteKubeconfigMode, admin); err != nil {
 		return fmt.Errorf("%w (choose another path with --write-kubeconfig)", err)
 	}
 	return nil
-}
-
-func adminClient(kubeconfig string) (kubernetes.Interface, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", kubeconfig, err)
-	}
-	return kubernetes.NewForConfig(rc)
 }

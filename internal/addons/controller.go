@@ -21,15 +21,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/crd"
-	"github.com/kelp-dev/kelp/internal/systemobjects"
 )
 
 var log = logrus.WithField("component", "manifests")
@@ -53,33 +51,24 @@ type Controller struct {
 	reported map[string]string
 }
 
-// New makes the Controller of the manifests directory dir, talking to
-// the apiserver of rc.
-func New(rc *rest.Config, dir string) (*Controller, error) {
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("manifests: %w", err)
-	}
-	core, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("manifests: %w", err)
-	}
-	crds, err := apiextensionsclient.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("manifests: %w", err)
-	}
-	disco, err := discovery.NewDiscoveryClientForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("manifests: %w", err)
-	}
+// Clients are the admin's clients a Controller applies manifests with:
+// a manifest may hold anything.
+type Clients struct {
+	Kube       kubernetes.Interface
+	Dynamic    dynamic.Interface
+	Extensions apiextensionsclient.Interface
+}
+
+// New makes the Controller of the manifests directory dir.
+func New(c Clients, dir string) *Controller {
 	return &Controller{
 		dir:      filepath.Clean(dir),
-		dynamic:  dyn,
-		core:     core,
-		crds:     crds,
-		mapper:   restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco)),
+		dynamic:  c.Dynamic,
+		core:     c.Kube,
+		crds:     c.Extensions,
+		mapper:   restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Kube.Discovery())),
 		reported: map[string]string{},
-	}, nil
+	}
 }
 
 // Start applies the Addon CustomResourceDefinition, then every manifest
@@ -284,13 +273,6 @@ func recordedElsewhere(addons map[string]*Addon, name string) []Ref {
 	return refs
 }
 
-// applyOptions take every field a manifest sets from whoever changed it:
-// kelp applies the file as it is, like kubectl apply --server-side
-// --force-conflicts.
-func applyOptions() metav1.ApplyOptions {
-	return metav1.ApplyOptions{FieldManager: systemobjects.FieldManager, Force: true}
-}
-
 // applyObjects applies m's Namespaces and CustomResourceDefinitions
 // (first) or its other objects.
 func (c *Controller) applyObjects(ctx context.Context, p *pass, m *manifest, first bool) {
@@ -323,7 +305,7 @@ func (c *Controller) applyObject(ctx context.Context, p *pass, u *unstructured.U
 	} else if u.GetNamespace() == "" {
 		u.SetNamespace(metav1.NamespaceDefault)
 	}
-	if _, err := c.dynamic.Resource(mapping.Resource).Namespace(u.GetNamespace()).Apply(ctx, u.GetName(), u, applyOptions()); err != nil {
+	if _, err := c.dynamic.Resource(mapping.Resource).Namespace(u.GetNamespace()).Apply(ctx, u.GetName(), u, apply.Options()); err != nil {
 		return Ref{}, fmt.Errorf("apply %s: %w", refOf(u), err)
 	}
 	if gvk.GroupKind() == crdKind {
@@ -554,7 +536,7 @@ func (c *Controller) applyAddon(ctx context.Context, name, part string, content 
 	if part == "status" {
 		subresources = append(subresources, "status")
 	}
-	out, err := c.dynamic.Resource(addonResource).Namespace(Namespace).Apply(ctx, name, u, applyOptions(), subresources...)
+	out, err := c.dynamic.Resource(addonResource).Namespace(Namespace).Apply(ctx, name, u, apply.Options(), subresources...)
 	if err != nil {
 		return nil, fmt.Errorf("apply the %s of the Addon %s/%s: %w", part, Namespace, name, err)
 	}

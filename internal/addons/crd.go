@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/crd"
-	"github.com/kelp-dev/kelp/internal/systemobjects"
 )
 
 // The Addon kind: one object per manifest file, in Namespace.
@@ -74,7 +74,7 @@ func (a *Addon) applied() *metav1.Condition {
 // schema reaches an older cluster, and waits until it is established.
 func ensureCRD(ctx context.Context, c apiextensionsclient.Interface) error {
 	crds := c.ApiextensionsV1().CustomResourceDefinitions()
-	if _, err := crds.Apply(ctx, addonCRD(), metav1.ApplyOptions{FieldManager: systemobjects.FieldManager, Force: true}); err != nil {
+	if _, err := crds.Apply(ctx, addonCRD(), apply.Options()); err != nil {
 		return fmt.Errorf("apply the CustomResourceDefinition %s: %w", crdName, err)
 	}
 	return crd.WaitEstablished(ctx, c, crdName, 30*time.Second)

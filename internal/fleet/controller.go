@@ -23,7 +23,6 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/kelp-dev/kelp/internal/joinapi"
@@ -50,8 +49,11 @@ const (
 
 // Config is what the controller needs.
 type Config struct {
-	// Kubeconfig is the admin's: the controller drains any node.
-	Kubeconfig string
+	// Kube, Dynamic and Extensions are the admin's clients: the
+	// controller drains any node.
+	Kube       kubernetes.Interface
+	Dynamic    dynamic.Interface
+	Extensions apiextensionsclient.Interface
 	// LeaderElection makes the servers that share a datastore take turns.
 	LeaderElection bool
 	// Self is this server's node, upgraded last of the servers; "" when
@@ -78,30 +80,14 @@ type controller struct {
 
 // Run applies the Upgrade CRD, then carries out Upgrades until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
-	rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("load %s: %w", cfg.Kubeconfig, err)
-	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
+	if err := EnsureCRD(ctx, cfg.Extensions); err != nil {
 		return err
 	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	ext, err := apiextensionsclient.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	if err := EnsureCRD(ctx, ext); err != nil {
-		return err
-	}
-	c := &controller{cfg: cfg, client: client, dynamic: dyn, workers: map[string]bool{}}
+	c := &controller{cfg: cfg, client: cfg.Kube, dynamic: cfg.Dynamic, workers: map[string]bool{}}
 	if !cfg.LeaderElection {
 		return c.run(ctx)
 	}
-	return leader.Run(ctx, client, leaseName, "upgrades the nodes of Upgrades", c.run)
+	return leader.Run(ctx, cfg.Kube, leaseName, "upgrades the nodes of Upgrades", c.run)
 }
 
 func (c *controller) run(ctx context.Context) error {

@@ -8,8 +8,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsv1ac "k8s.io/apiextensions-apiserver/pkg/client/applyconfiguration/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/crd"
 )
 
@@ -18,15 +18,11 @@ import (
 // established.
 func EnsureCRD(ctx context.Context, c apiextensionsclient.Interface) error {
 	crds := c.ApiextensionsV1().CustomResourceDefinitions()
-	if _, err := crds.Apply(ctx, upgradeCRD(), metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+	if _, err := crds.Apply(ctx, upgradeCRD(), apply.Options()); err != nil {
 		return fmt.Errorf("apply the CustomResourceDefinition %s: %w", crdName, err)
 	}
 	return crd.WaitEstablished(ctx, c, crdName, 30*time.Second)
 }
-
-// fieldManager is systemobjects.FieldManager, which owns every field
-// kelp sets on its objects (systemobjects imports this package).
-const fieldManager = "kelp"
 
 func upgradeCRD() *apiextensionsv1ac.CustomResourceDefinitionApplyConfiguration {
 	props := func(typ string) *apiextensionsv1ac.JSONSchemaPropsApplyConfiguration {

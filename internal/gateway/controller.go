@@ -19,19 +19,16 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gatewayinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
-
-// fieldManager is systemobjects.FieldManager, kelp's, which that package
-// cannot export to this one: it grants the nodes this package's Secret.
-const fieldManager = "kelp"
 
 // Every change recompiles everything, coalesce after it: at a homelab's
 // scale that costs less than tracking what depends on what. A pass whose
@@ -195,7 +192,7 @@ func (c *Controller) publish(ctx context.Context, cfg Config) error {
 	secret := corev1ac.Secret(ConfigSecret, metav1.NamespaceSystem).
 		WithType(corev1.SecretTypeOpaque).
 		WithData(map[string][]byte{ConfigKey: data})
-	if _, err := c.kube.CoreV1().Secrets(metav1.NamespaceSystem).Apply(ctx, secret, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+	if _, err := c.kube.CoreV1().Secrets(metav1.NamespaceSystem).Apply(ctx, secret, apply.Options()); err != nil {
 		return fmt.Errorf("publish the gateway configuration in the Secret %s/%s: %w", metav1.NamespaceSystem, ConfigSecret, err)
 	}
 	c.published = data
@@ -303,9 +300,12 @@ func equalParents(a, b []gatewayv1.RouteParentStatus) bool {
 
 // ControllerConfig is what the server's controller needs.
 type ControllerConfig struct {
-	// Kubeconfig is the admin's: status of any namespace's objects, and
-	// the Secrets that hold listeners' certificates.
-	Kubeconfig string
+	// Client, Kube and Extensions are the admin's: status of any
+	// namespace's objects, and the Secrets that hold listeners'
+	// certificates.
+	Client     *rest.Config
+	Kube       kubernetes.Interface
+	Extensions apiextensionsclient.Interface
 	// CRDs are the Gateway API CRDs to apply first (embed.GatewayCRDs).
 	CRDs fs.FS
 	// LeaderElection makes the servers that share a datastore take turns.
@@ -318,30 +318,18 @@ type ControllerConfig struct {
 // controller until ctx ends (while this server leads, with
 // LeaderElection).
 func RunController(ctx context.Context, cfg ControllerConfig) error {
-	rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	if err != nil {
-		return fmt.Errorf("load %s: %w", cfg.Kubeconfig, err)
-	}
-	kube, err := kubernetes.NewForConfig(rc)
+	gw, err := gatewayclient.NewForConfig(cfg.Client)
 	if err != nil {
 		return err
 	}
-	ext, err := apiextensionsclient.NewForConfig(rc)
-	if err != nil {
+	if err := Install(ctx, cfg.Kube, cfg.Extensions, gw, cfg.CRDs); err != nil {
 		return err
 	}
-	gw, err := gatewayclient.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	if err := Install(ctx, kube, ext, gw, cfg.CRDs); err != nil {
-		return err
-	}
-	run := func(ctx context.Context) error { return Run(ctx, kube, gw, cfg.AddressRanges) }
+	run := func(ctx context.Context) error { return Run(ctx, cfg.Kube, gw, cfg.AddressRanges) }
 	if !cfg.LeaderElection {
 		return run(ctx)
 	}
-	return lead(ctx, kube, run)
+	return lead(ctx, cfg.Kube, run)
 }
 
 func (c *Controller) writeIngress(ctx context.Context, ing *networkingv1.Ingress, lb []networkingv1.IngressLoadBalancerIngress) error {

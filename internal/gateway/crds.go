@@ -8,7 +8,6 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	networkingv1ac "k8s.io/client-go/applyconfigurations/networking/v1"
 	"k8s.io/client-go/kubernetes"
@@ -16,6 +15,7 @@ import (
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/crd"
 )
 
@@ -31,7 +31,6 @@ func Install(ctx context.Context, kube kubernetes.Interface, ext apiextensionscl
 	if len(files) == 0 {
 		return fmt.Errorf("kelp carries no Gateway API CRDs: it was built without scripts/gateway-crds.sh (scripts/build.sh runs it)")
 	}
-	force := true
 	var names []string
 	for _, f := range files {
 		raw, err := fs.ReadFile(crds, f)
@@ -47,7 +46,7 @@ func Install(ctx context.Context, kube kubernetes.Interface, ext apiextensionscl
 			return fmt.Errorf("read the embedded Gateway API CRD %s: %w", f, err)
 		}
 		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Patch(ctx, crd.Name, types.ApplyPatchType, body,
-			metav1.PatchOptions{FieldManager: fieldManager, Force: &force}); err != nil {
+			apply.PatchOptions()); err != nil {
 			return fmt.Errorf("apply the CustomResourceDefinition %s: %w", crd.Name, err)
 		}
 		names = append(names, crd.Name)
@@ -61,12 +60,12 @@ func Install(ctx context.Context, kube kubernetes.Interface, ext apiextensionscl
 		WithSpec(gatewayv1ac.GatewayClassSpec().
 			WithControllerName(ControllerName).
 			WithDescription("kelp's built-in Gateway, served by every node"))
-	if _, err := gw.GatewayV1().GatewayClasses().Apply(ctx, class, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+	if _, err := gw.GatewayV1().GatewayClasses().Apply(ctx, class, apply.Options()); err != nil {
 		return fmt.Errorf("apply the GatewayClass %s: %w", ClassName, err)
 	}
 	ingressClass := networkingv1ac.IngressClass(IngressClassName).
 		WithSpec(networkingv1ac.IngressClassSpec().WithController(string(ControllerName)))
-	if _, err := kube.NetworkingV1().IngressClasses().Apply(ctx, ingressClass, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
+	if _, err := kube.NetworkingV1().IngressClasses().Apply(ctx, ingressClass, apply.Options()); err != nil {
 		return fmt.Errorf("apply the IngressClass %s: %w", IngressClassName, err)
 	}
 	return nil

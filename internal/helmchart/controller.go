@@ -23,7 +23,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
@@ -46,8 +45,13 @@ const (
 
 // Config is what the controller needs.
 type Config struct {
-	// Kubeconfig is the admin's: a chart may hold anything, and Helm
-	// installs it.
+	// Client, Kube and Dynamic are the admin's: a chart may hold
+	// anything, and Helm installs it.
+	Client  *rest.Config
+	Kube    kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Kubeconfig is the admin's file too, from which Helm makes the
+	// clients of each action anew (its getter reads a kubeconfig).
 	Kubeconfig string
 	// LeaderElection makes the servers that share a datastore take turns:
 	// only the holder of a Lease works on HelmCharts.
@@ -60,38 +64,26 @@ type Config struct {
 // Run installs, upgrades and uninstalls the releases of HelmCharts until
 // ctx ends. It waits for the HelmChart CRD first.
 func Run(ctx context.Context, cfg Config) error {
-	rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	u, err := url.Parse(cfg.Client.Host)
 	if err != nil {
-		return fmt.Errorf("load %s: %w", cfg.Kubeconfig, err)
+		return fmt.Errorf("the apiserver's address %s: %w", cfg.Client.Host, err)
 	}
-	u, err := url.Parse(rc.Host)
-	if err != nil {
-		return fmt.Errorf("server of %s: %w", cfg.Kubeconfig, err)
-	}
-	api, err := rest.HTTPClientFor(rc)
+	api, err := rest.HTTPClientFor(cfg.Client)
 	if err != nil {
 		return fmt.Errorf("client for %s: %w", u, err)
 	}
-	dyn, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	if err := waitForCRD(ctx, client.Discovery()); err != nil {
+	if err := waitForCRD(ctx, cfg.Kube.Discovery()); err != nil {
 		return err
 	}
 	c := &controller{
-		dynamic:  dyn,
+		dynamic:  cfg.Dynamic,
 		fetch:    fetcher{apiHost: u.Host, api: api, allowLocal: cfg.AllowLocalRepos},
 		releases: releases{kubeconfig: cfg.Kubeconfig},
 	}
 	if !cfg.LeaderElection {
 		return c.run(ctx)
 	}
-	return lead(ctx, client, c.run)
+	return lead(ctx, cfg.Kube, c.run)
 }
 
 // waitForCRD returns once the apiserver serves HelmCharts: the CRD comes

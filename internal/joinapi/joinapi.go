@@ -12,7 +12,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -24,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	genericrequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kelp-dev/kelp/internal/pki"
 	"github.com/kelp-dev/kelp/internal/token"
@@ -58,10 +56,10 @@ type Config struct {
 	// at every join so that `kelp token rotate` applies at once; a
 	// missing agent token file means none.
 	TokenFile, AgentTokenFile string
-	// AdminKubeconfig reaches the nodes' password Secrets and the tokens
-	// of `kelp token create`.
-	AdminKubeconfig string
-	Agent           AgentConfig
+	// Admin reaches the nodes' password Secrets and the tokens of `kelp
+	// token create`.
+	Admin kubernetes.Interface
+	Agent AgentConfig
 	// Datastore is the cluster's datastore kind (datastore.Kind*).
 	Datastore string
 	// Members adds joining servers to embedded etcd; nil on any other
@@ -127,10 +125,6 @@ type joinAPI struct {
 	cfg   Config
 	slots chan struct{}
 	limit limiter
-
-	clientOnce sync.Once
-	client     kubernetes.Interface
-	clientErr  error
 }
 
 func (s *joinAPI) caCerts(w http.ResponseWriter, r *http.Request) {
@@ -273,11 +267,7 @@ func (s *joinAPI) mayRenew(ctx context.Context, node, name string) error {
 	if name != node {
 		return fmt.Errorf("%w: the certificate of node %q renews only that node's certificates", errRenewalRefused, node)
 	}
-	c, err := s.kube()
-	if err != nil {
-		return err
-	}
-	_, err = c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	_, err := s.cfg.Admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: node %q was deleted; to join again, restart kelp agent on it with a valid token", errRenewalRefused, name)
 	}
@@ -341,11 +331,7 @@ func (s *joinAPI) nodeToken(ctx context.Context, secret string) (bool, error) {
 	if !token.IsBootstrap(secret) {
 		return false, nil
 	}
-	c, err := s.kube()
-	if err != nil {
-		return false, err
-	}
-	return token.VerifyBootstrap(ctx, c, secret, time.Now())
+	return token.VerifyBootstrap(ctx, s.cfg.Admin, secret, time.Now())
 }
 
 // readSecret reads the secret of the token in path; "" if there is none.
@@ -392,10 +378,7 @@ var errNameTaken = errors.New("node name taken")
 // machine lost its password. A name whose Node exists without a password
 // Secret is nobody's to take.
 func (s *joinAPI) claimName(ctx context.Context, req JoinRequest) error {
-	c, err := s.kube()
-	if err != nil {
-		return err
-	}
+	c := s.cfg.Admin
 	hash := passwordHash(req.Password)
 	secrets := c.CoreV1().Secrets("kube-system")
 	name := passwordSecretName(req.NodeName)
@@ -513,11 +496,7 @@ func ClaimServerNode(ctx context.Context, c kubernetes.Interface, node string) e
 // certificate may name one, also where the servers share a CA for
 // kubelets and apiservers (pki.Config.SharedDatastore).
 func (s *joinAPI) apiserverIPs(ctx context.Context) ([]net.IP, error) {
-	c, err := s.kube()
-	if err != nil {
-		return nil, err
-	}
-	slices, err := c.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=kubernetes"})
+	slices, err := s.cfg.Admin.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=kubernetes"})
 	if err != nil {
 		return nil, fmt.Errorf("list the apiservers' addresses: %w", err)
 	}
@@ -532,18 +511,6 @@ func (s *joinAPI) apiserverIPs(ctx context.Context) ([]net.IP, error) {
 		}
 	}
 	return ips, nil
-}
-
-func (s *joinAPI) kube() (kubernetes.Interface, error) {
-	s.clientOnce.Do(func() {
-		rc, err := clientcmd.BuildConfigFromFlags("", s.cfg.AdminKubeconfig)
-		if err != nil {
-			s.clientErr = err
-			return
-		}
-		s.client, s.clientErr = kubernetes.NewForConfig(rc)
-	})
-	return s.client, s.clientErr
 }
 
 func (s *joinAPI) response(name string, ips []net.IP) (JoinResponse, error) {

@@ -57,8 +57,7 @@ func testJoinAPI(t *testing.T, objects ...any) (*joinAPI, *fake.Clientset) {
 	if err := os.WriteFile(agentTokens, []byte("agent-secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &joinAPI{cfg: Config{Certs: certs, TokenFile: tokens, AgentTokenFile: agentTokens, Agent: AgentConfig{ClusterCIDR: "10.42.0.0/16"}}, slots: make(chan struct{}, maxJoins)}
-	s.clientOnce.Do(func() { s.client = client })
+	s := &joinAPI{cfg: Config{Certs: certs, TokenFile: tokens, AgentTokenFile: agentTokens, Agent: AgentConfig{ClusterCIDR: "10.42.0.0/16"}, Admin: client}, slots: make(chan struct{}, maxJoins)}
 	return s, client
 }
 

@@ -226,7 +226,7 @@ func TestSourceOf(t *testing.T) {
 func TestJoinBackoffBehindNAT(t *testing.T) {
 	s, _ := withFakeClock(t)
 	testlog.Capture(t)
-	good, err := token.CreateBootstrap(t.Context(), s.client, time.Hour, "")
+	good, err := token.CreateBootstrap(t.Context(), s.cfg.Admin, time.Hour, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,11 +164,7 @@ func (s *joinAPI) admitServer(ctx context.Context, req ServerJoinRequest) (Serve
 	if req.NodeName != "" {
 		// Now, not at the server's first start: until then an agent
 		// token could claim the name.
-		c, err := s.kube()
-		if err == nil {
-			err = ClaimServerNode(ctx, c, req.NodeName)
-		}
-		if err != nil {
+		if err := ClaimServerNode(ctx, s.cfg.Admin, req.NodeName); err != nil {
 			return ServerJoinResponse{}, fmt.Errorf("%w: %v", errUnavailable, err)
 		}
 	}
@@ -212,11 +208,7 @@ func (s *joinAPI) hostnameFree(ctx context.Context, hostname string) error {
 	if hostname == "" {
 		return nil
 	}
-	c, err := s.kube()
-	if err != nil {
-		return fmt.Errorf("%w: %v", errUnavailable, err)
-	}
-	leases, err := c.CoordinationV1().Leases(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: apiserverIdentity})
+	leases, err := s.cfg.Admin.CoordinationV1().Leases(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: apiserverIdentity})
 	if err != nil {
 		return fmt.Errorf("%w: list the apiservers' identity leases: %v", errUnavailable, err)
 	}

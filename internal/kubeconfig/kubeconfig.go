@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -55,13 +56,9 @@ func Write(path string, mode os.FileMode, c Client) error {
 // that the client follows its certificate when it is renewed (client-go
 // reloads only certificates it was given by file).
 func WriteLocal(path string, c Client) error {
-	files := []*string{&c.CAFile, &c.Cert.Cert, &c.Cert.Key}
-	for _, f := range files {
-		abs, err := filepath.Abs(*f)
-		if err != nil {
-			return fmt.Errorf("kubeconfig %s: %w", path, err)
-		}
-		*f = abs
+	c, err := c.absolute()
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["default"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthority: c.CAFile}
@@ -76,4 +73,31 @@ func WriteLocal(path string, c Client) error {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
 	return atomicfile.Write(path, data, 0o600)
+}
+
+// RESTConfig is the client configuration of the kubeconfig WriteLocal
+// writes, for a client in this process: made without the file, so that a
+// process makes it once and before the apiserver answers.
+func (c Client) RESTConfig() (*rest.Config, error) {
+	c, err := c.absolute()
+	if err != nil {
+		return nil, err
+	}
+	return &rest.Config{
+		Host:            c.Server,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: c.CAFile, CertFile: c.Cert.Cert, KeyFile: c.Cert.Key},
+	}, nil
+}
+
+// absolute is c with absolute file names: a client may run in another
+// directory than the one that named them.
+func (c Client) absolute() (Client, error) {
+	for _, f := range []*string{&c.CAFile, &c.Cert.Cert, &c.Cert.Key} {
+		abs, err := filepath.Abs(*f)
+		if err != nil {
+			return Client{}, err
+		}
+		*f = abs
+	}
+	return c, nil
 }

@@ -3,6 +3,7 @@ package kubeconfig
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"k8s.io/client-go/tools/clientcmd"
@@ -77,5 +78,33 @@ func TestWriteLocal(t *testing.T) {
 		tls.CertFile != filepath.Join(dir, "tls/c.crt") || tls.KeyFile != filepath.Join(dir, "tls/c.key") ||
 		len(tls.CAData)+len(tls.CertData)+len(tls.KeyData) != 0 {
 		t.Errorf("client config %s %+v, want absolute files and no data", rc.Host, tls)
+	}
+}
+
+// A client made in the process talks to the server as one made from the
+// file WriteLocal wrote.
+func TestRESTConfigIsWriteLocal(t *testing.T) {
+	dir := t.TempDir()
+	c := Client{Server: "https://127.0.0.1:6443", CAFile: filepath.Join(dir, "ca.crt"),
+		Cert: pki.Pair{Cert: filepath.Join(dir, "c.crt"), Key: filepath.Join(dir, "c.key")}}
+	for _, name := range []string{"ca.crt", "c.crt", "c.key"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("data of "+name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "admin.kubeconfig")
+	if err := WriteLocal(path, c); err != nil {
+		t.Fatal(err)
+	}
+	fromFile, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inProcess, err := c.RESTConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(inProcess, fromFile) {
+		t.Errorf("RESTConfig: %+v, the file's: %+v", inProcess, fromFile)
 	}
 }

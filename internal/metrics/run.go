@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/component"
 	"github.com/kelp-dev/kelp/internal/pki"
-	"github.com/kelp-dev/kelp/internal/systemobjects"
 )
 
 const (
@@ -212,7 +212,7 @@ func publish(ctx context.Context, c kubernetes.Interface, name string, addr neti
 		WithLabels(map[string]string{
 			discoveryv1.LabelServiceName: Service,
 			// Not the EndpointSlice controller's: it leaves the slice alone.
-			discoveryv1.LabelManagedBy: systemobjects.FieldManager,
+			discoveryv1.LabelManagedBy: apply.FieldManager,
 		}).
 		WithAddressType(family).
 		WithEndpoints(discoveryv1ac.Endpoint().
@@ -222,7 +222,7 @@ func publish(ctx context.Context, c kubernetes.Interface, name string, addr neti
 			WithName(portName).
 			WithPort(Port).
 			WithProtocol(corev1.ProtocolTCP))
-	_, err := c.DiscoveryV1().EndpointSlices(Namespace).Apply(ctx, slice, metav1.ApplyOptions{FieldManager: systemobjects.FieldManager, Force: true})
+	_, err := c.DiscoveryV1().EndpointSlices(Namespace).Apply(ctx, slice, apply.Options())
 	if err != nil {
 		return fmt.Errorf("metrics: publish the EndpointSlice %s/%s: %w", Namespace, name, err)
 	}

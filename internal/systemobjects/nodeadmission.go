@@ -10,6 +10,7 @@ import (
 	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/fleet"
 	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/localstorage"
@@ -148,19 +149,19 @@ func quote(s string) string { return "'" + s + "'" }
 // the server CA.
 func applyNodeAdmission(ctx context.Context, c kubernetes.Interface, caBundle []byte) error {
 	for _, p := range []*admissionv1ac.ValidatingAdmissionPolicyApplyConfiguration{nodesPolicy(), volumesPolicy()} {
-		if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Apply(ctx, p, applyOptions()); err != nil {
+		if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Apply(ctx, p, apply.Options()); err != nil {
 			return fmt.Errorf("apply ValidatingAdmissionPolicy %s: %w", *p.Name, err)
 		}
 		binding := admissionv1ac.ValidatingAdmissionPolicyBinding(*p.Name).WithSpec(admissionv1ac.ValidatingAdmissionPolicyBindingSpec().
 			WithPolicyName(*p.Name).WithValidationActions(admissionregistrationv1.Deny))
-		if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Apply(ctx, binding, applyOptions()); err != nil {
+		if _, err := c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Apply(ctx, binding, apply.Options()); err != nil {
 			return fmt.Errorf("apply ValidatingAdmissionPolicyBinding %s: %w", *p.Name, err)
 		}
 	}
 	if len(caBundle) == 0 {
 		return fmt.Errorf("apply ValidatingWebhookConfiguration %s: no server CA to verify the webhook with", VolumesWebhook)
 	}
-	if _, err := c.AdmissionregistrationV1().ValidatingWebhookConfigurations().Apply(ctx, volumesWebhook(caBundle), applyOptions()); err != nil {
+	if _, err := c.AdmissionregistrationV1().ValidatingWebhookConfigurations().Apply(ctx, volumesWebhook(caBundle), apply.Options()); err != nil {
 		return fmt.Errorf("apply ValidatingWebhookConfiguration %s: %w", VolumesWebhook, err)
 	}
 	return nil

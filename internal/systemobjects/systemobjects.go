@@ -12,15 +12,12 @@ import (
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/fleet"
 	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
-
-// FieldManager owns every field kelp sets on its objects, here and in the
-// built-in manifests (internal/addons applies those under the same name).
-const FieldManager = "kelp"
 
 // controllerRole is the name of the nodes' controllers' ClusterRole and
 // its binding, that of the identity they shared before each had its own:
@@ -93,14 +90,6 @@ func CheckDNSService(ctx context.Context, c kubernetes.Interface, clusterDNS net
 	return nil
 }
 
-// applyOptions take the fields kelp sets from whoever changed them: kelp
-// owns these objects. Without force, apply would conflict even with an
-// older kelp, whose creates the apiserver records as an Update by another
-// manager, not as kelp's apply.
-func applyOptions() metav1.ApplyOptions {
-	return metav1.ApplyOptions{FieldManager: FieldManager, Force: true}
-}
-
 // boundClusterRole is a ClusterRole and the ClusterRoleBinding of the same
 // name that grants it.
 type boundClusterRole struct {
@@ -146,13 +135,13 @@ func controllerAccess() boundClusterRole {
 
 func (r boundClusterRole) apply(ctx context.Context, c kubernetes.Interface) error {
 	role := rbacv1ac.ClusterRole(r.name).WithRules(r.rules...)
-	if _, err := c.RbacV1().ClusterRoles().Apply(ctx, role, applyOptions()); err != nil {
+	if _, err := c.RbacV1().ClusterRoles().Apply(ctx, role, apply.Options()); err != nil {
 		return fmt.Errorf("apply ClusterRole %s: %w", r.name, err)
 	}
 	binding := rbacv1ac.ClusterRoleBinding(r.name).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("ClusterRole").WithName(r.name)).
 		WithSubjects(r.subjects...)
-	if _, err := c.RbacV1().ClusterRoleBindings().Apply(ctx, binding, applyOptions()); err != nil {
+	if _, err := c.RbacV1().ClusterRoleBindings().Apply(ctx, binding, apply.Options()); err != nil {
 		return fmt.Errorf("apply ClusterRoleBinding %s: %w", r.name, err)
 	}
 	return nil
@@ -187,13 +176,13 @@ func gatewayConfigAccess() boundRole {
 
 func (r boundRole) apply(ctx context.Context, c kubernetes.Interface) error {
 	role := rbacv1ac.Role(r.name, r.namespace).WithRules(r.rules...)
-	if _, err := c.RbacV1().Roles(r.namespace).Apply(ctx, role, applyOptions()); err != nil {
+	if _, err := c.RbacV1().Roles(r.namespace).Apply(ctx, role, apply.Options()); err != nil {
 		return fmt.Errorf("apply Role %s/%s: %w", r.namespace, r.name, err)
 	}
 	binding := rbacv1ac.RoleBinding(r.name, r.namespace).
 		WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(r.name)).
 		WithSubjects(r.subjects...)
-	if _, err := c.RbacV1().RoleBindings(r.namespace).Apply(ctx, binding, applyOptions()); err != nil {
+	if _, err := c.RbacV1().RoleBindings(r.namespace).Apply(ctx, binding, apply.Options()); err != nil {
 		return fmt.Errorf("apply RoleBinding %s/%s: %w", r.namespace, r.name, err)
 	}
 	return nil

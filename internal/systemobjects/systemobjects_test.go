@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
@@ -188,9 +189,9 @@ func TestApplyOwnsEveryObjectAsKelp(t *testing.T) {
 	}
 	for k, o := range got {
 		if !slices.ContainsFunc(o.GetManagedFields(), func(e metav1.ManagedFieldsEntry) bool {
-			return e.Manager == FieldManager && e.Operation == metav1.ManagedFieldsOperationApply
+			return e.Manager == apply.FieldManager && e.Operation == metav1.ManagedFieldsOperationApply
 		}) {
-			t.Errorf("%s is not applied by %q: managed fields %+v", k, FieldManager, o.GetManagedFields())
+			t.Errorf("%s is not applied by %q: managed fields %+v", k, apply.FieldManager, o.GetManagedFields())
 		}
 	}
 
