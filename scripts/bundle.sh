@@ -17,7 +17,9 @@
 #
 # Nothing is rebuilt when scripts/bundle/**, this script, ARCH, CC, the Go
 # version and the libseccomp package are unchanged since the last build: the
-# cached bundle under .cache/bundle/ARCH is reused (copied to OUTDIR if needed).
+# cached bundle is reused (copied to OUTDIR if needed). The cache is the
+# machine's, beside Go's build cache ($KELP_CACHE, default ~/.cache/kelp), so
+# a fresh clone (CI) finds it too: what decides its content is in the stamp.
 #
 # Packages it needs (gcc, pkg-config, libseccomp-dev, file) are installed with
 # apt-get when missing, which needs root. Building for another architecture
@@ -36,7 +38,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ARCH=${1:-$(go env GOARCH)}
 OUTDIR=${2:-$ROOT/embed}
 MOD=$ROOT/scripts/bundle
-CACHE=$ROOT/.cache/bundle/$ARCH
+CACHE_ROOT=${KELP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kelp}/bundle
+CACHE=$CACHE_ROOT/$ARCH
 HOSTARCH=$(go env GOHOSTARCH)
 
 log() { printf 'bundle: %s\n' "$*" >&2; }
@@ -90,8 +93,8 @@ got=$(cd "$MOD" && GOWORK=off go list -m -f '{{.Path}}@{{.Version}}' "${containe
 [[ $got == "$want" ]] || die "scripts/bundle/go.mod pins ${got//$'\n'/ }, kelp's go.mod ${want//$'\n'/ }: run (cd scripts/bundle && go get ${want//$'\n'/ } && go mod tidy)"
 
 # Two runs at once (parallel test jobs) share the cache: take turns.
-mkdir -p "$ROOT/.cache/bundle" "$OUTDIR"
-exec 9>"$ROOT/.cache/bundle/.lock"
+mkdir -p "$CACHE_ROOT" "$OUTDIR"
+exec 9>"$CACHE_ROOT/.lock"
 flock 9
 
 install_missing
