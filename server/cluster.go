@@ -44,12 +44,14 @@ type joined struct {
 // starts from what it has and asks nothing, so it starts while the server
 // it joined through is down. Refusals are final; a server that does not
 // answer is asked again until ctx ends.
-func joinCluster(ctx context.Context, cfg config.Server) (joined, error) {
+//
+// local is the kind of datastore the data dir holds (datastore.LocalKind).
+func joinCluster(ctx context.Context, cfg config.Server, local string) (joined, error) {
 	tls := layout.Server(cfg.DataDir).TLS
 	if cfg.JoinServer == "" {
 		return joined{}, nil
 	}
-	if cfg.EmbeddedEtcd() && datastore.LocalKind(cfg.DataDir) == datastore.KindEtcd {
+	if cfg.EmbeddedEtcd() && local == datastore.KindEtcd {
 		return joined{}, nil
 	}
 	if _, err := os.Stat(pki.FilesIn(tls).ServerCA.Cert); !cfg.EmbeddedEtcd() && err == nil {
@@ -119,11 +121,12 @@ func ClusterReset(ctx context.Context, cfg config.Server) error {
 			return err
 		}
 	}
-	certs, err := pki.Ensure(pkiConfig(cfg))
+	local := datastore.LocalKind(cfg.DataDir)
+	certs, err := pki.Ensure(pkiConfig(cfg, local))
 	if err != nil {
 		return err
 	}
-	if datastore.LocalKind(cfg.DataDir) != datastore.KindEtcd {
+	if local != datastore.KindEtcd {
 		return fmt.Errorf("--cluster-reset: %s holds no embedded etcd member to reset; it resets the etcd of a server that ran with --cluster-init or --server", cfg.DataDir)
 	}
 	dc := datastoreConfig(cfg, certs)

@@ -26,7 +26,11 @@ type env struct {
 	cfg   config.Server
 	paths layout.ServerPaths
 	// url is the local apiserver's.
-	url    string
+	url string
+	// local is the kind of datastore the data dir held when this start
+	// began (datastore.LocalKind), probed once: what the steps before the
+	// datastore runs go by.
+	local  string
 	staged embed.Staged
 	// pki is what the certificates are made of; certs are the files.
 	pki   pki.Config

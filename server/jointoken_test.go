@@ -23,7 +23,7 @@ func TestJoinWithAgentToken(t *testing.T) {
 			cfg := config.Server{Node: config.Node{DataDir: t.TempDir(), NodeName: "server-2"}, JoinServer: "https://127.0.0.1:1", Token: tc.token}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			_, err := joinCluster(ctx, cfg)
+			_, err := joinCluster(ctx, cfg, "")
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "a server joins with the server token, from <data-dir>/server/token") {
 				t.Errorf("joinCluster: %v, want %q and the token a server needs", err, tc.want)
 			}

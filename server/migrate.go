@@ -17,12 +17,13 @@ import (
 // --datastore-endpoint (postgres://, mysql://, https://etcd). It then
 // tells the user, on out, what to change in the server's settings.
 func MigrateDatastore(ctx context.Context, cfg config.Server, to string, out io.Writer) error {
-	certs, err := pki.Ensure(pkiConfig(cfg))
+	local := datastore.LocalKind(cfg.DataDir)
+	certs, err := pki.Ensure(pkiConfig(cfg, local))
 	if err != nil {
 		return err
 	}
 	from := datastoreConfig(cfg, certs)
-	from.ClusterInit = cfg.Datastore.Endpoint == "" && datastore.LocalKind(cfg.DataDir) == datastore.KindEtcd
+	from.ClusterInit = cfg.Datastore.Endpoint == "" && local == datastore.KindEtcd
 	target := from
 	target.Endpoint, target.CAFile, target.CertFile, target.KeyFile = "", "", "", ""
 	target.ClusterInit = false
@@ -62,8 +63,9 @@ func MigrateDatastore(ctx context.Context, cfg config.Server, to string, out io.
 
 // migrateToEtcd moves a server's own SQLite cluster to embedded etcd when
 // it starts with --cluster-init, as its first step towards more servers.
-func migrateToEtcd(ctx context.Context, cfg config.Server, certs pki.Files) error {
-	if !cfg.ClusterInit || cfg.JoinServer != "" || datastore.LocalKind(cfg.DataDir) != datastore.KindSQLite {
+// local is the kind of datastore the data dir holds (datastore.LocalKind).
+func migrateToEtcd(ctx context.Context, cfg config.Server, certs pki.Files, local string) error {
+	if !cfg.ClusterInit || cfg.JoinServer != "" || local != datastore.KindSQLite {
 		return nil
 	}
 	from := datastoreConfig(cfg, certs)

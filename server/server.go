@@ -75,7 +75,12 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 		}
 	}
 	began := time.Now()
-	e := &env{cfg: cfg, paths: layout.Server(cfg.DataDir), url: apiserver.LocalURL(cfg.BindAddress, cfg.HTTPSPort)}
+	e := &env{
+		cfg:   cfg,
+		paths: layout.Server(cfg.DataDir),
+		url:   apiserver.LocalURL(cfg.BindAddress, cfg.HTTPSPort),
+		local: datastore.LocalKind(cfg.DataDir),
+	}
 	if err := os.MkdirAll(e.paths.Dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", e.paths.Dir, err)
 	}
@@ -90,11 +95,11 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 		return err
 	}
 	log.WithField("dir", e.staged.Dir).Debug("bundle staged")
-	cluster, err := joinCluster(ctx, cfg)
+	cluster, err := joinCluster(ctx, cfg, e.local)
 	if err != nil {
 		return err
 	}
-	e.pki = pkiConfig(cfg)
+	e.pki = pkiConfig(cfg, e.local)
 	if e.certs, err = pki.Ensure(e.pki); err != nil {
 		return err
 	}
@@ -116,13 +121,13 @@ func start(ctx context.Context, g *component.Group, cfg config.Server, guard *bo
 		return err
 	}
 	var encryption string
-	if encryption, e.reencrypt, err = secretsEncryption(cfg, e.paths, cluster.encryptionConfig); err != nil {
+	if encryption, e.reencrypt, err = secretsEncryption(cfg, e.paths, singleServer(cfg, e.local), cluster.encryptionConfig); err != nil {
 		return err
 	}
-	if err := beforeDatastore(ctx, cfg, guard); err != nil {
+	if err := beforeDatastore(ctx, cfg, guard, e.local); err != nil {
 		return err
 	}
-	if err := migrateToEtcd(ctx, cfg, e.certs); err != nil {
+	if err := migrateToEtcd(ctx, cfg, e.certs, e.local); err != nil {
 		return err
 	}
 	dc := datastoreConfig(cfg, e.certs)
@@ -220,7 +225,9 @@ func routes(e *env, tokens tokenFiles) map[string]http.Handler {
 	return r
 }
 
-func pkiConfig(cfg config.Server) pki.Config {
+// pkiConfig is what the server's certificates are made of; local is the
+// kind of datastore the data dir holds (datastore.LocalKind).
+func pkiConfig(cfg config.Server, local string) pki.Config {
 	var ips []net.IP
 	// The kubernetes Service has an address of each family in a
 	// dual-stack cluster; its primary one is ServiceIP.
@@ -228,7 +235,7 @@ func pkiConfig(cfg config.Server) pki.Config {
 		ips = append(ips, net.IP(ip.AsSlice()))
 	}
 	return pki.Config{
-		SharedDatastore: !singleServer(cfg),
+		SharedDatastore: !singleServer(cfg, local),
 		Dir:             layout.Server(cfg.DataDir).TLS,
 		Hostname:        cfg.NodeName,
 		IPs:             ips,
@@ -320,7 +327,7 @@ func madeEarlier(paths layout.ServerPaths) bool {
 // server (reencrypt: the Secrets are then rewritten once the apiserver
 // runs), and refuses to start a server that shares its datastore, whose
 // other servers must encrypt too.
-func secretsEncryption(cfg config.Server, paths layout.ServerPaths, fromCluster []byte) (path string, reencrypt bool, err error) {
+func secretsEncryption(cfg config.Server, paths layout.ServerPaths, single bool, fromCluster []byte) (path string, reencrypt bool, err error) {
 	path, pending := paths.EncryptionConfig, paths.ReencryptPending
 	current, ok, err := secretsencrypt.Load(path)
 	switch {
@@ -329,7 +336,7 @@ func secretsEncryption(cfg config.Server, paths layout.ServerPaths, fromCluster 
 	case ok && cfg.SecretsEncryption && !current.Enabled && !cfg.SecretsEncryptionGiven:
 		log.Warn("Secrets are stored in the clear in this cluster (made without --secrets-encryption, or before kelp encrypted them by default): " +
 			"encrypt them with --secrets-encryption, or `kelp secrets-encrypt enable` and then `kelp secrets-encrypt reencrypt`; --secrets-encryption=false silences this")
-	case ok && cfg.SecretsEncryption && !current.Enabled && !singleServer(cfg):
+	case ok && cfg.SecretsEncryption && !current.Enabled && !single:
 		return "", false, errors.New("--secrets-encryption: this cluster stores its Secrets in the clear, and its servers share the datastore, so all of them must encrypt: " +
 			"start this server without --secrets-encryption, run `kelp secrets-encrypt enable` on every server, then `kelp secrets-encrypt reencrypt` on one")
 	case ok && cfg.SecretsEncryption && !current.Enabled:
@@ -374,9 +381,10 @@ func reencryptSecrets(ctx context.Context, paths layout.ServerPaths, admin kuber
 }
 
 // singleServer says the cluster has this one server: it keeps its state
-// in SQLite.
-func singleServer(cfg config.Server) bool {
-	return cfg.Datastore.Endpoint == "" && !cfg.EmbeddedEtcd() && datastore.LocalKind(cfg.DataDir) != datastore.KindEtcd
+// in SQLite. local is the kind of datastore the data dir holds
+// (datastore.LocalKind). Once the datastore runs, env.single says so.
+func singleServer(cfg config.Server, local string) bool {
+	return cfg.Datastore.Endpoint == "" && !cfg.EmbeddedEtcd() && local != datastore.KindEtcd
 }
 
 // writeKubeconfigs writes the in-process clients' kubeconfigs and the

@@ -42,9 +42,10 @@ func beginGuard(cfg config.Server) (*bootguard.Guard, error) {
 // written etcd's own records only, and in HA what the other members
 // replicate to it.
 
-// beforeDatastore is called before the new kelp opens the datastore:
-// it takes the SQLite snapshot and records that the datastore is opened.
-func beforeDatastore(ctx context.Context, cfg config.Server, guard *bootguard.Guard) error {
+// beforeDatastore is called before the new kelp opens the datastore,
+// which the data dir holds of the kind local (datastore.LocalKind): it
+// takes the SQLite snapshot and records that the datastore is opened.
+func beforeDatastore(ctx context.Context, cfg config.Server, guard *bootguard.Guard, local string) error {
 	up := guard.Upgrade()
 	if up == nil {
 		return nil
@@ -56,7 +57,7 @@ func beforeDatastore(ctx context.Context, cfg config.Server, guard *bootguard.Gu
 		}
 		return guard.Update(func(u *bootguard.Upgrade) { u.Touched, u.Shared = true, true })
 	}
-	switch datastore.LocalKind(cfg.DataDir) {
+	switch local {
 	case "":
 		// Nothing stored yet: nothing to keep.
 		return nil
