@@ -53,7 +53,7 @@ func TestCARotation(t *testing.T) {
 	}
 	// The agent notices the new server CA bundle and renews: its client
 	// certificate comes from the new client CA.
-	waitFor(t, "the agent's certificates from the new CAs", 4*time.Minute, func() (bool, error) {
+	testcluster.EventuallyWithin(t, 4*time.Minute, "the agent's certificates from the new CAs", func() (bool, error) {
 		c := firstCert(t, node.KubeletClient.Cert)
 		return bytes.Equal(c.RawIssuer, newClientCA.RawSubject) && sameFile(t, node.ServerCA, server.ServerCA.Cert), nil
 	})
@@ -68,7 +68,7 @@ func TestCARotation(t *testing.T) {
 	// clients trust the new CA alone only after that.
 	time.Sleep(time.Until(renewed.Add(5*time.Minute + 30*time.Second)))
 	restartWith("rotate-ca", "--finish", "--data-dir", srv.DataDir)
-	waitFor(t, "the agent's CA bundle without the old CA", 4*time.Minute, func() (bool, error) {
+	testcluster.EventuallyWithin(t, 4*time.Minute, "the agent's CA bundle without the old CA", func() (bool, error) {
 		return sameFile(t, node.ServerCA, server.ServerCA.Cert) && sameFile(t, node.ClientCA, server.ClientCA.Cert), nil
 	})
 	if certs := readCerts(t, server.ServerCA.Cert); len(certs) != 1 {

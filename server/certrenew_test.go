@@ -70,8 +70,7 @@ func TestCertificateRenewal(t *testing.T) {
 
 	// Every leaf is renewed, some more than once, until the first ones
 	// are all past their expiry.
-	deadline := expiry.Add(lifetime)
-	for {
+	testcluster.EventuallyWithin(t, time.Until(expiry.Add(lifetime)), "every leaf renewed once the first ones expired", func() (bool, error) {
 		now := readLeaves(t, leaves)
 		var stale []string
 		for path, l := range first {
@@ -79,14 +78,8 @@ func TestCertificateRenewal(t *testing.T) {
 				stale = append(stale, path)
 			}
 		}
-		if len(stale) == 0 && time.Now().After(expiry.Add(5*time.Second)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not renewed %s after the first leaves expired: %s", lifetime, strings.Join(stale, ", "))
-		}
-		time.Sleep(2 * time.Second)
-	}
+		return len(stale) == 0 && time.Now().After(expiry.Add(5*time.Second)), fmt.Errorf("not renewed: %s", strings.Join(stale, ", "))
+	})
 	t.Logf("the first leaves expired at %s", expiry.Format(time.TimeOnly))
 
 	t.Run("admin kubeconfig", func(t *testing.T) {
@@ -99,7 +92,7 @@ func TestCertificateRenewal(t *testing.T) {
 	})
 	t.Run("node heartbeats", func(t *testing.T) {
 		for _, name := range []string{srv.Name, agent.Name} {
-			eventually(t, name+"'s lease renewed after the expiry", func() (bool, error) {
+			testcluster.Eventually(t, name+"'s lease renewed after the expiry", func() (bool, error) {
 				l, err := srv.Client().CoordinationV1().Leases("kube-node-lease").Get(context.Background(), name, metav1.GetOptions{})
 				return err == nil && l.Spec.RenewTime != nil && l.Spec.RenewTime.After(expiry), nil
 			})
@@ -131,7 +124,7 @@ func TestCertificateRenewal(t *testing.T) {
 	t.Run("a new pod and a new Service", func(t *testing.T) {
 		apply(t, srv, renewalWorkload)
 		rolloutStatus(t, srv, "deployment/after-expiry", 110*time.Second)
-		eventually(t, "the new Service by its DNS name from the agent", func() (bool, error) {
+		testcluster.Eventually(t, "the new Service by its DNS name from the agent", func() (bool, error) {
 			out, err := srv.Kubectl("exec", pods[agent.Name].Name, "--", "/testapp", "get", "http://web-after-expiry.default.svc.cluster.local/", "3s")
 			return err == nil && strings.HasPrefix(out, "web-"), nil
 		})

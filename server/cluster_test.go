@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -164,7 +163,7 @@ func leaseHolders(t *testing.T, n *testcluster.Node) map[string]string {
 	c := n.Client()
 	holders := map[string]string{}
 	for _, name := range leaderLeases {
-		eventually(t, "lease "+name+" held", func() (bool, error) {
+		testcluster.Eventually(t, "lease "+name+" held", func() (bool, error) {
 			holders[name] = leaseHolder(c, name)
 			return holders[name] != "", nil
 		})
@@ -250,7 +249,7 @@ func leadersTakeOver(t *testing.T, n *testcluster.Node, before map[string]string
 			deadline = d
 		}
 	}
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Until(deadline), true, func(context.Context) (bool, error) {
+	testcluster.EventuallyWithin(t, time.Until(deadline), fmt.Sprintf("leader leases taken over from the previous run (%v) 10 s before they would expire", before), func() (bool, error) {
 		for _, name := range leaderLeases {
 			if now := leaseHolder(c, name); now == "" || now == before[name] {
 				return false, nil
@@ -258,9 +257,6 @@ func leadersTakeOver(t *testing.T, n *testcluster.Node, before map[string]string
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Errorf("leader leases still held by the previous run 10 s before they would expire: %v", before)
-	}
 }
 
 func createObjects(t *testing.T, n *testcluster.Node) {
@@ -324,7 +320,7 @@ func createObjects(t *testing.T, n *testcluster.Node) {
 		"spec":     map[string]any{"size": int64(3)},
 	}}
 	// Discovery of a new CRD can lag its Established condition by a moment.
-	eventually(t, "custom resource", func() (bool, error) {
+	testcluster.Eventually(t, "custom resource", func() (bool, error) {
 		_, err := dyn.Resource(widgets).Namespace(testNS).Create(ctx, widget, metav1.CreateOptions{})
 		return err == nil, nil
 	})
@@ -377,7 +373,7 @@ func controlPlaneWorks(t *testing.T, n *testcluster.Node) {
 		_, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "hand-made"}}, metav1.CreateOptions{})
 		return err
 	})
-	eventually(t, "pod CIDR allocated to the node", func() (bool, error) {
+	testcluster.Eventually(t, "pod CIDR allocated to the node", func() (bool, error) {
 		node, err := c.CoreV1().Nodes().Get(ctx, "hand-made", metav1.GetOptions{})
 		if err != nil || node.Spec.PodCIDR == "" {
 			return false, err
@@ -388,7 +384,7 @@ func controlPlaneWorks(t *testing.T, n *testcluster.Node) {
 		}
 		return true, nil
 	})
-	eventually(t, "pod of the deployment marked unschedulable", func() (bool, error) {
+	testcluster.Eventually(t, "pod of the deployment marked unschedulable", func() (bool, error) {
 		pods, err := c.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
 		if err != nil || len(pods.Items) == 0 {
 			return false, err
@@ -424,7 +420,7 @@ func checkObjects(t *testing.T, n *testcluster.Node) {
 		t.Errorf("clusterrole after restart: %v", err)
 	}
 	dyn := dynamic.NewForConfigOrDie(n.RestConfig())
-	eventually(t, "custom resource after restart", func() (bool, error) {
+	testcluster.Eventually(t, "custom resource after restart", func() (bool, error) {
 		w, err := dyn.Resource(widgets).Namespace(testNS).Get(ctx, "w1", metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -487,14 +483,5 @@ func must(t *testing.T, what string, fn func() error) {
 	t.Helper()
 	if err := fn(); err != nil {
 		t.Fatalf("create %s: %v", what, err)
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() (bool, error)) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true,
-		func(context.Context) (bool, error) { return cond() })
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
 	}
 }

@@ -52,7 +52,7 @@ func TestCSIDriverAfterLeading(t *testing.T) {
 		_, err = n.Client().CoordinationV1().Leases("kube-system").Update(context.Background(), l, metav1.UpdateOptions{})
 		return err
 	})
-	eventually(t, "the restarted controller-manager leads", func() (bool, error) {
+	testcluster.Eventually(t, "the restarted controller-manager leads", func() (bool, error) {
 		now := leaseHolder(n.Client(), lease)
 		return now != "" && now != holder, nil
 	})
@@ -138,7 +138,7 @@ func controllersBuilt(t *testing.T, n *testcluster.Node) {
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // self-signed, loopback
 	}}
 	const check = "[+]serviceaccount-token-controller ok"
-	eventually(t, "the controller-manager lists "+check, func() (bool, error) {
+	testcluster.Eventually(t, "the controller-manager lists "+check, func() (bool, error) {
 		resp, err := client.Get("https://127.0.0.1:10257/healthz?verbose") // the controller-manager's secure port
 		if err != nil {
 			return false, nil

@@ -77,7 +77,7 @@ func TestDualStack(t *testing.T) {
 
 	podRanges := map[string][]netip.Prefix{}
 	for _, n := range []*testcluster.Node{srv, agent} {
-		eventually(t, n.Name+"'s pod ranges and addresses", func() (bool, error) {
+		testcluster.Eventually(t, n.Name+"'s pod ranges and addresses", func() (bool, error) {
 			node, err := c.CoreV1().Nodes().Get(context.Background(), n.Name, metav1.GetOptions{})
 			if err != nil || len(node.Spec.PodCIDRs) != 2 {
 				return false, nil
@@ -111,7 +111,7 @@ func TestDualStack(t *testing.T) {
 	waitServiceAccount(t, c, "default")
 	apply(t, srv, spreadWorkload+"---\n"+dualStackClient+"---\n"+dualStackService)
 	rolloutStatus(t, srv, "daemonset/web", 170*time.Second)
-	eventually(t, "the client pod", func() (bool, error) {
+	testcluster.Eventually(t, "the client pod", func() (bool, error) {
 		p, err := c.CoreV1().Pods("default").Get(context.Background(), "client", metav1.GetOptions{})
 		return err == nil && p.Status.Phase == corev1.PodRunning && len(p.Status.PodIPs) == 2, nil
 	})
@@ -144,14 +144,14 @@ func TestDualStack(t *testing.T) {
 
 	t.Run("pod to pod on a node over IPv6", func(t *testing.T) {
 		web := pods["server"]
-		eventually(t, "the client reaches the server's web pod by its IPv6 address", func() (bool, error) {
+		testcluster.Eventually(t, "the client reaches the server's web pod by its IPv6 address", func() (bool, error) {
 			out, err := exec("client", "/testapp", "get", "http://"+net.JoinHostPort(v6[web.Name], "8080")+"/", "3s")
 			return err == nil && strings.HasPrefix(out, web.Name+" "+net.JoinHostPort(v6["client"], "")), nil
 		})
 	})
 	t.Run("pod to pod across nodes over IPv6", func(t *testing.T) {
 		web := pods["agent-1"]
-		eventually(t, "the client reaches the agent's web pod by its IPv6 address", func() (bool, error) {
+		testcluster.Eventually(t, "the client reaches the agent's web pod by its IPv6 address", func() (bool, error) {
 			out, err := exec("client", "/testapp", "get", "http://"+net.JoinHostPort(v6[web.Name], "8080")+"/", "3s")
 			return err == nil && strings.HasPrefix(out, web.Name+" "+net.JoinHostPort(v6["client"], "")), nil
 		})
@@ -165,14 +165,14 @@ func TestDualStack(t *testing.T) {
 	}
 	t.Run("a PreferDualStack Service over both families from the other node", func(t *testing.T) {
 		for _, ip := range svc.Spec.ClusterIPs {
-			eventually(t, "the client Service at "+ip+" from the agent's pod", func() (bool, error) {
+			testcluster.Eventually(t, "the client Service at "+ip+" from the agent's pod", func() (bool, error) {
 				out, err := fromAgent(ip)
 				return err == nil && strings.HasPrefix(out, "client "), nil
 			})
 		}
 	})
 	t.Run("DNS answers both families", func(t *testing.T) {
-		eventually(t, "A and AAAA of the client Service", func() (bool, error) {
+		testcluster.Eventually(t, "A and AAAA of the client Service", func() (bool, error) {
 			out, err := exec(pods["agent-1"].Name, "/testapp", "lookup", "client.default.svc.cluster.local")
 			got := strings.Fields(out)
 			slices.Sort(got)
@@ -180,7 +180,7 @@ func TestDualStack(t *testing.T) {
 			slices.Sort(want)
 			return err == nil && slices.Equal(got, want), nil
 		})
-		eventually(t, "PTR of the IPv6 ClusterIP", func() (bool, error) {
+		testcluster.Eventually(t, "PTR of the IPv6 ClusterIP", func() (bool, error) {
 			out, err := exec(pods["agent-1"].Name, "/testapp", "ptr", svc.Spec.ClusterIPs[1])
 			return err == nil && out == "client.default.svc.cluster.local.", nil
 		})
@@ -192,14 +192,14 @@ func TestDualStack(t *testing.T) {
 			if !slices.Contains(svc.Spec.ClusterIPs, ip) {
 				port = "8080"
 			}
-			eventually(t, "the client pod isolated at "+ip, func() (bool, error) {
+			testcluster.Eventually(t, "the client pod isolated at "+ip, func() (bool, error) {
 				_, err := exec(pods["agent-1"].Name, "/testapp", "get", "http://"+net.JoinHostPort(ip, port)+"/", "2s")
 				return err != nil, nil
 			})
 		}
 		kubectl(t, srv, "delete", "networkpolicy", "deny-client")
 		for _, ip := range svc.Spec.ClusterIPs {
-			eventually(t, "the client Service at "+ip+" once the policy is gone", func() (bool, error) {
+			testcluster.Eventually(t, "the client Service at "+ip+" once the policy is gone", func() (bool, error) {
 				out, err := fromAgent(ip)
 				return err == nil && strings.HasPrefix(out, "client "), nil
 			})
@@ -208,7 +208,7 @@ func TestDualStack(t *testing.T) {
 	t.Run("node to its pod over IPv6", func(t *testing.T) {
 		web := pods["server"]
 		hc := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: srv.DialContext, DisableKeepAlives: true}}
-		eventually(t, "the server node reaches its web pod by its IPv6 address", func() (bool, error) {
+		testcluster.Eventually(t, "the server node reaches its web pod by its IPv6 address", func() (bool, error) {
 			resp, err := hc.Get("http://" + net.JoinHostPort(v6[web.Name], "8080") + "/")
 			if err != nil {
 				return false, nil
@@ -229,7 +229,7 @@ func TestDualStack(t *testing.T) {
 				fmt.Fprintln(w, host)
 			}))
 		}()
-		eventually(t, "the agent's pod reaches the server node over IPv6", func() (bool, error) {
+		testcluster.Eventually(t, "the agent's pod reaches the server node over IPv6", func() (bool, error) {
 			out, err := exec(pods["agent-1"].Name, "/testapp", "get", "http://"+net.JoinHostPort(srv.IP6, "7000")+"/", "3s")
 			if err != nil {
 				return false, nil
@@ -282,7 +282,7 @@ func TestIPv6Only(t *testing.T) {
 	}
 	waitServiceAccount(t, c, "default")
 	apply(t, srv, dualStackClient+"---\n"+dualStackService)
-	eventually(t, "the client pod", func() (bool, error) {
+	testcluster.Eventually(t, "the client pod", func() (bool, error) {
 		p, err := c.CoreV1().Pods("default").Get(context.Background(), "client", metav1.GetOptions{})
 		return err == nil && p.Status.Phase == corev1.PodRunning && len(p.Status.PodIPs) > 0, nil
 	})
@@ -297,7 +297,7 @@ func TestIPv6Only(t *testing.T) {
 	if err != nil || len(svc.Spec.ClusterIPs) != 1 || !strings.HasPrefix(svc.Spec.ClusterIP, "fd43::") {
 		t.Fatalf("the client Service's ClusterIPs %v, %v", svc.Spec.ClusterIPs, err)
 	}
-	eventually(t, "the client Service by its DNS name, over IPv6", func() (bool, error) {
+	testcluster.Eventually(t, "the client Service by its DNS name, over IPv6", func() (bool, error) {
 		out, err := srv.Kubectl("exec", "client", "--", "/testapp", "get", "http://client.default.svc.cluster.local/", "3s")
 		return err == nil && strings.HasPrefix(out, "client "), nil
 	})

@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kelp-dev/kelp/internal/fleet"
@@ -152,13 +151,10 @@ func createUpgradeSpec(t *testing.T, dyn dynamic.Interface, name string, spec ma
 		"metadata":   map[string]any{"name": name},
 		"spec":       spec,
 	}}
-	err := wait.PollUntilContextTimeout(context.Background(), time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := dyn.Resource(fleet.Resource).Create(ctx, obj, metav1.CreateOptions{})
-		return err == nil, nil
+	testcluster.Eventually(t, "create Upgrade "+name, func() (bool, error) {
+		_, err := dyn.Resource(fleet.Resource).Create(context.Background(), obj, metav1.CreateOptions{})
+		return err == nil, err
 	})
-	if err != nil {
-		t.Fatalf("create Upgrade %s: %v", name, err)
-	}
 }
 
 // waitUpgrade waits until the Upgrade name is Succeeded or Failed,
@@ -167,10 +163,10 @@ func waitUpgrade(t *testing.T, dyn dynamic.Interface, name string, timeout time.
 	t.Helper()
 	var u fleet.Upgrade
 	began, last := time.Now(), ""
-	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Second, timeout, true, func(ctx context.Context) (bool, error) {
-		obj, err := dyn.Resource(fleet.Resource).Get(ctx, name, metav1.GetOptions{})
+	testcluster.EventuallyWithin(t, timeout, "Upgrade "+name+" finished", func() (bool, error) {
+		obj, err := dyn.Resource(fleet.Resource).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, err
 		}
 		u = fleet.Upgrade{}
 		if err := fromUnstructured(obj, &u); err != nil {
@@ -184,11 +180,8 @@ func waitUpgrade(t *testing.T, dyn dynamic.Interface, name string, timeout time.
 			t.Logf("%4.0f s  Upgrade %s: %s", time.Since(began).Seconds(), name, states)
 			last = states
 		}
-		return u.Status.Phase == fleet.PhaseSucceeded || u.Status.Phase == fleet.PhaseFailed, nil
+		return u.Status.Phase == fleet.PhaseSucceeded || u.Status.Phase == fleet.PhaseFailed, fmt.Errorf("%+v", u.Status)
 	})
-	if err != nil {
-		t.Fatalf("Upgrade %s did not finish within %s: %v\n%+v", name, timeout, err, u.Status)
-	}
 	return &u
 }
 

@@ -277,7 +277,7 @@ func createWidgets(t *testing.T, n *testcluster.Node, names ...string) {
 			"spec":     map[string]any{"size": int64(i + 1)},
 		}}
 		// Discovery of a new CRD can lag its Established condition.
-		eventually(t, "Widget "+name, func() (bool, error) {
+		testcluster.Eventually(t, "Widget "+name, func() (bool, error) {
 			_, err := dyn.Resource(widgets).Namespace("default").Create(ctx, w, metav1.CreateOptions{})
 			return err == nil, nil
 		})

@@ -143,7 +143,7 @@ func TestGateway(t *testing.T) {
 	ca1, cert1 := newServingCert(t, "app.example.test")
 	ca2, cert2 := newServingCert(t, "app.example.test")
 	apply(t, n, tlsSecret("app-tls", cert1))
-	eventually(t, "the Gateway API CRDs and the GatewayClass kelp", func() (bool, error) {
+	testcluster.Eventually(t, "the Gateway API CRDs and the GatewayClass kelp", func() (bool, error) {
 		gc, err := gw.GatewayV1().GatewayClasses().Get(context.Background(), "kelp", metav1.GetOptions{})
 		return err == nil && apimeta.IsStatusConditionTrue(gc.Status.Conditions, "Accepted"), nil
 	})
@@ -151,7 +151,7 @@ func TestGateway(t *testing.T) {
 	kubectl(t, n, "wait", "--for=condition=Available", "deployment/app", "--timeout=120s")
 
 	var addr string
-	eventually(t, "Gateway web programmed with an address", func() (bool, error) {
+	testcluster.Eventually(t, "Gateway web programmed with an address", func() (bool, error) {
 		g, err := gw.GatewayV1().Gateways("default").Get(context.Background(), "web", metav1.GetOptions{})
 		if err != nil || !apimeta.IsStatusConditionTrue(g.Status.Conditions, "Programmed") || len(g.Status.Addresses) == 0 {
 			return false, nil
@@ -159,7 +159,7 @@ func TestGateway(t *testing.T) {
 		addr = g.Status.Addresses[0].Value
 		return true, nil
 	})
-	eventually(t, "HTTPRoute missing: ResolvedRefs False, BackendNotFound", func() (bool, error) {
+	testcluster.Eventually(t, "HTTPRoute missing: ResolvedRefs False, BackendNotFound", func() (bool, error) {
 		r, err := gw.GatewayV1().HTTPRoutes("default").Get(context.Background(), "missing", metav1.GetOptions{})
 		if err != nil || len(r.Status.Parents) != 1 {
 			return false, nil
@@ -167,7 +167,7 @@ func TestGateway(t *testing.T) {
 		got := apimeta.FindStatusCondition(r.Status.Parents[0].Conditions, "ResolvedRefs")
 		return got != nil && got.Status == metav1.ConditionFalse && got.Reason == string(gatewayv1.RouteReasonBackendNotFound) && got.ObservedGeneration == r.Generation, nil
 	})
-	eventually(t, "Gateway busy: listener Accepted False, PortUnavailable", func() (bool, error) {
+	testcluster.Eventually(t, "Gateway busy: listener Accepted False, PortUnavailable", func() (bool, error) {
 		g, err := gw.GatewayV1().Gateways("default").Get(context.Background(), "busy", metav1.GetOptions{})
 		if err != nil || len(g.Status.Listeners) != 1 {
 			return false, nil
@@ -189,7 +189,7 @@ func TestGateway(t *testing.T) {
 		return resp.StatusCode, resp.Header, string(body), nil
 	}
 	t.Run("HTTP by hostname", func(t *testing.T) {
-		eventually(t, "the app over HTTP", func() (bool, error) {
+		testcluster.Eventually(t, "the app over HTTP", func() (bool, error) {
 			code, _, body, err := get("http://"+net.JoinHostPort(addr, "80")+"/", "app.example.test")
 			return err == nil && code == http.StatusOK && strings.HasPrefix(body, "app-"), nil
 		})
@@ -198,11 +198,11 @@ func TestGateway(t *testing.T) {
 		}
 	})
 	t.Run("Ingress of the class kelp", func(t *testing.T) {
-		eventually(t, "the app through the Ingress", func() (bool, error) {
+		testcluster.Eventually(t, "the app through the Ingress", func() (bool, error) {
 			code, _, body, err := get("http://"+net.JoinHostPort(addr, "80")+"/", "ingress.example.test")
 			return err == nil && code == http.StatusOK && strings.HasPrefix(body, "app-"), nil
 		})
-		eventually(t, "the Ingress's address", func() (bool, error) {
+		testcluster.Eventually(t, "the Ingress's address", func() (bool, error) {
 			ing, err := c.NetworkingV1().Ingresses("default").Get(context.Background(), "app", metav1.GetOptions{})
 			return err == nil && len(ing.Status.LoadBalancer.Ingress) == 1 && ing.Status.LoadBalancer.Ingress[0].IP == addr, nil
 		})
@@ -225,14 +225,14 @@ spec:
   rules:
   - backendRefs: [{name: app, port: 80}]
 `)
-		eventually(t, "the new route", func() (bool, error) {
+		testcluster.Eventually(t, "the new route", func() (bool, error) {
 			code, _, _, err := get("http://"+net.JoinHostPort(addr, "80")+"/", "late.example.test")
 			return err == nil && code == http.StatusOK, nil
 		})
 		t.Logf("from kubectl apply of an HTTPRoute to its first answer: %s", time.Since(began).Round(10*time.Millisecond))
 	})
 	t.Run("second Gateway on 8080", func(t *testing.T) {
-		eventually(t, "the app on 8080", func() (bool, error) {
+		testcluster.Eventually(t, "the app on 8080", func() (bool, error) {
 			code, h, body, err := get("http://"+net.JoinHostPort(addr, "8080")+"/", "anything")
 			return err == nil && code == http.StatusOK && h.Get("X-Gateway") == "alt" && strings.HasPrefix(body, "app-"), nil
 		})
@@ -254,7 +254,7 @@ spec:
 		return conn, nil
 	}
 	var open *tls.Conn
-	eventually(t, "the app over HTTPS with the first certificate", func() (bool, error) {
+	testcluster.Eventually(t, "the app over HTTPS with the first certificate", func() (bool, error) {
 		conn, err := dialTLS(ca1)
 		if err != nil {
 			return false, nil
@@ -269,7 +269,7 @@ spec:
 	defer open.Close()
 
 	apply(t, n, tlsSecret("app-tls", cert2))
-	eventually(t, "a new connection gets the rotated certificate", func() (bool, error) {
+	testcluster.Eventually(t, "a new connection gets the rotated certificate", func() (bool, error) {
 		conn, err := dialTLS(ca2)
 		if err != nil {
 			return false, nil

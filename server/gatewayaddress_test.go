@@ -12,7 +12,6 @@ import (
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	gatewayclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
@@ -82,7 +81,7 @@ func TestGatewayAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the GatewayClass kelp", func() (bool, error) {
+	testcluster.Eventually(t, "the GatewayClass kelp", func() (bool, error) {
 		gc, err := gw.GatewayV1().GatewayClasses().Get(context.Background(), "kelp", metav1.GetOptions{})
 		return err == nil && apimeta.IsStatusConditionTrue(gc.Status.Conditions, "Accepted"), nil
 	})
@@ -91,7 +90,7 @@ func TestGatewayAddresses(t *testing.T) {
 
 	addrs := map[string]string{}
 	for _, name := range []string{"one", "two"} {
-		eventually(t, "Gateway "+name+" programmed on an address of its own", func() (bool, error) {
+		testcluster.Eventually(t, "Gateway "+name+" programmed on an address of its own", func() (bool, error) {
 			g, err := gw.GatewayV1().Gateways("default").Get(context.Background(), name, metav1.GetOptions{})
 			if err != nil || !apimeta.IsStatusConditionTrue(g.Status.Conditions, "Programmed") || len(g.Status.Addresses) != 1 {
 				return false, nil
@@ -117,7 +116,7 @@ func TestGatewayAddresses(t *testing.T) {
 	reachBoth := func(when string) {
 		t.Helper()
 		for _, name := range []string{"one", "two"} {
-			eventually(t, when+": app "+name+" at its Gateway's address "+addrs[name]+" from the client", func() (bool, error) {
+			testcluster.Eventually(t, when+": app "+name+" at its Gateway's address "+addrs[name]+" from the client", func() (bool, error) {
 				code, body, err := get(addrs[name])
 				return err == nil && code == http.StatusOK && strings.HasPrefix(body, name+"-"), nil
 			})
@@ -131,7 +130,7 @@ func TestGatewayAddresses(t *testing.T) {
 	}
 
 	apply(t, srv, port80Gateway("three"))
-	eventually(t, "Gateway three: Programmed False, AddressNotAssigned", func() (bool, error) {
+	testcluster.Eventually(t, "Gateway three: Programmed False, AddressNotAssigned", func() (bool, error) {
 		g, err := gw.GatewayV1().Gateways("default").Get(context.Background(), "three", metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -165,7 +164,7 @@ func TestGatewayAddresses(t *testing.T) {
 	movedTo := func(n, from *testcluster.Node) {
 		t.Helper()
 		for _, name := range []string{"one", "two"} {
-			eventually(t, "node "+n.Name+" holds "+addrs[name], func() (bool, error) {
+			testcluster.Eventually(t, "node "+n.Name+" holds "+addrs[name], func() (bool, error) {
 				return holds(n, addrs[name]) && !holds(from, addrs[name]), nil
 			})
 		}
@@ -177,15 +176,10 @@ func TestGatewayAddresses(t *testing.T) {
 	neighbourIs := func(n *testcluster.Node) {
 		t.Helper()
 		for _, name := range []string{"one", "two"} {
-			var entry string
-			err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-				var ok bool
-				ok, entry = arpTo(n, addrs[name])
-				return ok, nil
+			testcluster.EventuallyWithin(t, 10*time.Second, fmt.Sprintf("the client's neighbour entry of %s names %s's MAC", addrs[name], n.Name), func() (bool, error) {
+				ok, entry := arpTo(n, addrs[name])
+				return ok, fmt.Errorf("it is %s", entry)
 			})
-			if err != nil {
-				t.Errorf("the client's neighbour entry of %s: %s, want %s's MAC", addrs[name], entry, n.Name)
-			}
 		}
 	}
 

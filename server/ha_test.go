@@ -147,10 +147,10 @@ func TestHA(t *testing.T) {
 	agent.WaitLog("kelp node is running", startTimeout)
 	c := s2.Client()
 	waitNodesReady(t, c, 4)
-	eventually(t, "three apiservers in the kubernetes EndpointSlice", func() (bool, error) {
+	testcluster.Eventually(t, "three apiservers in the kubernetes EndpointSlice", func() (bool, error) {
 		return len(apiserverAddresses(c)) == 3, nil
 	})
-	eventually(t, "three voting etcd members", func() (bool, error) {
+	testcluster.Eventually(t, "three voting etcd members", func() (bool, error) {
 		promoted := 0
 		for _, s := range []*testcluster.Node{s1, s2, s3} {
 			promoted += strings.Count(s.Log(), "Promoted etcd learner to voting member")
@@ -161,14 +161,14 @@ func TestHA(t *testing.T) {
 	waitServiceAccount(t, c, "default")
 	apply(t, s2, haWorkload+"---\n"+haDaemonSet)
 	rolloutStatus(t, s2, "daemonset/everywhere", 2*startTimeout)
-	eventually(t, "the web pod on the agent ready", func() (bool, error) {
+	testcluster.Eventually(t, "the web pod on the agent ready", func() (bool, error) {
 		pod, err := c.CoreV1().Pods("default").Get(context.Background(), "web", metav1.GetOptions{})
 		return err == nil && podReady(pod), nil
 	})
 	serviceIP := webServiceIP(t, c)
 	reachable := func(when string) {
 		t.Helper()
-		eventually(t, "the web Service from the agent "+when, func() (bool, error) {
+		testcluster.Eventually(t, "the web Service from the agent "+when, func() (bool, error) {
 			return get(agent, "http://"+serviceIP+"/healthz") == nil, nil
 		})
 	}
@@ -189,7 +189,7 @@ func TestHA(t *testing.T) {
 			away.Start(joinArgs...)
 		}
 		away.WaitReady(startTimeout)
-		eventually(t, away.Name+" catching up", func() (bool, error) {
+		testcluster.Eventually(t, away.Name+" catching up", func() (bool, error) {
 			_, err := away.Client().CoreV1().ConfigMaps("default").Get(context.Background(), name, metav1.GetOptions{})
 			return err == nil, nil
 		})
@@ -223,7 +223,7 @@ func TestHA(t *testing.T) {
 	}
 	s1.WaitReady(2 * startTimeout)
 	s3.WaitReady(2 * startTimeout)
-	eventually(t, "three voting etcd members again", func() (bool, error) {
+	testcluster.Eventually(t, "three voting etcd members again", func() (bool, error) {
 		out, err := s2.RunKelp(time.Minute, "etcdctl", "--data-dir", s2.DataDir, "member", "list")
 		return err == nil && strings.Count(out, ", started, ") == 3 && !strings.Contains(out, "true"), nil
 	})
@@ -233,11 +233,11 @@ func TestHA(t *testing.T) {
 	// server-1, which the agent joined through, goes away for good.
 	s1.Stop()
 	kubectl(t, s2, "delete", "node", "server-1")
-	eventually(t, "server-1's etcd member removed", func() (bool, error) {
+	testcluster.Eventually(t, "server-1's etcd member removed", func() (bool, error) {
 		return s2.Logged("removed its etcd member") || s3.Logged("removed its etcd member"), nil
 	})
 	gone := time.Now()
-	eventually(t, "the agent's lease renewed through the other servers", func() (bool, error) {
+	testcluster.Eventually(t, "the agent's lease renewed through the other servers", func() (bool, error) {
 		lease, err := c.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), "agent-1", metav1.GetOptions{})
 		return err == nil && renewedAfter(lease, gone.Add(15*time.Second)), nil
 	})

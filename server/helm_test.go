@@ -20,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -149,7 +148,7 @@ func TestHelm(t *testing.T) {
 	must(t, "delete HelmChart content", func() error {
 		return dyn.Resource(helmchart.Resource).Namespace(metav1.NamespaceSystem).Delete(context.Background(), "content", metav1.DeleteOptions{})
 	})
-	eventually(t, "HelmChart content and its ConfigMap gone", func() (bool, error) {
+	testcluster.Eventually(t, "HelmChart content and its ConfigMap gone", func() (bool, error) {
 		_, errCM := c.CoreV1().ConfigMaps(helmTestNS).Get(context.Background(), "content", metav1.GetOptions{})
 		_, errHC := dyn.Resource(helmchart.Resource).Namespace(metav1.NamespaceSystem).Get(context.Background(), "content", metav1.GetOptions{})
 		return apierrors.IsNotFound(errCM) && apierrors.IsNotFound(errHC), nil
@@ -168,7 +167,7 @@ func TestHelm(t *testing.T) {
 // built-in manifest helm-controller.yaml.
 func waitHelmCRD(t *testing.T, n *testcluster.Node) {
 	t.Helper()
-	eventually(t, "HelmChart API served", func() (bool, error) {
+	testcluster.Eventually(t, "HelmChart API served", func() (bool, error) {
 		_, err := n.Client().Discovery().ServerResourcesForGroupVersion(helmchart.Resource.GroupVersion().String())
 		return err == nil, nil
 	})
@@ -190,48 +189,38 @@ func packageDemoChart(t *testing.T, version, dir string) {
 // waitConfigMap waits for the ConfigMap of release name to hold want.
 func waitConfigMap(t *testing.T, c kubernetes.Interface, name string, want map[string]string) {
 	t.Helper()
-	var got map[string]string
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		cm, err := c.CoreV1().ConfigMaps(helmTestNS).Get(ctx, name, metav1.GetOptions{})
+	testcluster.Eventually(t, fmt.Sprintf("ConfigMap %s/%s holds %v", helmTestNS, name, want), func() (bool, error) {
+		cm, err := c.CoreV1().ConfigMaps(helmTestNS).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, err
 		}
-		got = cm.Data
 		for k, v := range want {
-			if got[k] != v {
-				return false, nil
+			if cm.Data[k] != v {
+				return false, fmt.Errorf("it holds %v", cm.Data)
 			}
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Fatalf("ConfigMap %s/%s holds %v, want %v", helmTestNS, name, got, want)
-	}
 }
 
 // waitDeployed waits for HelmChart name's Deployed condition to be status
 // with reason and a message that has message in it.
 func waitDeployed(t *testing.T, dyn dynamic.Interface, name string, status metav1.ConditionStatus, reason, message string) {
 	t.Helper()
-	var got any
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		obj, err := dyn.Resource(helmchart.Resource).Namespace(metav1.NamespaceSystem).Get(ctx, name, metav1.GetOptions{})
+	testcluster.Eventually(t, fmt.Sprintf("HelmChart %s Deployed %s, %s, with %q", name, status, reason, message), func() (bool, error) {
+		obj, err := dyn.Resource(helmchart.Resource).Namespace(metav1.NamespaceSystem).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false, err
 		}
 		conds, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
-		got = conds
 		for _, c := range conds {
 			c, _ := c.(map[string]any)
-			if c["type"] == helmchart.ConditionDeployed {
-				return c["status"] == string(status) && c["reason"] == reason && strings.Contains(fmt.Sprint(c["message"]), message), nil
+			if c["type"] == helmchart.ConditionDeployed && c["status"] == string(status) && c["reason"] == reason && strings.Contains(fmt.Sprint(c["message"]), message) {
+				return true, nil
 			}
 		}
-		return false, nil
+		return false, fmt.Errorf("conditions %v", conds)
 	})
-	if err != nil {
-		t.Fatalf("HelmChart %s: conditions %v, want Deployed %s, %s, with %q", name, got, status, reason, message)
-	}
 }
 
 // helmChartVersions are the resourceVersions of the HelmCharts by name.

@@ -90,7 +90,7 @@ func TestNodeControllerIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The policies are in force once the apiserver has loaded them.
-	eventually(t, "agent-1's controllers refused an overlay annotation on the server's Node", func() (bool, error) {
+	testcluster.Eventually(t, "agent-1's controllers refused an overlay annotation on the server's Node", func() (bool, error) {
 		err := patchNode("server", annotate("overlay.kelp.io/identity-test", "agent-1"))
 		if err == nil {
 			_ = patchNode("server", annotate("overlay.kelp.io/identity-test", nil))
@@ -211,7 +211,7 @@ func TestNodeControllerIdentity(t *testing.T) {
 	// What the scheduler placed on agent-1, agent-1 provisions: through
 	// the same webhook, as its controllers.
 	own := claim("default", "identity-own", "agent-1")
-	eventually(t, "agent-1 provisioning a claim placed on it", func() (bool, error) {
+	testcluster.Eventually(t, "agent-1 provisioning a claim placed on it", func() (bool, error) {
 		got, err := admin.CoreV1().PersistentVolumeClaims("default").Get(ctx, own.Name, metav1.GetOptions{})
 		return err == nil && got.Status.Phase == corev1.ClaimBound && got.Spec.VolumeName == "pvc-"+string(own.UID), err
 	})
@@ -259,7 +259,7 @@ func TestNodeControllerIdentity(t *testing.T) {
 	// The controller-manager type-checks the policies against the Node and
 	// PersistentVolume schemas: a mistyped field would fail every request.
 	for _, name := range []string{systemobjects.NodesPolicy, systemobjects.VolumesPolicy} {
-		eventually(t, "the type check of policy "+name, func() (bool, error) {
+		testcluster.Eventually(t, "the type check of policy "+name, func() (bool, error) {
 			p, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 			if err != nil || p.Status.TypeChecking == nil {
 				return false, nil

@@ -201,7 +201,7 @@ func TestManifests(t *testing.T) {
 	})
 
 	t.Run("a broken file is reported, the others apply", func(t *testing.T) {
-		eventually(t, "an ApplyFailed event on the Addon broken naming its file", warned("broken", "ApplyFailed", filepath.Join(dir, "broken.yaml")))
+		testcluster.Eventually(t, "an ApplyFailed event on the Addon broken naming its file", warned("broken", "ApplyFailed", filepath.Join(dir, "broken.yaml")))
 		if status, _ := applied("broken"); status != "False" {
 			t.Errorf("Addon broken: Applied %q", status)
 		}
@@ -223,7 +223,7 @@ func TestManifests(t *testing.T) {
 		if _, err := configMap("default", "beside-sprocket"); err != nil {
 			t.Errorf("the ConfigMap beside the Sprocket: %v", err)
 		}
-		eventually(t, "an ApplyFailed event on the Addon waiting naming the kind", warned("waiting", "ApplyFailed", "Sprocket"))
+		testcluster.Eventually(t, "an ApplyFailed event on the Addon waiting naming the kind", warned("waiting", "ApplyFailed", "Sprocket"))
 		if status, _ := applied("waiting"); status != "False" {
 			t.Errorf("Addon waiting: Applied %q", status)
 		}
@@ -241,7 +241,7 @@ func TestManifests(t *testing.T) {
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the Sprocket applied once its kind is served", func() (bool, error) {
+		testcluster.Eventually(t, "the Sprocket applied once its kind is served", func() (bool, error) {
 			_, err := dyn.Resource(sprocketsResource).Namespace("default").Get(ctx, "s1", metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return false, nil
@@ -253,11 +253,11 @@ func TestManifests(t *testing.T) {
 
 	t.Run("edited: updated and pruned", func(t *testing.T) {
 		write("app.yaml", appManifestEdited)
-		eventually(t, "ConfigMap one updated", func() (bool, error) {
+		testcluster.Eventually(t, "ConfigMap one updated", func() (bool, error) {
 			cm, err := configMap("manifest-test", "one")
 			return err == nil && cm.Data["version"] == "2", err
 		})
-		eventually(t, "ConfigMap two, no longer in the file, deleted", func() (bool, error) {
+		testcluster.Eventually(t, "ConfigMap two, no longer in the file, deleted", func() (bool, error) {
 			_, err := configMap("default", "two")
 			return gone(err)
 		})
@@ -267,7 +267,7 @@ func TestManifests(t *testing.T) {
 		if err := os.Remove(filepath.Join(dir, "app.yaml")); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the Addon app deleted", func() (bool, error) {
+		testcluster.Eventually(t, "the Addon app deleted", func() (bool, error) {
 			_, err := addons.Get(ctx, "app", metav1.GetOptions{})
 			return gone(err)
 		})
@@ -314,7 +314,7 @@ func TestManifests(t *testing.T) {
 		if err := os.Remove(filepath.Join(dir, "gadget.yaml")); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the Addon gadget deleted", func() (bool, error) {
+		testcluster.Eventually(t, "the Addon gadget deleted", func() (bool, error) {
 			_, err := addons.Get(ctx, "gadget", metav1.GetOptions{})
 			return gone(err)
 		})

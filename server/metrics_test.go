@@ -1,13 +1,10 @@
 package server_test
 
 import (
-	"context"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
@@ -95,7 +92,7 @@ func TestMetrics(t *testing.T) {
 
 	var available int
 	t.Run("APIService", func(t *testing.T) {
-		waitFor(t, "the APIService v1beta1.metrics.k8s.io is Available", time.Minute, func() (bool, error) {
+		testcluster.Eventually(t, "the APIService v1beta1.metrics.k8s.io is Available", func() (bool, error) {
 			out, err := n.Kubectl("get", "apiservice", "v1beta1.metrics.k8s.io", "-o", `jsonpath={.status.conditions[?(@.type=="Available")].status}`)
 			return err == nil && out == "True", nil
 		})
@@ -103,7 +100,7 @@ func TestMetrics(t *testing.T) {
 	})
 	t.Run("top nodes", func(t *testing.T) {
 		var out string
-		waitFor(t, "kubectl top nodes shows the node", time.Minute, func() (bool, error) {
+		testcluster.Eventually(t, "kubectl top nodes shows the node", func() (bool, error) {
 			var err error
 			out, err = n.Kubectl("top", "nodes", "--no-headers")
 			return err == nil && strings.HasPrefix(out, n.Name+" "), nil
@@ -118,7 +115,7 @@ func TestMetrics(t *testing.T) {
 	apply(t, n, metricsLoad)
 	t.Run("top pods", func(t *testing.T) {
 		var out string
-		waitFor(t, "kubectl top pods shows the sink working", 90*time.Second, func() (bool, error) {
+		testcluster.EventuallyWithin(t, 90*time.Second, "kubectl top pods shows the sink working", func() (bool, error) {
 			var err error
 			out, err = n.Kubectl("top", "pods", "-l", "app=sink", "--no-headers")
 			f := strings.Fields(out)
@@ -127,7 +124,7 @@ func TestMetrics(t *testing.T) {
 		if f := strings.Fields(out); !strings.HasPrefix(f[0], "sink-") || !strings.HasSuffix(f[2], "Mi") {
 			t.Errorf("kubectl top pods: %q", out)
 		}
-		waitFor(t, "kubectl top pods -A shows the load pod too", time.Minute, func() (bool, error) {
+		testcluster.Eventually(t, "kubectl top pods -A shows the load pod too", func() (bool, error) {
 			out, err := n.Kubectl("top", "pods", "-A", "--no-headers")
 			for _, line := range strings.Split(out, "\n") {
 				if f := strings.Fields(line); err == nil && len(f) >= 3 && f[0] == "default" && f[1] == "load" {
@@ -143,11 +140,11 @@ func TestMetrics(t *testing.T) {
 			r, _ := strconv.Atoi(out)
 			return r
 		}
-		waitFor(t, "the HPA scales the sink up under load", 2*time.Minute, func() (bool, error) {
+		testcluster.EventuallyWithin(t, 2*time.Minute, "the HPA scales the sink up under load", func() (bool, error) {
 			return replicas() > 1, nil
 		})
 		kubectl(t, n, "delete", "pod", "load", "--wait=false")
-		waitFor(t, "the HPA scales the sink down without load", 3*time.Minute, func() (bool, error) {
+		testcluster.EventuallyWithin(t, 3*time.Minute, "the HPA scales the sink down without load", func() (bool, error) {
 			return replicas() == 1, nil
 		})
 	})
@@ -168,15 +165,6 @@ func millicores(s string) int {
 		return -1
 	}
 	return m
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), time.Second, timeout, true,
-		func(context.Context) (bool, error) { return cond() })
-	if err != nil {
-		t.Fatalf("%s: not within %s: %v", what, timeout, err)
-	}
 }
 
 func grepLines(text, substr string) string {

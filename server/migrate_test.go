@@ -78,7 +78,7 @@ func applyMigratedWorkload(t *testing.T, n *testcluster.Node) {
 	t.Helper()
 	waitServiceAccount(t, n.Client(), "default")
 	apply(t, n, migratedWorkload)
-	eventually(t, "the Widget CRD established", func() (bool, error) {
+	testcluster.Eventually(t, "the Widget CRD established", func() (bool, error) {
 		_, err := n.Kubectl("wait", "--for=condition=Established", "crd/widgets.test.kelp.io", "--timeout=5s")
 		return err == nil, nil
 	})

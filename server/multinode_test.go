@@ -7,13 +7,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kelp-dev/kelp/internal/layout"
@@ -83,7 +83,7 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 	}
 	c := srv.Client()
 	waitNodesReady(t, c, 3)
-	eventually(t, "agent-2's addresses, its external IP too", func() (bool, error) {
+	testcluster.Eventually(t, "agent-2's addresses, its external IP too", func() (bool, error) {
 		node, err := c.CoreV1().Nodes().Get(context.Background(), "agent-2", metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -116,7 +116,7 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 				if from == to {
 					continue
 				}
-				eventually(t, fmt.Sprintf("%s reaches the pod on %s", from, to), func() (bool, error) {
+				testcluster.Eventually(t, fmt.Sprintf("%s reaches the pod on %s", from, to), func() (bool, error) {
 					out, err := exec(from, "/testapp", "get", "http://"+p.Status.PodIP+":8080/", "3s")
 					return err == nil && strings.HasPrefix(out, p.Name+" "+pods[from].Status.PodIP+":"), nil
 				})
@@ -137,7 +137,7 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 	t.Run("NodePort on every node", func(t *testing.T) {
 		client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: srv.DialContext, DisableKeepAlives: true}}
 		for _, n := range append([]*testcluster.Node{srv}, agents...) {
-			eventually(t, "the NodePort of "+n.Name, func() (bool, error) {
+			testcluster.Eventually(t, "the NodePort of "+n.Name, func() (bool, error) {
 				resp, err := client.Get("http://" + n.IP + ":30100/")
 				if err != nil {
 					return false, nil
@@ -254,7 +254,7 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 		if err := verifyChain(kubeletChain(t, srv, agents[0]), firstCert(t, serverTLS.ServerCA.Cert)); err != nil {
 			t.Fatalf("agent-1's kubelet does not serve its certificate of the server CA: %v", err)
 		}
-		eventually(t, "logs of the pod on agent-1, whose kubelet serves a certificate of the server CA", func() (bool, error) {
+		testcluster.Eventually(t, "logs of the pod on agent-1, whose kubelet serves a certificate of the server CA", func() (bool, error) {
 			out, err := srv.Kubectl("logs", pods["agent-1"].Name)
 			return err == nil && strings.Contains(out, "serving on :8080"), nil
 		})
@@ -271,7 +271,7 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 		}
 		// Its join at start gave it a serving certificate of the kubelet CA.
 		checkKubeletServing(t, srv, agents[0])
-		eventually(t, "exec on agent-1 after its restart", func() (bool, error) {
+		testcluster.Eventually(t, "exec on agent-1 after its restart", func() (bool, error) {
 			out, err := exec("agent-1", "/testapp", "cat", "/etc/hostname")
 			return err == nil && out == pods["agent-1"].Name, nil
 		})
@@ -292,7 +292,7 @@ func testMultiNode(t *testing.T, backend string, away time.Duration) {
 		}
 		gone.Stop()
 		kubectl(t, srv, "delete", "node", gone.Name)
-		eventually(t, "the routes to "+cidr+" gone", func() (bool, error) {
+		testcluster.Eventually(t, "the routes to "+cidr+" gone", func() (bool, error) {
 			return !hasRoute(srv) && !hasRoute(agents[0]), nil
 		})
 	})
@@ -333,26 +333,23 @@ func startServerNode(srv *testcluster.Node, args ...string) {
 	srv.WaitLog("kelp node is running", startTimeout)
 }
 
-// waitNodesReady waits until count nodes are Ready.
+// waitNodesReady waits until there are count nodes, all Ready.
 func waitNodesReady(t *testing.T, c kubernetes.Interface, count int) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
-		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	testcluster.EventuallyWithin(t, startTimeout, fmt.Sprintf("%d nodes Ready", count), func() (bool, error) {
+		nodes, err := c.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
 		if err != nil || len(nodes.Items) != count {
-			return false, nil
+			return false, err
 		}
 		for _, n := range nodes.Items {
-			for _, cond := range n.Status.Conditions {
-				if cond.Type == corev1.NodeReady && cond.Status != corev1.ConditionTrue {
-					return false, nil
-				}
+			if !slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
+				return c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
+			}) {
+				return false, fmt.Errorf("%s not Ready", n.Name)
 			}
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Fatalf("%d nodes not Ready: %v", count, err)
-	}
 }
 
 // podsByNode maps node names to the pod of selector running there.

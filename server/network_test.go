@@ -120,7 +120,7 @@ func TestNetwork(t *testing.T) {
 	t.Run("external traffic policy Local", func(t *testing.T) {
 		client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: outside.DialContext, DisableKeepAlives: true}}
 		var body string
-		eventually(t, "the Local NodePort answers from outside", func() (bool, error) {
+		testcluster.Eventually(t, "the Local NodePort answers from outside", func() (bool, error) {
 			resp, err := client.Get("http://" + testcluster.NodeOutsideIP + ":30090/")
 			if err != nil {
 				return false, nil
@@ -138,7 +138,7 @@ func TestNetwork(t *testing.T) {
 			t.Fatalf("echo-local has no health check port: %v", err)
 		}
 		health := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: n.DialContext, DisableKeepAlives: true}}
-		eventually(t, "the health check port counts 3 local endpoints", func() (bool, error) {
+		testcluster.Eventually(t, "the health check port counts 3 local endpoints", func() (bool, error) {
 			resp, err := health.Get(fmt.Sprintf("http://%s:%d/", testcluster.NodeIP, svc.Spec.HealthCheckNodePort))
 			if err != nil {
 				return false, nil
@@ -154,7 +154,7 @@ func TestNetwork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the headless name answers every pod IP", func() (bool, error) {
+		testcluster.Eventually(t, "the headless name answers every pod IP", func() (bool, error) {
 			out, _ := fromClient("lookup", "echo-headless.default.svc.cluster.local")
 			for _, p := range pods.Items {
 				if !strings.Contains(out, p.Status.PodIP) {
@@ -171,7 +171,7 @@ func TestNetwork(t *testing.T) {
 	t.Run("a scaled-down endpoint gets no more traffic", func(t *testing.T) {
 		kubectl(t, n, "scale", "deployment/echo", "--replicas=2")
 		var left map[string]bool
-		eventually(t, "two echo pods left", func() (bool, error) {
+		testcluster.Eventually(t, "two echo pods left", func() (bool, error) {
 			pods, err := c.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{LabelSelector: "app=echo"})
 			if err != nil {
 				return false, err

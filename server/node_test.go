@@ -183,7 +183,7 @@ func TestNodeWorkloads(t *testing.T) {
 		}
 		// Through the ClusterIP, from a pod, until both replicas answered.
 		seen := map[string]bool{}
-		eventually(t, "both web pods answer through the ClusterIP", func() (bool, error) {
+		testcluster.Eventually(t, "both web pods answer through the ClusterIP", func() (bool, error) {
 			out, err := n.Kubectl("exec", pods[0].Name, "--", "/testapp", "get", "http://"+svc.Spec.ClusterIP+"/")
 			if err == nil {
 				seen[strings.Fields(out)[0]] = true
@@ -204,7 +204,7 @@ func TestNodeWorkloads(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the LoadBalancer Service gets the node's address", func() (bool, error) {
+		testcluster.Eventually(t, "the LoadBalancer Service gets the node's address", func() (bool, error) {
 			lb, err = c.CoreV1().Services("default").Get(context.Background(), lb.Name, metav1.GetOptions{})
 			return err == nil && len(lb.Status.LoadBalancer.Ingress) == 1 && lb.Status.LoadBalancer.Ingress[0].IP == testcluster.NodeIP, err
 		})
@@ -213,7 +213,7 @@ func TestNodeWorkloads(t *testing.T) {
 			testcluster.NodeOutsideIP + ":8088": outside.DialContext,
 		} {
 			client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
-			eventually(t, "web answers on "+addr, func() (bool, error) {
+			testcluster.Eventually(t, "web answers on "+addr, func() (bool, error) {
 				resp, err := client.Get("http://" + addr + "/")
 				if err != nil {
 					return false, nil
@@ -239,7 +239,7 @@ func TestNodeWorkloads(t *testing.T) {
 		kubectl(t, n, "apply", "-n", "host", "-f", hostPortPod)
 		kubectl(t, n, "wait", "-n", "host", "--for=condition=Ready", "pod/hostport", "--timeout=60s")
 		client := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: outside.DialContext, DisableKeepAlives: true}}
-		eventually(t, "the hostPort answers from outside", func() (bool, error) {
+		testcluster.Eventually(t, "the hostPort answers from outside", func() (bool, error) {
 			resp, err := client.Get("http://" + testcluster.NodeOutsideIP + ":8081/")
 			if err != nil {
 				return false, nil
@@ -259,7 +259,7 @@ func TestNodeWorkloads(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "a connection to a Service without endpoints refused", func() (bool, error) {
+		testcluster.Eventually(t, "a connection to a Service without endpoints refused", func() (bool, error) {
 			out, _ := n.Kubectl("exec", pods[0].Name, "--", "/testapp", "get", "http://"+empty.Spec.ClusterIP+"/")
 			return strings.Contains(out, "connection refused"), nil
 		})
@@ -297,14 +297,14 @@ func TestNodeWorkloads(t *testing.T) {
 			return strings.TrimSpace(out)
 		}
 		var first string
-		eventually(t, "the UDP Service answers", func() (bool, error) {
+		testcluster.Eventually(t, "the UDP Service answers", func() (bool, error) {
 			first = ask()
 			return strings.HasPrefix(first, "udp-"), nil
 		})
 		kubectl(t, n, "delete", "pod", first, "--wait=false")
 		// The client keeps its source port, so only a forgotten conntrack
 		// entry lets its datagrams reach the new pod.
-		eventually(t, "the replacement pod answers the same flow", func() (bool, error) {
+		testcluster.Eventually(t, "the replacement pod answers the same flow", func() (bool, error) {
 			out := ask()
 			return strings.HasPrefix(out, "udp-") && out != first, nil
 		})
@@ -339,7 +339,7 @@ func TestNodeWorkloads(t *testing.T) {
 			{[]string{"cname", "ext.default.svc.cluster.local"}, "example.com."},
 			{[]string{"get", "http://web.default.svc.cluster.local/"}, "web-"},
 		} {
-			eventually(t, fmt.Sprintf("%v answers %q", q.args, q.want), func() (bool, error) {
+			testcluster.Eventually(t, fmt.Sprintf("%v answers %q", q.args, q.want), func() (bool, error) {
 				return strings.Contains(exec(q.args...), q.want), nil
 			})
 		}
@@ -361,7 +361,7 @@ func TestNodeWorkloads(t *testing.T) {
 			{[]string{"lookup", "app.corp.example"}, "10.7.7.7"},
 			{[]string{"lookup", "web"}, svc.Spec.ClusterIP}, // the cluster's names still answer
 		} {
-			eventually(t, fmt.Sprintf("%v answers %q", q.args, q.want), func() (bool, error) {
+			testcluster.Eventually(t, fmt.Sprintf("%v answers %q", q.args, q.want), func() (bool, error) {
 				return strings.Contains(exec(q.args...), q.want), nil
 			})
 		}
@@ -407,7 +407,7 @@ func TestNodeImages(t *testing.T) {
 	}
 
 	t.Run("missing image", func(t *testing.T) {
-		eventually(t, "an ErrImagePull event for the missing image", func() (bool, error) {
+		testcluster.Eventually(t, "an ErrImagePull event for the missing image", func() (bool, error) {
 			events, err := c.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=missing-image"})
 			if err != nil {
 				return false, err
@@ -424,7 +424,7 @@ func TestNodeImages(t *testing.T) {
 	t.Run("airgap image added while running", func(t *testing.T) {
 		const late = "docker.io/kelp-test/late:1.0"
 		copyFile(t, testcluster.BuildTestImage(t, late), filepath.Join(images, "late.tar"))
-		eventually(t, "the new tarball imported", func() (bool, error) {
+		testcluster.Eventually(t, "the new tarball imported", func() (bool, error) {
 			out, err := n.RunKelp(time.Minute, "ctr", "-n", "k8s.io", "images", "ls", "-q")
 			return err == nil && strings.Contains(out, late), nil
 		})
@@ -527,11 +527,11 @@ func TestNodeImages(t *testing.T) {
 					return strings.Contains(string(data), line), err
 				}
 			}
-			eventually(t, "crictl logs -f prints a line written after it started", func() (bool, error) {
+			testcluster.Eventually(t, "crictl logs -f prints a line written after it started", func() (bool, error) {
 				write()
 				return printed("followed line")()
 			})
-			eventually(t, "crictl logs -f prints the next line", printed(write()))
+			testcluster.Eventually(t, "crictl logs -f prints the next line", printed(write()))
 			if data, _ := os.ReadFile(logPath); strings.Contains(string(data), "serving on") {
 				t.Errorf("crictl logs -f --tail 0 printed the log from its start:\n%s", data)
 			}
@@ -713,7 +713,7 @@ func TestNodeLifecycle(t *testing.T) {
 			t.Fatalf("kill containerd: %v", err)
 		}
 		n.WaitLog("containerd restarted", time.Minute)
-		eventually(t, "crictl ps answers again", func() (bool, error) {
+		testcluster.Eventually(t, "crictl ps answers again", func() (bool, error) {
 			out, err := n.RunKelp(time.Minute, "crictl", "ps")
 			return err == nil && strings.Contains(out, " web "), nil
 		})
@@ -827,28 +827,14 @@ func kubectl(t *testing.T, n *testcluster.Node, args ...string) string {
 
 func waitNodeReady(t *testing.T, c kubernetes.Interface) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, startTimeout, true, func(ctx context.Context) (bool, error) {
-		nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil || len(nodes.Items) != 1 {
-			return false, nil
-		}
-		for _, cond := range nodes.Items[0].Status.Conditions {
-			if cond.Type == corev1.NodeReady {
-				return cond.Status == corev1.ConditionTrue, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("node not Ready: %v", err)
-	}
+	waitNodesReady(t, c, 1)
 }
 
 // waitServiceAccount waits for the controller-manager to make the default
 // service account of namespace, without which no pod is admitted there.
 func waitServiceAccount(t *testing.T, c kubernetes.Interface, namespace string) {
 	t.Helper()
-	eventually(t, "the default service account of "+namespace, func() (bool, error) {
+	testcluster.Eventually(t, "the default service account of "+namespace, func() (bool, error) {
 		_, err := c.CoreV1().ServiceAccounts(namespace).Get(context.Background(), "default", metav1.GetOptions{})
 		return err == nil, nil
 	})

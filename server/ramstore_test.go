@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kelp-dev/kelp/internal/datastore"
@@ -138,7 +137,7 @@ func compactsWhatItHolds(t *testing.T, n *testcluster.Node, c kubernetes.Interfa
 			t.Fatalf("create event %d: %v", i, err)
 		}
 	}
-	err := wait.PollUntilContextTimeout(context.Background(), time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+	testcluster.EventuallyWithin(t, 3*time.Minute, "a compaction of the RAM store finished (9 compaction intervals)", func() (bool, error) {
 		for _, m := range compactedRE.FindAllStringSubmatch(n.Log(), -1) {
 			from, _ := strconv.ParseInt(m[1], 10, 64)
 			if from < ramRevisions {
@@ -151,9 +150,6 @@ func compactsWhatItHolds(t *testing.T, n *testcluster.Node, c kubernetes.Interfa
 		}
 		return false, nil
 	})
-	if err != nil {
-		t.Fatalf("no compaction of the RAM store finished within 3 minutes (9 compaction intervals): %v", err)
-	}
 }
 
 // waitLeases waits until every one of ramLeases is held and was renewed
@@ -162,7 +158,7 @@ func waitLeases(t *testing.T, c kubernetes.Interface, since time.Time) map[types
 	t.Helper()
 	got := map[types.NamespacedName]coordinationv1.Lease{}
 	for _, l := range ramLeases {
-		eventually(t, fmt.Sprintf("lease %s held and renewed after %s", l, since.Format(time.TimeOnly)), func() (bool, error) {
+		testcluster.Eventually(t, fmt.Sprintf("lease %s held and renewed after %s", l, since.Format(time.TimeOnly)), func() (bool, error) {
 			lease, err := c.CoordinationV1().Leases(l.Namespace).Get(context.Background(), l.Name, metav1.GetOptions{})
 			if err != nil {
 				return false, nil
@@ -181,7 +177,7 @@ func waitLeases(t *testing.T, c kubernetes.Interface, since time.Time) map[types
 func waitEvents(t *testing.T, c kubernetes.Interface) map[types.UID]bool {
 	t.Helper()
 	var uids map[types.UID]bool
-	eventually(t, "events recorded", func() (bool, error) {
+	testcluster.Eventually(t, "events recorded", func() (bool, error) {
 		uids = eventUIDs(t, c)
 		return len(uids) > 0, nil
 	})

@@ -67,7 +67,7 @@ func TestSecretsEncryption(t *testing.T) {
 				}
 				n.Start(append(args, "--secrets-encryption")...)
 				n.WaitReady(startTimeout)
-				eventually(t, "the Secret stored encrypted", func() (bool, error) {
+				testcluster.Eventually(t, "the Secret stored encrypted", func() (bool, error) {
 					v := raw()
 					return strings.HasPrefix(v, "k8s:enc:secretbox:v1:") && !strings.Contains(v, "plain-sight"), nil
 				})

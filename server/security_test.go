@@ -41,7 +41,7 @@ func TestAuditAndPodSecurity(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the create in the audit log", func() (bool, error) {
+	testcluster.Eventually(t, "the create in the audit log", func() (bool, error) {
 		data, _ := os.ReadFile(auditLog)
 		for _, line := range strings.Split(string(data), "\n") {
 			if strings.Contains(line, `"verb":"create"`) && strings.Contains(line, `"name":"audited"`) {

@@ -102,7 +102,7 @@ func testSnapshotRestore(t *testing.T, kind string, args ...string) {
 	if err := c.CoreV1().Namespaces().Delete(ctx, "precious", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "namespace precious gone", func() (bool, error) {
+	testcluster.Eventually(t, "namespace precious gone", func() (bool, error) {
 		_, err := c.CoreV1().Namespaces().Get(ctx, "precious", metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
@@ -198,7 +198,7 @@ func scheduledSnapshots(t *testing.T, n *testcluster.Node, bucket *s3mem.Backend
 		return k
 	}
 	var local, onS3 []string
-	eventually(t, "four scheduled snapshots taken, two kept locally and on S3", func() (bool, error) {
+	testcluster.Eventually(t, "four scheduled snapshots taken, two kept locally and on S3", func() (bool, error) {
 		entries, err := os.ReadDir(filepath.Join(n.DataDir, "server", "db", "snapshots"))
 		if err != nil {
 			return false, nil

@@ -12,7 +12,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kelp-dev/kelp/internal/localstorage"
 	"github.com/kelp-dev/kelp/internal/testcluster"
@@ -78,7 +77,7 @@ func TestLocalStorage(t *testing.T) {
 	apply(t, n, statefulWorkload)
 	const claimName = "data-db-0"
 
-	eventually(t, "a warning that names the storage path", func() (bool, error) {
+	testcluster.Eventually(t, "a warning that names the storage path", func() (bool, error) {
 		events, err := c.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + claimName + ",reason=ProvisioningFailed"})
 		if err != nil {
 			return false, err
@@ -129,7 +128,7 @@ func TestLocalStorage(t *testing.T) {
 	}
 
 	kubectl(t, n, "delete", "pod", "db-0")
-	eventually(t, "the pod made again", func() (bool, error) {
+	testcluster.Eventually(t, "the pod made again", func() (bool, error) {
 		p, err := c.CoreV1().Pods("default").Get(ctx, "db-0", metav1.GetOptions{})
 		return err == nil && p.UID != pod.UID && podReady(p), nil
 	})
@@ -145,13 +144,10 @@ func TestLocalStorage(t *testing.T) {
 	}
 	kubectl(t, n, "delete", "statefulset", "db")
 	kubectl(t, n, "delete", "pvc", claimName, "--wait=false")
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	testcluster.EventuallyWithin(t, 2*time.Minute, "volume "+volume.Name+" deleted", func() (bool, error) {
 		_, err := c.CoreV1().PersistentVolumes().Get(ctx, volume.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		return apierrors.IsNotFound(err), err
 	})
-	if err != nil {
-		t.Fatalf("volume %s not deleted: %v", volume.Name, err)
-	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the volume's directory %s is still there: %v", dir, err)
 	}

@@ -18,7 +18,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -114,7 +113,7 @@ func TestImage(t *testing.T) {
 		t.Logf("node Ready %s after start", time.Since(started).Round(time.Second))
 
 		// What a user does with the image: `docker exec kelp kubectl …`.
-		eventually(t, "the default service account", func() (bool, error) {
+		testcluster.Eventually(t, "the default service account", func() (bool, error) {
 			_, err := client.CoreV1().ServiceAccounts("default").Get(context.Background(), "default", metav1.GetOptions{})
 			return err == nil, nil
 		})
@@ -417,7 +416,7 @@ func (c *container) client(timeout time.Duration) kubernetes.Interface {
 	c.t.Helper()
 	path := fmt.Sprintf("/proc/%d/root/etc/kelp/kelp.yaml", c.pid)
 	var data []byte
-	eventuallyWithin(c.t, timeout, "kelp to write "+path, func() (bool, error) {
+	testcluster.EventuallyWithin(c.t, timeout, "kelp to write "+path, func() (bool, error) {
 		if c.hasExited() {
 			return false, fmt.Errorf("kelp exited: %v", c.exit)
 		}
@@ -465,7 +464,7 @@ func (c *container) zombies() []string {
 
 func waitNodeReady(t *testing.T, c *container, client kubernetes.Interface) {
 	t.Helper()
-	eventuallyWithin(t, startTimeout, "node "+c.name+" Ready", func() (bool, error) {
+	testcluster.EventuallyWithin(t, startTimeout, "node "+c.name+" Ready", func() (bool, error) {
 		if c.hasExited() {
 			return false, fmt.Errorf("kelp exited: %v", c.exit)
 		}
@@ -480,21 +479,6 @@ func waitNodeReady(t *testing.T, c *container, client kubernetes.Interface) {
 		}
 		return false, nil
 	})
-}
-
-func eventually(t *testing.T, what string, cond func() (bool, error)) {
-	t.Helper()
-	eventuallyWithin(t, time.Minute, what, cond)
-}
-
-func eventuallyWithin(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		return cond()
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
 }
 
 func copyFile(t *testing.T, from, to string) {

@@ -330,13 +330,9 @@ func (n *Node) WaitReady(timeout time.Duration) {
 // WaitLog waits until the log of the running kelp contains text.
 func (n *Node) WaitLog(text string, timeout time.Duration) {
 	n.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !n.Logged(text) {
-		if time.Now().After(deadline) {
-			n.t.Fatalf("kelp %s on node %s did not log %q within %s", n.role, n.Name, text, timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	EventuallyWithin(n.t, timeout, fmt.Sprintf("kelp %s on node %s logs %q", n.role, n.Name, text), func() (bool, error) {
+		return n.Logged(text), nil
+	})
 }
 
 // Logged says whether the log of the running kelp contains text.

@@ -98,16 +98,12 @@ func StartPostgres(t *testing.T, n *Node) *Postgres {
 			<-done
 		}
 	})
-	deadline := time.Now().Add(time.Minute)
-	for {
+	Eventually(t, "postgres listens", func() (bool, error) {
 		conn, err := n.DialContext(t.Context(), "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
 		if err == nil {
 			conn.Close()
-			return p
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("postgres did not listen within a minute: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil, err
+	})
+	return p
 }
