@@ -60,7 +60,7 @@ func moduleVersion(m *debug.Module) string {
 	switch {
 	case m.Replace == nil:
 		return m.Version
-	case m.Replace.Version != "":
+	case m.Replace.Version != "" && m.Replace.Version != "(devel)":
 		return m.Replace.Version
 	}
 	return m.Version + patchedSuffix
