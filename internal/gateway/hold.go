@@ -49,6 +49,10 @@ const (
 	probeWait     = 500 * time.Millisecond
 	dadWait       = 5 * time.Second
 	inUseFor      = 2 * time.Minute
+	// handOver: an address found in use is asked about once more after
+	// this long, for the node that held it before, which lets go as soon
+	// as it reads the same Config, may still have answered.
+	handOver = 2 * time.Second
 )
 
 // errInUse: another machine answers for the address on its network.
@@ -218,7 +222,12 @@ func (h *holder) hold(a netip.Addr, addrs []netlink.Addr) error {
 	}
 	delete(h.inUse, a)
 	if a.Is4() {
-		if err := probe(link, a); err != nil {
+		err := probe(link, a)
+		if errors.Is(err, errInUse) {
+			time.Sleep(handOver)
+			err = probe(link, a)
+		}
+		if err != nil {
 			return h.foundInUse(a, err)
 		}
 	}
@@ -235,7 +244,17 @@ func (h *holder) hold(a netip.Addr, addrs []netlink.Addr) error {
 		return fmt.Errorf("add %s to %s: %w", a, iface, err)
 	}
 	if a.Is6() {
-		if err := awaitDAD(link, a); err != nil {
+		err := awaitDAD(link, a)
+		if errors.Is(err, errInUse) {
+			// Added again: the kernel checks an address once.
+			time.Sleep(handOver)
+			if err = netlink.AddrDel(link, hostAddr(a)); err == nil {
+				if err = netlink.AddrAdd(link, hostAddr(a)); err == nil {
+					err = awaitDAD(link, a)
+				}
+			}
+		}
+		if err != nil {
 			return errors.Join(h.foundInUse(a, err), h.release(a))
 		}
 	}

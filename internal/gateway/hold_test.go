@@ -332,6 +332,47 @@ func TestHoldInUse(t *testing.T) {
 	}
 }
 
+// A node that held an address before lets go as soon as it reads the
+// Config that moves it, which may be after the new holder first asked:
+// the address is taken, not found in use.
+func TestHoldHandOver(t *testing.T) {
+	l := newLAN(t)
+	if err := addAddrs(l.b, "10.7.0.100/32", "fd07::100/128"); err != nil {
+		t.Fatal(err)
+	}
+	x4, x6 := netip.MustParseAddr("10.7.0.100"), netip.MustParseAddr("fd07::100")
+	let := make(chan error, 1)
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		let <- l.b.Do(func() error {
+			link, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			return errors.Join(netlink.AddrDel(link, hostAddr(x4)), netlink.AddrDel(link, hostAddr(x6)))
+		})
+	}()
+	var h *holder
+	if err := l.a.Do(func() (err error) {
+		if h, err = loadHolder(l.record, "n1"); err != nil {
+			return err
+		}
+		h.sync(map[netip.Addr]string{x4: "n1", x6: "n1"})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-let; err != nil {
+		t.Fatal(err)
+	}
+	if got, want := addrs(t, l.a), []string{"10.7.0.1/24", "10.7.0.100/32", "fd07::1/64", "fd07::100/128"}; !slices.Equal(got, want) {
+		t.Errorf("a's addresses %v, want %v (problems %v)", got, want, h.problems)
+	}
+	if got := h.inUseReport(); got != "" {
+		t.Errorf("reported in use %q", got)
+	}
+}
+
 // Serve releases what a crash left recorded, but no address it did not
 // record, holds what the config gives its node, and releases all it holds
 // when it ends.
