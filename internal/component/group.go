@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -27,6 +29,7 @@ const (
 // way, and also when start fails, every piece started is stopped, within
 // StopTimeout. A stop asked for during start-up is not a failure.
 func Run(ctx context.Context, name string, log *logrus.Entry, start func(context.Context, *Group) error, opts ...GroupOption) error {
+	socket := takeNotifySocket()
 	g := NewGroup(ctx, ReadyTimeout, opts...)
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(context.Background(), StopTimeout)
@@ -45,13 +48,35 @@ func Run(ctx context.Context, name string, log *logrus.Entry, start func(context
 	}
 	// A service manager that started kelp (systemd's Type=notify) learns
 	// that it runs; without one there is no socket and nothing is sent.
-	notify(log, daemon.SdNotifyReady)
-	defer notify(log, daemon.SdNotifyStopping)
+	notify(log, socket, daemon.SdNotifyReady)
+	defer notify(log, socket, daemon.SdNotifyStopping)
 	return g.Wait()
 }
 
-func notify(log *logrus.Entry, state string) {
-	if _, err := daemon.SdNotify(false, state); err != nil {
+// takeNotifySocket returns the service manager's notify socket and takes
+// it out of the environment. The in-process kube-apiserver
+// (k8s.io/apiserver) sends READY=1 as soon as it serves and then unsets
+// the variable: under systemd, kelp was reported started minutes before it
+// was ready, and its own READY=1 and STOPPING=1 went nowhere. Children
+// (containerd) have no business with it either.
+func takeNotifySocket() string {
+	socket := os.Getenv("NOTIFY_SOCKET")
+	_ = os.Unsetenv("NOTIFY_SOCKET")
+	return socket
+}
+
+// notify sends state to socket, as sd_notify(3) does; without a socket
+// (no service manager) it sends nothing.
+func notify(log *logrus.Entry, socket, state string) {
+	if socket == "" {
+		return
+	}
+	conn, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: socket, Net: "unixgram"})
+	if err == nil {
+		_, err = conn.Write([]byte(state))
+		conn.Close()
+	}
+	if err != nil {
 		log.WithError(err).Warn("tell the service manager " + state)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/sirupsen/logrus"
 )
 
@@ -248,5 +249,38 @@ func TestRunNotifiesTheServiceManager(t *testing.T) {
 	})
 	if got := read(200 * time.Millisecond); got != "" {
 		t.Errorf("a failed start sent %q", got)
+	}
+}
+
+// The in-process kube-apiserver says READY=1 itself once it serves
+// (k8s.io/apiserver's genericapiserver), minutes before the control plane
+// and the node run on a slow machine, and unsets NOTIFY_SOCKET after.
+// The socket is kelp's: systemd must hear READY=1 from Run alone.
+func TestRunKeepsTheNotifySocketFromWhatItStarts(t *testing.T) {
+	read := notifySocket(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	early := make(chan string, 1)
+	go func() {
+		done <- Run(ctx, "kelp test", logrus.NewEntry(logrus.New()), func(_ context.Context, g *Group) error {
+			_, _ = daemon.SdNotify(true, daemon.SdNotifyReady)
+			early <- read(500 * time.Millisecond)
+			f := newFake("apiserver", func(string) {})
+			close(f.ready)
+			return g.Start(f, nil)
+		})
+	}()
+	if got := <-early; got != "" {
+		t.Errorf("a piece told the service manager %q before kelp was ready", got)
+	}
+	if got := read(10 * time.Second); got != "READY=1" {
+		t.Errorf("after start: sent %q, want READY=1", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := read(10 * time.Second); got != "STOPPING=1" {
+		t.Errorf("after stop: sent %q, want STOPPING=1", got)
 	}
 }
