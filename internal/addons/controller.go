@@ -78,7 +78,7 @@ func New(c Clients, dir string) *Controller {
 // is reported, not returned: Start fails only when the Addons or the
 // directory cannot be read or written.
 func (c *Controller) Start(ctx context.Context) error {
-	if err := ensureCRD(ctx, c.crds); err != nil {
+	if err := crd.Retry(ctx, "install the Addon CRD", func(ctx context.Context) error { return ensureCRD(ctx, c.crds) }); err != nil {
 		return err
 	}
 	_, err := c.sync(ctx, true)

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/kelp-dev/kelp/internal/crd"
 	"github.com/kelp-dev/kelp/internal/joinapi"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/leader"
@@ -80,7 +81,7 @@ type controller struct {
 
 // Run applies the Upgrade CRD, then carries out Upgrades until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
-	if err := EnsureCRD(ctx, cfg.Extensions); err != nil {
+	if err := crd.Retry(ctx, "install the Upgrade CRD", func(ctx context.Context) error { return EnsureCRD(ctx, cfg.Extensions) }); err != nil {
 		return err
 	}
 	c := &controller{cfg: cfg, client: cfg.Kube, dynamic: cfg.Dynamic, workers: map[string]bool{}}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/config"
+	"github.com/kelp-dev/kelp/internal/crd"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
@@ -322,7 +323,9 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 	if err != nil {
 		return err
 	}
-	if err := Install(ctx, cfg.Kube, cfg.Extensions, gw, cfg.CRDs); err != nil {
+	if err := crd.Retry(ctx, "install the Gateway API CRDs", func(ctx context.Context) error {
+		return Install(ctx, cfg.Kube, cfg.Extensions, gw, cfg.CRDs)
+	}); err != nil {
 		return err
 	}
 	run := func(ctx context.Context) error { return Run(ctx, cfg.Kube, gw, cfg.AddressRanges) }
