@@ -76,7 +76,7 @@ func TestKillallLeavesOtherNodes(t *testing.T) {
 	}{
 		{"agent-b", b.run, []string{
 			"ls -d /sys/fs/cgroup/*" + bPaths.CgroupRoot + "/kubepods/burstable",
-			"ls " + bPaths.PodLogsDir + "/default_everywhere-*/web/0.log",
+			"ls " + bPaths.PodLogsDir + "/default_everywhere-*/everywhere/0.log",
 			"ip link show cni0", "ip link show kelp.vxlan",
 			"test -S " + layout.ContainerdAddress,
 		}},
@@ -84,7 +84,7 @@ func TestKillallLeavesOtherNodes(t *testing.T) {
 			return agentC.Run(time.Minute, agentC.Command(args[0], args[1:]...))
 		}, []string{
 			"ls -d /sys/fs/cgroup/*" + cPaths.CgroupRoot + "/kubepods/burstable",
-			"ls " + cPaths.PodLogsDir + "/default_everywhere-*/web/0.log",
+			"ls " + cPaths.PodLogsDir + "/default_everywhere-*/everywhere/0.log",
 			"ip link show cni0", "ip link show kelp.vxlan",
 		}},
 		{"server", func(args ...string) (string, error) {
@@ -108,7 +108,7 @@ func TestKillallLeavesOtherNodes(t *testing.T) {
 	// agent-k's own, seen from its namespaces (the server's).
 	kHas := []string{
 		"ls -d /sys/fs/cgroup/*" + kPaths.CgroupRoot + "/kubepods",
-		"ls " + kPaths.PodLogsDir + "/default_everywhere-*/web/0.log",
+		"ls " + kPaths.PodLogsDir + "/default_everywhere-*/everywhere/0.log",
 		"ip link show cni0",
 	}
 	for _, cond := range kHas {

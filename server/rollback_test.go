@@ -286,7 +286,7 @@ func copyBinary(t *testing.T, from, to string) {
 // rejects a flag of the old one would.
 func buildFailing(t *testing.T) string {
 	t.Helper()
-	return buildBroken(t, "server/server.go", "if err := writeKubeconfigs(cfg, url, certs); err != nil {",
+	return buildBroken(t, "server/server.go", "if err := writeKubeconfigs(e); err != nil {",
 		`if err := errors.New("this build of kelp fails once its apiserver runs (TestUpgradeRollback)"); err != nil {`)
 }
 
