@@ -37,8 +37,7 @@ var fleetWorkload = testcluster.App{Name: "kept", Replicas: 2}.YAML()
 // Failed, naming the agent and the rollback, with the server upgraded.
 func TestFleetUpgrade(t *testing.T) {
 	t.Parallel()
-	failing := buildBroken(t, "agent/join.go", "follower, err := clientFor(p.ProxyKubeconfig)",
-		"follower, err := clientFor(p.ProxyKubeconfig)\n\terr = errors.New(\"this build of kelp fails once its node runs (TestFleetUpgrade)\")")
+	failing := buildKelp(t, failingVersion, failingAgent...)
 	lab := testcluster.NewLab(t)
 	image := testcluster.BuildTestImage(t, testcluster.TestImage)
 	srv := lab.NewNode("server", "10.99.0.2")

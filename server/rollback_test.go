@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,9 +16,6 @@ import (
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
-// failingVersion stamps the build TestUpgradeRollback fails to upgrade to.
-const failingVersion = "v99.0.0-rollback-test"
-
 // TestUpgradeRollback upgrades a server on SQLite, and one on embedded
 // etcd, as install.sh does (kelp.previous
 // beside kelp), to a kelp that fails once its apiserver has run on the
@@ -30,7 +26,7 @@ const failingVersion = "v99.0.0-rollback-test"
 // rollback`, which is refused while a kelp runs.
 func TestUpgradeRollback(t *testing.T) {
 	t.Parallel()
-	failing := buildFailing(t)
+	failing := buildKelp(t, failingVersion, failingServer...)
 	// One after the other: each is a server's start, three times over.
 	t.Run("sqlite", func(t *testing.T) { testUpgradeRollback(t, failing, "state.db") })
 	t.Run("etcd", func(t *testing.T) { testUpgradeRollback(t, failing, "etcd", "--cluster-init") })
@@ -125,8 +121,7 @@ func testUpgradeRollback(t *testing.T, failing, db string, flags ...string) {
 // kelp.previous back, and the agent runs the earlier kelp again.
 func TestAgentUpgradeRollback(t *testing.T) {
 	t.Parallel()
-	failing := buildBroken(t, "agent/join.go", "follower, err := clientFor(p.ProxyKubeconfig)",
-		"follower, err := clientFor(p.ProxyKubeconfig)\n\terr = errors.New(\"this build of kelp fails once its node runs (TestAgentUpgradeRollback)\")")
+	failing := buildKelp(t, failingVersion, failingAgent...)
 	lab := testcluster.NewLab(t)
 	srv := lab.NewNode("server", "10.99.0.2")
 	srv.Start()
@@ -167,7 +162,7 @@ func TestAgentUpgradeRollback(t *testing.T) {
 // the datastore as it was, and the earlier kelp runs with the same flags.
 func TestUpgradeRollbackRefusedFlag(t *testing.T) {
 	t.Parallel()
-	failing := buildBroken(t, "internal/config/server.go", `Name: "service-node-port-range"`, `Name: "service-node-port-range-renamed"`)
+	failing := buildKelp(t, failingVersion, failingServer...)
 	n := testcluster.NewNode(t)
 	b := newInstalled(t, n)
 	flag := "--service-node-port-range=30000-32767"
@@ -279,47 +274,4 @@ func copyBinary(t *testing.T, from, to string) {
 	if err := os.WriteFile(to, readFile(t, from), 0o755); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// buildFailing builds kelp from this tree, stamped failingVersion, whose
-// server fails once its apiserver runs, as a kelp whose new apiserver
-// rejects a flag of the old one would.
-func buildFailing(t *testing.T) string {
-	t.Helper()
-	return buildBroken(t, "server/server.go", "if err := writeKubeconfigs(e); err != nil {",
-		`if err := errors.New("this build of kelp fails once its apiserver runs (TestUpgradeRollback)"); err != nil {`)
-}
-
-// buildBroken builds kelp from this tree, stamped failingVersion, with one
-// change made through go build -overlay: anchor, found once in file (from
-// the repository's root), replaced by with.
-func buildBroken(t *testing.T, file, anchor, with string) string {
-	t.Helper()
-	dir := t.TempDir()
-	src, err := filepath.Abs(filepath.Join("..", file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	code := string(readFile(t, src))
-	if strings.Count(code, anchor) != 1 {
-		t.Fatalf("%s has no single %q to make the failing kelp from: update the test", file, anchor)
-	}
-	changed := filepath.Join(dir, filepath.Base(file))
-	if err := os.WriteFile(changed, []byte(strings.Replace(code, anchor, with, 1)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {src: changed}})
-	if err := os.WriteFile(filepath.Join(dir, "overlay.json"), overlay, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "kelp")
-	cmd := exec.Command("go", "build", "-overlay", filepath.Join(dir, "overlay.json"), "-o", out, "-ldflags", "-s -w -X github.com/kelp-dev/kelp/internal/version.Version="+failingVersion, ".")
-	cmd.Dir = ".."
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	began := time.Now()
-	if log, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the failing kelp: %v\n%s", err, log)
-	}
-	t.Logf("built a kelp %s that fails in %s in %s", failingVersion, file, time.Since(began).Round(time.Second))
-	return out
 }

@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,9 +10,6 @@ import (
 	"github.com/kelp-dev/kelp/internal/nodepaths"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
-
-// nextVersion stamps the build TestUpgrade upgrades to.
-const nextVersion = "v99.0.0-upgrade-test"
 
 // TestUpgrade replaces a running node's kelp with a build of another
 // version on the same data dir, as an install.sh re-run does: the pods
@@ -25,7 +21,7 @@ func TestUpgrade(t *testing.T) {
 	n := testcluster.NewNode(t)
 	n.Agent = true
 	n.AddImage(testcluster.BuildTestImage(t, testcluster.TestImage))
-	next := buildNext(t)
+	next := buildKelp(t, nextVersion)
 	n.Start()
 	n.WaitReady(startTimeout)
 	n.WaitLog("kelp node is running", startTimeout)
@@ -70,19 +66,4 @@ func TestUpgrade(t *testing.T) {
 	if err == nil || !strings.Contains(out, "last run by kelp v100.0.0 with Kubernetes v1.99.0") {
 		t.Errorf("a downgrade across Kubernetes minors: %v\n%s", err, tail(out))
 	}
-}
-
-// buildNext builds kelp from this tree with another version stamp.
-func buildNext(t *testing.T) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "kelp")
-	cmd := exec.Command("go", "build", "-o", out, "-ldflags", "-s -w -X github.com/kelp-dev/kelp/internal/version.Version="+nextVersion, ".")
-	cmd.Dir = ".."
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	began := time.Now()
-	if log, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build kelp %s: %v\n%s", nextVersion, err, log)
-	}
-	t.Logf("built kelp %s in %s", nextVersion, time.Since(began).Round(time.Second))
-	return out
 }
