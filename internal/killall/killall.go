@@ -52,7 +52,7 @@ func Run(dataDir string) error {
 	if err != nil {
 		return fmt.Errorf("read the process table: %w", err)
 	}
-	p, err := c.plan(procs, os.Getpid(), podProcesses(c.paths.CgroupRoot))
+	p, err := c.plan(procs, os.Getpid(), podProcesses(cgroupsMount, c.paths.CgroupRoot))
 	errs := []error{c.pathsErr, err}
 	killed, err := killAll(p.kill)
 	errs = append(errs, err)
@@ -80,7 +80,7 @@ func Run(dataDir string) error {
 		errs = append(errs, removeNetwork(c.dataDir))
 	}
 	if !p.keep.cgroups {
-		errs = append(errs, removeCgroups(c.paths.CgroupRoot))
+		errs = append(errs, removeCgroups(cgroupsMount, c.paths.CgroupRoot))
 	}
 	if !p.keep.podLogs {
 		errs = append(errs, removePodLogs(c.paths.PodLogsDir))
@@ -340,10 +340,11 @@ func podCgroups(root, cgroupRoot string) []string {
 	return dirs
 }
 
-// podProcesses are the processes in the pod cgroups of cgroupRoot.
-func podProcesses(cgroupRoot string) []int {
+// podProcesses are the processes in the pod cgroups of cgroupRoot in the
+// hierarchies mounted at mount.
+func podProcesses(mount, cgroupRoot string) []int {
 	var pids []int
-	for _, dir := range podCgroups(cgroupsMount, cgroupRoot) {
+	for _, dir := range podCgroups(mount, cgroupRoot) {
 		pids = append(pids, cgroupProcs(dir)...)
 	}
 	return pids
@@ -366,11 +367,26 @@ func cgroupProcs(root string) []int {
 	return pids
 }
 
-// removeCgroups removes the pod cgroups of cgroupRoot, children before
-// parents.
-func removeCgroups(cgroupRoot string) error {
+// removeCgroups removes the pod cgroups of cgroupRoot in the hierarchies
+// mounted at mount, children before parents, once what still runs in them
+// is killed: a container the kubelet or containerd started while kelp
+// killall read the process table, before they were killed, is in none of
+// its plans, and a cgroup with a process cannot be removed.
+func removeCgroups(mount, cgroupRoot string) error {
+	for attempt := 0; ; attempt++ {
+		pids := podProcesses(mount, cgroupRoot)
+		if len(pids) == 0 {
+			break
+		}
+		if attempt == 5 {
+			return fmt.Errorf("processes %v keep appearing in the pod cgroups of %s: run kelp killall again", pids, cgroupRoot)
+		}
+		if _, err := killAll(pids); err != nil {
+			return err
+		}
+	}
 	var errs []error
-	for _, root := range podCgroups(cgroupsMount, cgroupRoot) {
+	for _, root := range podCgroups(mount, cgroupRoot) {
 		var dirs []string
 		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {

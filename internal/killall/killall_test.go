@@ -1,10 +1,15 @@
 package killall
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
+	"time"
 )
 
 func TestMountsBelow(t *testing.T) {
@@ -48,5 +53,51 @@ func TestEmptyDir(t *testing.T) {
 	}
 	if err := emptyDir(filepath.Join(dir, "missing"), func(string) bool { return true }); err != nil {
 		t.Errorf("a missing directory: %v", err)
+	}
+}
+
+// TestRemoveCgroupsKillsLatecomers removes a node's pod cgroup that holds
+// a process none of kelp killall's plans knew, as a container started
+// while it read the process table: the process is killed and the cgroup
+// removed.
+func TestRemoveCgroupsKillsLatecomers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make cgroups")
+	}
+	root := fmt.Sprintf("/kelp_%012x", rand.Int64N(1<<48))
+	dir := filepath.Join(cgroupsMount, "pids", root, "kubepods", "pod1")
+	if _, err := os.Stat(filepath.Join(cgroupsMount, "cgroup.controllers")); err == nil {
+		dir = filepath.Join(cgroupsMount, root, "kubepods", "pod1")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Skipf("no cgroup to make here: %v", err)
+	}
+	late := exec.Command("sleep", "600")
+	if err := late.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = late.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = late.Process.Kill()
+		<-exited
+		for d := dir; d != cgroupsMount && d != filepath.Dir(cgroupsMount); d = filepath.Dir(d) {
+			_ = os.Remove(d)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(late.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := removeCgroups(cgroupsMount, root); err != nil {
+		t.Fatalf("removeCgroups: %v", err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Error("the process in the pod cgroup still runs")
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s after removeCgroups: %v, want it gone", dir, err)
 	}
 }
