@@ -155,18 +155,25 @@ func nodeEnv() []string {
 	return env
 }
 
-// load reads the state of the cluster in dir.
+// load reads the state of the cluster in dir. Delete and Start kill the
+// processes and cgroups a state names, as root: a state another user
+// could have written (its file's or directory's owner or mode, as
+// checkStateOwner says) is refused.
 func load(dir string) (*State, error) {
-	data, err := atomicfile.ReadRegular(filepath.Join(dir, stateFile), 1<<20)
+	path := filepath.Join(dir, stateFile)
+	data, err := atomicfile.ReadRegular(path, 1<<20)
 	if err != nil {
 		return nil, err
 	}
+	if err := checkStateOwner(path); err != nil {
+		return nil, err
+	}
 	if len(data) == 0 {
-		return nil, fmt.Errorf("%s is empty", filepath.Join(dir, stateFile))
+		return nil, fmt.Errorf("%s is empty", path)
 	}
 	var s State
 	if err := json.Unmarshal(data, &s); err != nil {
-		return nil, fmt.Errorf("read %s: %w (delete the cluster's directory by hand after `kelp cluster delete` if it stays unreadable)", filepath.Join(dir, stateFile), err)
+		return nil, fmt.Errorf("read %s: %w (delete the cluster's directory by hand after `kelp cluster delete` if it stays unreadable)", path, err)
 	}
 	return &s, nil
 }
