@@ -31,6 +31,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/snapshot"
 	"github.com/kelp-dev/kelp/internal/tokencmd"
 	"github.com/kelp-dev/kelp/internal/version"
+	"github.com/kelp-dev/kelp/internal/witness"
 	"github.com/kelp-dev/kelp/server"
 )
 
@@ -96,6 +97,7 @@ func newApp() *cli.App {
 	var agentInput config.AgentInput
 	var migrateInput config.ServerInput
 	var migrateTarget config.MigrateInput
+	var witnessInput config.WitnessInput
 	return &cli.App{
 		Name:            "kelp",
 		Usage:           "Kubernetes in one binary",
@@ -113,6 +115,13 @@ func newApp() *cli.App {
 				Usage:  "join this machine to a cluster as a node",
 				Flags:  config.AgentFlags(&agentInput),
 				Action: func(c *cli.Context) error { return runAgent(c, &agentInput) },
+			},
+			{
+				Name:        "witness",
+				Usage:       "run only a voting member of a cluster's embedded etcd: the third vote that lets two servers lose either one (no apiserver, kubelet or containerd)",
+				Flags:       config.WitnessFlags(&witnessInput),
+				Action:      func(c *cli.Context) error { return runWitness(c, &witnessInput) },
+				Subcommands: []*cli.Command{witness.StatusCommand()},
 			},
 			{
 				Name:  "datastore",
@@ -207,6 +216,24 @@ func runAgent(c *cli.Context, in *config.AgentInput) error {
 		stop() // a second signal kills at once
 	}()
 	return agent.Join(ctx, cfg)
+}
+
+func runWitness(c *cli.Context, in *config.WitnessInput) error {
+	if c.Args().Present() {
+		return fmt.Errorf("kelp witness takes no arguments, got %q", c.Args().Slice())
+	}
+	cfg, err := in.Parse(config.DetectHost())
+	if err != nil {
+		return err
+	}
+	logging.Setup(cfg.Debug)
+	collectGarbageSooner()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills at once
+	}()
+	return witness.Run(ctx, cfg)
 }
 
 func runServer(c *cli.Context, in *config.ServerInput) error {

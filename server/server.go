@@ -270,7 +270,7 @@ func datastoreConfig(cfg config.Server, certs pki.Files) datastore.Config {
 // health and version endpoints.
 func anonymousPaths() []string {
 	return []string{
-		joinapi.CACertsPath, joinapi.PingPath, joinapi.JoinPath, joinapi.ServerJoinPath,
+		joinapi.CACertsPath, joinapi.PingPath, joinapi.JoinPath, joinapi.ServerJoinPath, joinapi.WitnessJoinPath,
 		"/healthz", "/livez", "/readyz", "/version",
 	}
 }

@@ -69,6 +69,16 @@ type Config struct {
 	AdvertiseIP string
 	// EtcdTLS holds the certificates for embedded etcd.
 	EtcdTLS EtcdTLS
+	// DBDir is where the datastore keeps its files; empty means
+	// <DataDir>/server/db. A witness keeps its etcd member elsewhere.
+	DBDir string
+	// Witness runs the embedded etcd member of a witness (`kelp witness`):
+	// its client port is served and advertised on 127.0.0.1 only, as no
+	// apiserver uses it and other machines have no business there, and it
+	// waits for its cluster's quorum for as long as it runs instead of
+	// failing when none answers within the ready timeout: without one it
+	// has nothing to do but wait.
+	Witness bool
 
 	// Test-only overrides; zero means the production default.
 	clientPort     int           // embedded etcd client port (2379)
@@ -148,6 +158,13 @@ func (c Config) kind() string {
 }
 
 func (c Config) dbDir() (string, error) {
+	if c.DBDir != "" {
+		abs, err := filepath.Abs(c.DBDir)
+		if err != nil {
+			return "", fmt.Errorf("datastore: resolve %s: %w", c.DBDir, err)
+		}
+		return abs, nil
+	}
 	abs, err := filepath.Abs(c.DataDir)
 	if err != nil {
 		return "", fmt.Errorf("datastore: resolve --data-dir %s: %w", c.DataDir, err)
@@ -245,13 +262,16 @@ func Start(ctx context.Context, cfg Config) (*Datastore, error) {
 	if cfg.InitialCluster != "" {
 		timeout = max(timeout, joinReadyTimeout)
 	}
+	if cfg.Witness {
+		timeout = 0
+	}
 	return newDatastore("datastore", desc, eng, be, timeout, log), nil
 }
 
 // newDatastore watches and probes the running backend eng, which be
-// reaches, for up to timeout.
+// reaches, for up to timeout; 0: until it answers or is stopped.
 func newDatastore(name, desc string, eng engine, be Backend, timeout time.Duration, log *logrus.Entry) *Datastore {
-	probeCtx, probeCancel := context.WithTimeout(context.Background(), timeout)
+	probeCtx, probeCancel := probeContext(timeout)
 	d := &Datastore{
 		name:         name,
 		desc:         desc,
@@ -273,6 +293,14 @@ func newDatastore(name, desc string, eng engine, be Backend, timeout time.Durati
 	return d
 }
 
+// probeContext bounds the readiness probe by timeout; 0: by Stop alone.
+func probeContext(timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout == 0 {
+		return context.WithCancel(context.Background())
+	}
+	return context.WithTimeout(context.Background(), timeout)
+}
+
 // Backend returns how kube-apiserver reaches the datastore.
 func (d *Datastore) Backend() Backend {
 	be := d.backend
@@ -286,7 +314,8 @@ func (d *Datastore) Ready() <-chan struct{} { return d.ready }
 
 // WaitReady blocks until the backend answers an etcd request through the
 // Backend endpoints. It fails if ctx ends, if the datastore fails or is
-// closed, or if the backend has not answered within 30 s of Start.
+// closed, or if the backend has not answered within 30 s of Start (a
+// witness waits as long as it runs: Config.Witness).
 func (d *Datastore) WaitReady(ctx context.Context) error {
 	select {
 	case <-d.ready:

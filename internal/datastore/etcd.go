@@ -148,10 +148,11 @@ func etcdConfig(cfg Config, dir string, log *logrus.Entry, closing, removed *ato
 	ec.InitialClusterToken = "kelp"
 
 	ec.ListenClientUrls = []url.URL{httpsURL("127.0.0.1", clientPort)}
-	if ip := net.ParseIP(advertise); !ip.IsLoopback() {
+	ec.AdvertiseClientUrls = ec.ListenClientUrls
+	if ip := net.ParseIP(advertise); !ip.IsLoopback() && !cfg.Witness {
 		ec.ListenClientUrls = append(ec.ListenClientUrls, httpsURL(advertise, clientPort))
+		ec.AdvertiseClientUrls = []url.URL{httpsURL(advertise, clientPort)}
 	}
-	ec.AdvertiseClientUrls = []url.URL{httpsURL(advertise, clientPort)}
 	ec.ListenPeerUrls = []url.URL{httpsURL(advertise, peerPort)}
 	ec.AdvertisePeerUrls = ec.ListenPeerUrls
 	ec.InitialCluster = ec.InitialClusterFromName(name)

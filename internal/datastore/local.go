@@ -68,3 +68,27 @@ func localEtcdBackend(dataDir string) Backend {
 		Kind:      KindEtcd,
 	}
 }
+
+// WitnessEtcdDir is where the etcd member of the witness (`kelp witness`)
+// with the data dir dataDir keeps its data.
+func WitnessEtcdDir(dataDir string) string {
+	return filepath.Join(layout.Witness(dataDir).DB, etcdDirName)
+}
+
+// IsWitness says whether dataDir holds the etcd member of a witness.
+func IsWitness(dataDir string) bool {
+	return wal.Exist(filepath.Join(WitnessEtcdDir(dataDir), "member", "wal"))
+}
+
+// WitnessBackend is how a tool on the witness with the data dir dataDir
+// reaches its member: on 127.0.0.1, with the witness's own certificate.
+func WitnessBackend(dataDir string) Backend {
+	f := pki.WitnessFilesIn(layout.Witness(dataDir).TLS)
+	return Backend{
+		Endpoints: []string{"https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(defaultEtcdClientPort))},
+		CAFile:    f.EtcdServerCA,
+		CertFile:  f.Server.Cert,
+		KeyFile:   f.Server.Key,
+		Kind:      KindEtcd,
+	}
+}

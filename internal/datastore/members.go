@@ -25,6 +25,18 @@ var (
 	ErrJoinInProgress = errors.New("another server is joining")
 )
 
+// witnessPrefix starts the etcd member name of a witness (`kelp
+// witness`): a "/" is in no Node's name, so no Node's deletion removes a
+// witness (package etcdmembers), and `kelp etcdctl member list` shows it
+// for what it is.
+const witnessPrefix = "witness/"
+
+// WitnessMember is the etcd member name of the witness named name.
+func WitnessMember(name string) string { return witnessPrefix + name }
+
+// IsWitnessMember says whether the etcd member named member is a witness.
+func IsWitnessMember(member string) bool { return strings.HasPrefix(member, witnessPrefix) }
+
 // learnerCheckInterval is how often a voting member looks for learners to
 // promote: a MemberList answered locally, cheap enough for an idle server.
 const learnerCheckInterval = 10 * time.Second
@@ -129,8 +141,12 @@ func initialClusterOf(members []*pb.Member, id uint64, name string) string {
 }
 
 // Remove removes the member named name, if there is one, and says whether
-// there was.
+// there was. It never removes a witness, which has no Node: an operator
+// retires one with `kelp etcdctl member remove`.
 func (m *Members) Remove(ctx context.Context, name string) (bool, error) {
+	if IsWitnessMember(name) {
+		return false, nil
+	}
 	cli, err := m.client()
 	if err != nil {
 		return false, err

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
 
@@ -126,5 +129,59 @@ func TestAddLearnerOneAtATime(t *testing.T) {
 	}
 	if added != 1 {
 		t.Errorf("%d servers added at once, want 1", added)
+	}
+}
+
+// A witness has no Node: deleting a Node of the same name removes no
+// witness, and Remove refuses a witness's member name, which no Node has.
+func TestRemoveKeepsWitness(t *testing.T) {
+	tls := etcdTestTLS(t)
+	first := startReady(t, etcdTestConfig(t, t.TempDir(), tls))
+	members := first.Members()
+	ctx := context.Background()
+	witness := WitnessMember("node-2")
+	if !IsWitnessMember(witness) || IsWitnessMember("node-2") {
+		t.Fatalf("IsWitnessMember(%q) or IsWitnessMember(node-2) is wrong", witness)
+	}
+	if _, err := members.AddLearner(ctx, witness, "https://127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"node-2", witness} {
+		if removed, err := members.Remove(ctx, name); err != nil || removed {
+			t.Errorf("Remove(%s) = %v, %v; want false, nil", name, removed, err)
+		}
+	}
+	cli, err := newClient(first.Backend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	list, err := cli.MemberList(ctx)
+	if err != nil || len(list.Members) != 2 {
+		t.Fatalf("members after the removals: %v, %v; want the witness kept", list, err)
+	}
+}
+
+// A witness serves its client port on 127.0.0.1 alone.
+func TestWitnessClientURLs(t *testing.T) {
+	urls := func(us []url.URL) string {
+		var out []string
+		for _, u := range us {
+			out = append(out, u.String())
+		}
+		return strings.Join(out, ",")
+	}
+	cfg := Config{Name: WitnessMember("pi"), AdvertiseIP: "10.0.0.9", Witness: true}
+	var closing, removed atomic.Bool
+	ec, err := etcdConfig(cfg, t.TempDir(), logrus.NewEntry(logrus.New()), &closing, &removed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if urls(ec.ListenClientUrls) != "https://127.0.0.1:2379" || urls(ec.AdvertiseClientUrls) != "https://127.0.0.1:2379" || urls(ec.AdvertisePeerUrls) != "https://10.0.0.9:2380" {
+		t.Errorf("client %s advertised %s, peer %s", urls(ec.ListenClientUrls), urls(ec.AdvertiseClientUrls), urls(ec.AdvertisePeerUrls))
+	}
+	cfg.Witness = false
+	if ec, _ = etcdConfig(cfg, t.TempDir(), logrus.NewEntry(logrus.New()), &closing, &removed); urls(ec.ListenClientUrls) != "https://127.0.0.1:2379,https://10.0.0.9:2379" || urls(ec.AdvertiseClientUrls) != "https://10.0.0.9:2379" {
+		t.Errorf("a server's client URLs: %s advertised %s", urls(ec.ListenClientUrls), urls(ec.AdvertiseClientUrls))
 	}
 }

@@ -17,7 +17,8 @@ import (
 // unix socket, which serves SQLite and also PostgreSQL and MySQL while that
 // server runs. Kind is KindEtcd or KindSQLite; for PostgreSQL and MySQL,
 // which leave nothing of theirs in the data dir, it is "". It fails when
-// dataDir holds neither an etcd member nor a database or kine socket.
+// dataDir holds neither an etcd member nor a database or kine socket. A
+// witness's member (`kelp witness`) is reached with its own certificate.
 func LocalBackend(dataDir string) (Backend, error) {
 	abs, err := filepath.Abs(dataDir)
 	if err != nil {
@@ -31,6 +32,9 @@ func LocalBackend(dataDir string) (Backend, error) {
 	}
 	if sock := localKineSocket(abs); isSocket(sock) {
 		return Backend{Endpoints: []string{"unix://" + sock}}, nil
+	}
+	if IsWitness(abs) {
+		return WitnessBackend(abs), nil
 	}
 	return Backend{}, fmt.Errorf("%s holds no datastore of a kelp server (no embedded etcd member, SQLite database or kine socket under %s)", abs, layout.Server(abs).DB)
 }

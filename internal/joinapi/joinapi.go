@@ -116,8 +116,9 @@ func Routes(cfg Config) map[string]http.Handler {
 		PingPath: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintln(w, "pong")
 		}),
-		JoinPath:       http.HandlerFunc(s.join),
-		ServerJoinPath: http.HandlerFunc(s.serverJoin),
+		JoinPath:        http.HandlerFunc(s.join),
+		ServerJoinPath:  http.HandlerFunc(s.serverJoin),
+		WitnessJoinPath: http.HandlerFunc(s.witnessJoin),
 	}
 }
 

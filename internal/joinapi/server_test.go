@@ -3,12 +3,16 @@ package joinapi
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -202,4 +206,111 @@ func TestServerJoinClaimsNodeName(t *testing.T) {
 	if _, err := client.CoreV1().Secrets("kube-system").Get(t.Context(), "server-2.node-password.kelp", metav1.GetOptions{}); err != nil {
 		t.Errorf("no claim of server-2's node name: %v", err)
 	}
+}
+
+func witnessJoinAs(s *joinAPI, header string, req WitnessJoinRequest) *httptest.ResponseRecorder {
+	body, _ := json.Marshal(req)
+	r := httptest.NewRequest(http.MethodPost, WitnessJoinPath, bytes.NewReader(body))
+	r.Header.Set(TokenHeader, header)
+	w := httptest.NewRecorder()
+	s.witnessJoin(w, r)
+	return w
+}
+
+// A witness joins with the server token alone, into embedded etcd alone,
+// and gets its etcd certificates for its address: no CA key, nothing of
+// the control plane's.
+func TestWitnessJoin(t *testing.T) {
+	good := WitnessJoinRequest{Name: "pi", PeerURL: "https://10.0.0.9:2380"}
+	for _, tc := range []struct {
+		name      string
+		datastore string
+		header    string
+		req       WitnessJoinRequest
+		want      int
+		wantText  string
+	}{
+		{"server token", datastore.KindEtcd, "server:server-secret", good, http.StatusOK, ""},
+		{"agent token", datastore.KindEtcd, "node:agent-secret", good, http.StatusUnauthorized, "a witness joins with the server token"},
+		{"server secret as a node", datastore.KindEtcd, "node:server-secret", good, http.StatusUnauthorized, "a witness joins with the server token"},
+		{"SQLite cluster", datastore.KindSQLite, "server:server-secret", good, http.StatusConflict, "start the cluster's first server with --cluster-init"},
+		{"external datastore", datastore.KindPostgres, "server:server-secret", good, http.StatusConflict, "a witness is a member of embedded etcd"},
+		{"a name taken", datastore.KindEtcd, "server:server-secret", WitnessJoinRequest{Name: "taken", PeerURL: good.PeerURL}, http.StatusConflict, "another --node-name"},
+		{"a bad name", datastore.KindEtcd, "server:server-secret", WitnessJoinRequest{Name: "Pi_Zero", PeerURL: good.PeerURL}, http.StatusConflict, `witness name "Pi_Zero"`},
+		{"a host name as peer", datastore.KindEtcd, "server:server-secret", WitnessJoinRequest{Name: "pi", PeerURL: "https://pi.local:2380"}, http.StatusConflict, "is not https://<ip>:<port>"},
+		{"plain http", datastore.KindEtcd, "server:server-secret", WitnessJoinRequest{Name: "pi", PeerURL: "http://10.0.0.9:2380"}, http.StatusConflict, "is not https://<ip>:<port>"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := testJoinAPI(t)
+			s.cfg.Datastore = tc.datastore
+			members := &fakeMembers{names: []string{datastore.WitnessMember("taken")}}
+			if tc.datastore == datastore.KindEtcd {
+				s.cfg.Members = members
+			}
+			w := witnessJoinAs(s, tc.header, tc.req)
+			if w.Code != tc.want || !strings.Contains(w.Body.String(), tc.wantText) {
+				t.Fatalf("status %d %q, want %d with %q", w.Code, w.Body.String(), tc.want, tc.wantText)
+			}
+			if tc.want != http.StatusOK {
+				if len(members.added) > 0 {
+					t.Errorf("a refused join added the learner %v", members.added)
+				}
+				return
+			}
+			if want := []string{"witness/pi=https://10.0.0.9:2380"}; fmt.Sprint(members.added) != fmt.Sprint(want) {
+				t.Errorf("added %v, want %v", members.added, want)
+			}
+			var fields map[string]json.RawMessage
+			if err := json.Unmarshal(w.Body.Bytes(), &fields); err != nil {
+				t.Fatal(err)
+			}
+			if len(fields) != 2 || fields["initialCluster"] == nil || fields["certs"] == nil {
+				t.Errorf("the answer holds %v, want the initial cluster and the witness's certificates only", slices.Sorted(maps.Keys(fields)))
+			}
+			var resp WitnessJoinResponse
+			if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil {
+				t.Fatal(err)
+			}
+			for what, ca := range map[string][]byte{"etcd server CA": resp.Certs.EtcdServerCA, "etcd peer CA": resp.Certs.EtcdPeerCA} {
+				if len(ca) == 0 || bytes.Contains(ca, []byte("PRIVATE KEY")) {
+					t.Errorf("the %s sent: %q, want its certificate alone", what, ca)
+				}
+			}
+			for _, c := range []struct {
+				what string
+				pem  []byte
+				ca   string
+			}{
+				{"server", resp.Certs.Server.Cert, s.cfg.Certs.EtcdServerCA.Cert},
+				{"peer", resp.Certs.Peer.Cert, s.cfg.Certs.EtcdPeerCA.Cert},
+			} {
+				cert := parseCertPEM(t, c.pem)
+				if len(cert.IPAddresses) != 2 || (cert.IPAddresses[0].String() != "10.0.0.9" && cert.IPAddresses[1].String() != "10.0.0.9") {
+					t.Errorf("the %s certificate names %v, want 10.0.0.9 and 127.0.0.1", c.what, cert.IPAddresses)
+				}
+				ca, err := os.ReadFile(c.ca)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pool := x509.NewCertPool()
+				pool.AppendCertsFromPEM(ca)
+				if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+					t.Errorf("the %s certificate: %v", c.what, err)
+				}
+			}
+		})
+	}
+}
+
+func parseCertPEM(t *testing.T, data []byte) *x509.Certificate {
+	t.Helper()
+	block, _ := pem.Decode(data)
+	if block == nil {
+		t.Fatalf("no PEM in %q", data)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert
 }

@@ -17,6 +17,9 @@
 //	│   ├── manifests/               auto-deploy manifests (package addons)
 //	│   ├── static/charts/           Helm charts served at /static/charts/
 //	│   ├── token, agent-token       join tokens
+//	├── witness/                     Witness(dataDir): an etcd witness's
+//	│   ├── tls/etcd/                its etcd certificates, named by pki.WitnessFilesIn
+//	│   └── db/etcd/                 its etcd member
 //	├── storage/                     local-path volumes (--default-local-storage-path)
 //	└── agent/                       Agent(dataDir)
 //	    ├── bin/                     kubectl, crictl, ctr links
@@ -138,6 +141,20 @@ func Server(dataDir string) ServerPaths {
 		ControllerManagerKubeconfig: filepath.Join(cred, "controller.kubeconfig"),
 		SchedulerKubeconfig:         filepath.Join(cred, "scheduler.kubeconfig"),
 	}
+}
+
+// WitnessPaths are an etcd witness's files under <data-dir>/witness
+// (`kelp witness`): a voting etcd member and nothing else.
+type WitnessPaths struct {
+	Dir string
+	TLS string // its etcd certificates, named by pki.WitnessFilesIn
+	DB  string // the etcd member's directory's parent, as ServerPaths.DB
+}
+
+// Witness lays out <data-dir>/witness.
+func Witness(dataDir string) WitnessPaths {
+	dir := filepath.Join(dataDir, "witness")
+	return WitnessPaths{Dir: dir, TLS: filepath.Join(dir, "tls"), DB: filepath.Join(dir, "db")}
 }
 
 // AgentPaths are a node's files under <data-dir>/agent.

@@ -105,7 +105,7 @@ func joinAPIAccess() boundClusterRole {
 		name: joinAPIRole,
 		rules: []*rbacv1ac.PolicyRuleApplyConfiguration{
 			rbacv1ac.PolicyRule().
-				WithNonResourceURLs(joinapi.CACertsPath, joinapi.PingPath, joinapi.JoinPath, joinapi.ServerJoinPath).
+				WithNonResourceURLs(joinapi.CACertsPath, joinapi.PingPath, joinapi.JoinPath, joinapi.ServerJoinPath, joinapi.WitnessJoinPath).
 				WithVerbs("get", "post"),
 		},
 		subjects: []*rbacv1ac.SubjectApplyConfiguration{group("system:unauthenticated"), group("system:authenticated")},

@@ -221,6 +221,14 @@ func (n *Node) AgentArgs(serverURL, tokenFile string, extra ...string) []string 
 	return append(args, extra...)
 }
 
+// WitnessArgs are the flags every test witness gets: the server to join
+// through with the token in tokenFile, its own data dir, n's name and
+// address.
+func (n *Node) WitnessArgs(serverURL, tokenFile string, extra ...string) []string {
+	args := []string{"witness", "--server", serverURL, "--token-file", tokenFile, "--data-dir", n.DataDir, "--node-name", n.Name, "--node-ip", n.IP}
+	return append(args, extra...)
+}
+
 // nodeIPs is n's --node-ip: its address, and its IPv6 one if it has one.
 func (n *Node) nodeIPs() string {
 	if n.IP6 == "" {
@@ -260,6 +268,23 @@ func (n *Node) StartAgent(serverURL, tokenFile string, extra ...string) {
 	n.t.Helper()
 	n.joined = true
 	n.startKelp("agent", n.AgentArgs(serverURL, tokenFile, extra...))
+}
+
+// StartWitness starts `kelp witness` with WitnessArgs(serverURL,
+// tokenFile, extra...) in the background: an etcd member of the cluster
+// of the server at serverURL, and nothing else.
+func (n *Node) StartWitness(serverURL, tokenFile string, extra ...string) {
+	n.t.Helper()
+	n.startKelp("witness", n.WitnessArgs(serverURL, tokenFile, extra...))
+}
+
+// PID is the process id of the running kelp.
+func (n *Node) PID() int {
+	n.t.Helper()
+	if n.kelp == nil {
+		n.t.Fatalf("no kelp is running on node %s", n.Name)
+	}
+	return n.kelp.Process.Pid
 }
 
 // startKelp starts kelp with args as n's one kelp process, logging to a
