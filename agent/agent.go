@@ -23,6 +23,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/gateway"
 	"github.com/kelp-dev/kelp/internal/hostcheck"
 	"github.com/kelp-dev/kelp/internal/images"
+	"github.com/kelp-dev/kelp/internal/informer"
 	"github.com/kelp-dev/kelp/internal/kubeargs"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/kubelet"
@@ -100,6 +101,12 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	if err != nil {
 		return nil, err
 	}
+	// The node's controllers share one cache, under the controller
+	// identity; it runs from before them until after they stop.
+	informers := informer.New(clients.controller, trim(cfg.NodeName))
+	if err := g.Go("node informer cache", informers.Run); err != nil {
+		return nil, err
+	}
 	if len(mirrored) > 0 {
 		m, err := mirror.Start(mirror.Config{
 			NodeName:   cfg.NodeName,
@@ -107,7 +114,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 			Registries: mirrored,
 			Identity:   mirror.Identity{Cert: creds.Files.Controller, ClientCA: creds.Files.ClientCA},
 			Containerd: layout.ContainerdAddress,
-		}, clients.controller)
+		}, informers)
 		if err := g.Start(m, err); err != nil {
 			return nil, err
 		}
@@ -136,7 +143,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 			return nil, err
 		}
 	} else if err := g.Go("network policy", func(ctx context.Context) error {
-		return netpol.Run(ctx, clients.controller, netpol.Config{NodeName: cfg.NodeName})
+		return netpol.Run(ctx, informers, netpol.Config{NodeName: cfg.NodeName})
 	}); err != nil {
 		return nil, err
 	}
@@ -147,11 +154,11 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 			return nil, fmt.Errorf("release the Gateway addresses this node held: %w", err)
 		}
 	} else if err := g.Go("gateway", func(ctx context.Context) error {
-		return gateway.Serve(ctx, clients.controller, gateway.ServeConfig{NodeName: cfg.NodeName, AddressesFile: p.GatewayAddresses})
+		return gateway.Serve(ctx, clients.controller, informers, gateway.ServeConfig{NodeName: cfg.NodeName, AddressesFile: p.GatewayAddresses})
 	}); err != nil {
 		return nil, err
 	}
-	if err := startLocalStorage(g, cfg, clients.controller); err != nil {
+	if err := startLocalStorage(g, cfg, clients.controller, informers); err != nil {
 		return nil, err
 	}
 	ocfg := overlay.Config{Backend: cfg.Overlay, NodeName: cfg.NodeName, NodeIPs: cfg.NodeIPs, Iface: cfg.OverlayIface, ClusterCIDRs: cfg.ClusterCIDRs}
@@ -163,7 +170,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 		return nil, fmt.Errorf("overlay: %w", err)
 	}
 	if err := g.Go("overlay", func(ctx context.Context) error {
-		return overlay.Run(ctx, clients.controller, ocfg)
+		return overlay.Run(ctx, clients.controller, informers, ocfg)
 	}); err != nil {
 		return nil, err
 	}
@@ -227,6 +234,7 @@ func Start(ctx context.Context, g *component.Group, cfg config.Agent, staged emb
 	if err := startUpgrades(g, cfg, p, self, clients.controller); err != nil {
 		return nil, err
 	}
+	informers.Start()
 	return k, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/kelp-dev/kelp/embed"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/datastore"
+	"github.com/kelp-dev/kelp/internal/informer"
 	"github.com/kelp-dev/kelp/internal/kubeconfig"
 	"github.com/kelp-dev/kelp/internal/layout"
 	"github.com/kelp-dev/kelp/internal/pki"
@@ -60,13 +61,19 @@ func (e *env) leaderElection() bool {
 }
 
 // clients are the admin's, made once per process over one connection
-// pool and shared by the server's controllers; the process's one
-// informer factory (issue 37) belongs beside them.
+// pool and shared by the server's controllers, as is their informer
+// cache: the server's controllers list and watch each kind of object
+// once.
 type clients struct {
 	config     *rest.Config
 	kube       kubernetes.Interface
 	dynamic    dynamic.Interface
 	extensions apiextensionsclient.Interface
+	// informers run from the first of the server's parts until the
+	// server stops (the parts "informer cache" and "informers"); they
+	// hold whole objects but for what informer.Trim drops, since the node
+	// addresses controller writes back the Nodes it reads.
+	informers *informer.Cache
 }
 
 // adminClients makes the admin's clients. It reads the certificates but
@@ -91,5 +98,6 @@ func adminClients(url string, certs pki.Files) (clients, error) {
 	if c.extensions, err = apiextensionsclient.NewForConfigAndClient(rc, hc); err != nil {
 		return clients{}, fmt.Errorf("the admin's client: %w", err)
 	}
+	c.informers = informer.New(c.kube, informer.Trim)
 	return c, nil
 }

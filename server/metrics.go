@@ -11,6 +11,7 @@ import (
 func startMetrics(ctx context.Context, g *component.Group, e *env) error {
 	return g.Start(metrics.Start(ctx, metrics.Config{
 		Client:           e.admin.config,
+		Informers:        e.admin.informers,
 		BindAddress:      e.cfg.BindAddress,
 		AdvertiseAddress: e.cfg.AdvertiseAddress,
 		NodeName:         e.cfg.NodeName,

@@ -36,6 +36,8 @@ type part struct {
 // it is ready.
 func controlPlane() []part {
 	return []part{
+		// First, so that it stops after the parts that read it.
+		{name: "informer cache", run: func(ctx context.Context, e *env) error { return e.admin.informers.Run(ctx) }},
 		// The volumes webhook serves before its configuration, applied
 		// with the system objects, tells the apiserver to call it.
 		{name: "volumes webhook", start: func(ctx context.Context, g *component.Group, e *env) error {
@@ -91,13 +93,13 @@ func controllers() []part {
 	return []part{
 		// Nodes get their addresses, and lose the taint that keeps pods
 		// off a node without them, from this controller.
-		{name: "node addresses", run: func(ctx context.Context, e *env) error { return nodeaddress.Run(ctx, e.admin.kube) }},
+		{name: "node addresses", run: func(ctx context.Context, e *env) error { return nodeaddress.Run(ctx, e.admin.kube, e.admin.informers) }},
 		{name: "etcd members", enabled: embeddedEtcd, run: func(ctx context.Context, e *env) error {
-			return etcdmembers.Run(ctx, e.admin.kube, e.store.Members())
+			return etcdmembers.Run(ctx, e.admin.informers, e.store.Members())
 		}},
 		{name: "etcd defrag", enabled: embeddedEtcd, run: func(ctx context.Context, e *env) error { return datastore.Defrag(ctx, e.store.Backend()) }},
 		{name: "servicelb", enabled: func(e *env) bool { return !e.cfg.Disable.ServiceLB }, run: func(ctx context.Context, e *env) error {
-			return servicelb.Run(ctx, e.admin.kube)
+			return servicelb.Run(ctx, e.admin.kube, e.admin.informers)
 		}},
 		{name: "helm-controller", enabled: helmController, run: runHelmController},
 		{name: "gateway controller", enabled: func(e *env) bool { return !e.cfg.Disable.Gateway }, run: func(ctx context.Context, e *env) error {
@@ -108,11 +110,18 @@ func controllers() []part {
 				CRDs:           embed.GatewayCRDs(),
 				LeaderElection: e.leaderElection(),
 				AddressRanges:  e.cfg.GatewayAddressRanges,
+				Informers:      e.admin.informers,
 			})
 		}},
 		{name: "upgrade controller", start: startUpgradeController},
 		{name: "snapshots", enabled: func(e *env) bool { return !e.cfg.Snapshots.Disabled && e.cfg.Datastore.Endpoint == "" }, run: func(ctx context.Context, e *env) error {
 			return snapshot.Schedule(ctx, snapshot.ScheduleConfig{Snapshots: e.cfg.Snapshots, DataDir: e.cfg.DataDir, Node: e.cfg.NodeName, Events: e.admin.kube})
+		}},
+		// Last: every part asked for its informers. Those a controller
+		// asks for later (while it leads) it starts itself.
+		{name: "informers", start: func(_ context.Context, _ *component.Group, e *env) error {
+			e.admin.informers.Start()
+			return nil
 		}},
 	}
 }

@@ -43,6 +43,8 @@ func CustomOf(data map[string]string) Custom {
 // A ConfigMap CoreDNS refuses is logged, not fatal: DNS keeps what it
 // served, and the user's next edit is tried again.
 func (s *Server) watchCustom(ctx context.Context, client kubernetes.Interface) error {
+	// One ConfigMap by name, under the DNS identity: not the node's cache,
+	// which holds whole kinds under the node's controller identity.
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithNamespace("kube-system"),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {

@@ -9,9 +9,9 @@ import (
 
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/kelp-dev/kelp/internal/informer"
 )
 
 // removeTimeout bounds one member removal.
@@ -28,11 +28,10 @@ type Remover interface {
 // ctx ends. Every server runs it: the first to see a deletion removes the
 // member, the others find none. Agents have no member, so deleting theirs
 // changes nothing.
-func Run(ctx context.Context, client kubernetes.Interface, members Remover) error {
-	factory := informers.NewSharedInformerFactory(client, 0)
-	nodes := factory.Core().V1().Nodes().Informer()
+func Run(ctx context.Context, informers *informer.Cache, members Remover) error {
+	nodes := informers.Core().V1().Nodes().Informer()
 	deleted := make(chan string, 16)
-	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = tomb.Obj
@@ -41,11 +40,12 @@ func Run(ctx context.Context, client kubernetes.Interface, members Remover) erro
 				deleted <- node.Name
 			}
 		},
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer func() { _ = nodes.RemoveEventHandler(reg) }()
+	informers.Start()
 	for {
 		select {
 		case <-ctx.Done():

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kelp-dev/kelp/internal/informer/informertest"
 )
 
 type removals chan string
@@ -36,7 +38,7 @@ func TestRemovesMemberOfDeletedNode(t *testing.T) {
 	defer cancel()
 	removed := make(removals, 4)
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, client, removed) }()
+	go func() { done <- Run(ctx, informertest.Cache(t, client, nil), removed) }()
 
 	// A deletion before the informer watches would go unseen.
 	<-watching

@@ -28,6 +28,7 @@ import (
 	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/config"
 	"github.com/kelp-dev/kelp/internal/crd"
+	"github.com/kelp-dev/kelp/internal/informer"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
@@ -46,11 +47,14 @@ type Controller struct {
 	kube    kubernetes.Interface
 	gateway gatewayclient.Interface
 
-	kubeInformers informers.SharedInformerFactory
+	// kubeInformers are the server's cache.
+	kubeInformers *informer.Cache
 	// tlsInformers hold only Secrets of type kubernetes.io/tls: a
 	// cluster's other Secrets are no certificates and would only cost
-	// memory here.
-	tlsInformers     informers.SharedInformerFactory
+	// memory here, or in the server's cache.
+	tlsInformers informers.SharedInformerFactory
+	// gatewayInformers are of another clientset, which the server's
+	// cache cannot hold.
 	gatewayInformers gatewayinformers.SharedInformerFactory
 	// failed says the last pass could not write all it had to.
 	failed bool
@@ -64,12 +68,12 @@ type Controller struct {
 
 // Run writes status and the data path's Config until ctx ends; Gateways
 // get addresses of their own from addressRanges, if any.
-func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interface, addressRanges []config.AddressRange) error {
+func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interface, kubeInformers *informer.Cache, addressRanges []config.AddressRange) error {
 	c := &Controller{
 		kube:          kube,
 		gateway:       gw,
 		addressRanges: addressRanges,
-		kubeInformers: informers.NewSharedInformerFactory(kube, 0),
+		kubeInformers: kubeInformers,
 		tlsInformers: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)).String()
 		})),
@@ -77,6 +81,12 @@ func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interf
 	}
 	c.held = publishedHolders(ctx, kube)
 	g, k, t := c.gatewayInformers.Gateway(), c.kubeInformers, c.tlsInformers
+	// The controller's own factories end with this run; the cache's
+	// informers run on for the server's other controllers.
+	ctx, cancel := context.WithCancel(ctx)
+	defer c.gatewayInformers.Shutdown()
+	defer t.Shutdown()
+	defer cancel()
 	return reconcile.Loop{
 		Informers: map[string]cache.SharedIndexInformer{
 			"gatewayclasses":  g.V1().GatewayClasses().Informer(),
@@ -88,6 +98,11 @@ func Run(ctx context.Context, kube kubernetes.Interface, gw gatewayclient.Interf
 			"namespaces":      k.Core().V1().Namespaces().Informer(),
 			"nodes":           k.Core().V1().Nodes().Informer(),
 			"ingresses":       k.Networking().V1().Ingresses().Informer(),
+		},
+		Start: func() {
+			k.Start()
+			t.Start(ctx.Done())
+			c.gatewayInformers.Start(ctx.Done())
 		},
 		Coalesce: coalesce,
 		Resync:   retry,
@@ -313,6 +328,9 @@ type ControllerConfig struct {
 	LeaderElection bool
 	// AddressRanges are --gateway-address-range.
 	AddressRanges []config.AddressRange
+	// Informers are the server's cache, of which the controller reads
+	// Services, Namespaces, Nodes and Ingresses.
+	Informers *informer.Cache
 }
 
 // RunController applies the CRDs and the GatewayClass kelp, then runs the
@@ -328,7 +346,7 @@ func RunController(ctx context.Context, cfg ControllerConfig) error {
 	}); err != nil {
 		return err
 	}
-	run := func(ctx context.Context) error { return Run(ctx, cfg.Kube, gw, cfg.AddressRanges) }
+	run := func(ctx context.Context) error { return Run(ctx, cfg.Kube, gw, cfg.Informers, cfg.AddressRanges) }
 	if !cfg.LeaderElection {
 		return run(ctx)
 	}

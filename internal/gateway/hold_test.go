@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kelp-dev/kelp/internal/informer/informertest"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
@@ -392,13 +393,14 @@ func TestServeHoldsAddresses(t *testing.T) {
 	)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
+	informers := informertest.Cache(t, client, nil)
 	go func() {
 		runtime.LockOSThread() // never unlocked: Go retires the thread
 		if err := unix.Setns(l.a.FD, unix.CLONE_NEWNET); err != nil {
 			done <- err
 			return
 		}
-		done <- Serve(ctx, client, ServeConfig{NodeName: "n1", AddressesFile: l.record})
+		done <- Serve(ctx, client, informers, ServeConfig{NodeName: "n1", AddressesFile: l.record})
 	}()
 	want := []string{"10.7.0.1/24", "10.7.0.100/32", "10.7.0.200/32", "fd07::1/64"}
 	var got []string

@@ -27,9 +27,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
+	k8sinformers "k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/kelp-dev/kelp/internal/informer"
 )
 
 // ConfigSecret is the Secret (in kube-system) the controller publishes the
@@ -64,11 +66,12 @@ type ServeConfig struct {
 }
 
 // Serve runs the node's data path until ctx ends: it reads the Secret
-// ConfigSecret and EndpointSlices with client (the node's controller
-// identity), listens on each port of the config and proxies requests as
-// it says. It holds the Gateway addresses the config gives the node, and
-// releases them when it returns.
-func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) error {
+// ConfigSecret with client (the node's controller identity) and
+// EndpointSlices from informers (the node's cache, of that identity),
+// listens on each port of the config and proxies requests as it says. It
+// holds the Gateway addresses the config gives the node, and releases them
+// when it returns.
+func Serve(ctx context.Context, client kubernetes.Interface, informers *informer.Cache, cfg ServeConfig) error {
 	held, err := loadHolder(cfg.AddressesFile, cfg.NodeName)
 	if err != nil {
 		return err
@@ -92,8 +95,10 @@ func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) er
 	defer errWriter.Close()
 	d.errorLog = stdlog.New(errWriter, "", 0)
 
-	secrets := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(metav1.NamespaceSystem),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	// One Secret by name: the node may read no other, and the node's cache
+	// holds whole kinds.
+	secrets := k8sinformers.NewSharedInformerFactoryWithOptions(client, 0, k8sinformers.WithNamespace(metav1.NamespaceSystem),
+		k8sinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ConfigSecret).String()
 		}))
 	si := secrets.Core().V1().Secrets().Informer()
@@ -110,8 +115,7 @@ func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) er
 	}); err != nil {
 		return err
 	}
-	endpointSlices := informers.NewSharedInformerFactory(client, 0)
-	ei := endpointSlices.Discovery().V1().EndpointSlices().Informer()
+	ei := informers.Discovery().V1().EndpointSlices().Informer()
 	if err := ei.AddIndexers(cache.Indexers{serviceIndex: func(obj any) ([]string, error) {
 		s, ok := obj.(*discoveryv1.EndpointSlice)
 		if !ok || s.Labels[discoveryv1.LabelServiceName] == "" {
@@ -123,9 +127,8 @@ func Serve(ctx context.Context, client kubernetes.Interface, cfg ServeConfig) er
 	}
 	d.endpoints = ei.GetIndexer()
 	secrets.Start(ctx.Done())
-	endpointSlices.Start(ctx.Done())
+	informers.Start()
 	defer secrets.Shutdown()
-	defer endpointSlices.Shutdown()
 	if !cache.WaitForCacheSync(ctx.Done(), si.HasSynced, ei.HasSynced) {
 		return nil
 	}

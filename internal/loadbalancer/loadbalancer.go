@@ -161,6 +161,8 @@ func (lb *LB) preferred(server string) {
 // ends, unless no apiserver ever answered the list by then: that error,
 // like any failure to follow, leaves the balancer with the servers it had.
 func (lb *LB) Follow(ctx context.Context, client kubernetes.Interface, fallback []string) error {
+	// The kubernetes Service's slices alone: not the node's cache, which
+	// holds every EndpointSlice and is made after the balancer.
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(metav1.NamespaceDefault),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", kubernetesService).String()

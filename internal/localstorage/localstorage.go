@@ -16,7 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
+	k8sinformers "k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	storageinformers "k8s.io/client-go/informers/storage/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -26,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	storagehelpers "k8s.io/component-helpers/storage/volume"
 
+	"github.com/kelp-dev/kelp/internal/informer"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
@@ -57,36 +60,61 @@ type Config struct {
 // ends. Until the cluster grants it access it waits, quietly: the grant
 // comes with the local-path StorageClass, which `--disable local-storage`
 // leaves out, and a node does not know the server's flags.
-func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
+//
+// Claims and StorageClasses come from informers, the node's cache
+// (TrimClaim says what of a claim it reads).
+func Run(ctx context.Context, client kubernetes.Interface, informers *informer.Cache, cfg Config) error {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	defer broadcaster.Shutdown()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Provisioner, Host: cfg.NodeName})
 
 	// Claims cannot be filtered by annotation or class on the server:
-	// every node caches every claim, trimmed.
-	all := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimClaim(cfg.NodeName)))
-	own := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	// every node caches every claim, trimmed. The informers are made here,
+	// quiet before anyone can start them, with the index the factory's
+	// own have, which its listers use.
+	namespaceIndex := cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
+	informers.InformerFor(&corev1.PersistentVolumeClaim{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return quiet(coreinformers.NewPersistentVolumeClaimInformer(c, metav1.NamespaceAll, resync, namespaceIndex))
+	})
+	informers.InformerFor(&storagev1.StorageClass{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return quiet(storageinformers.NewStorageClassInformer(c, resync, namespaceIndex))
+	})
+	// A list of this node's volumes only, which the node's cache of every
+	// object of a kind cannot hold.
+	own := k8sinformers.NewSharedInformerFactoryWithOptions(client, 0, k8sinformers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = labels.Set{NodeLabel: cfg.NodeName}.String()
 	}))
-	claims := all.Core().V1().PersistentVolumeClaims()
-	classes := all.Storage().V1().StorageClasses()
+	claims := informers.Core().V1().PersistentVolumeClaims()
+	classes := informers.Storage().V1().StorageClasses()
 	volumes := own.Core().V1().PersistentVolumes()
+	if err := volumes.Informer().SetWatchErrorHandlerWithContext(quietWhenForbidden); err != nil {
+		return fmt.Errorf("watch persistentvolumes: %w", err)
+	}
 	watched := map[string]cache.SharedIndexInformer{
 		"persistentvolumeclaims": claims.Informer(),
 		"storageclasses":         classes.Informer(),
 		"persistentvolumes":      volumes.Informer(),
 	}
-	for name, informer := range watched {
-		if err := informer.SetWatchErrorHandlerWithContext(quietWhenForbidden); err != nil {
-			return fmt.Errorf("watch %s: %w", name, err)
-		}
-	}
 	p := &provisioner{
 		cfg: cfg, client: client, events: events, failed: reconcile.Backoff[types.UID]{First: firstBackoff, Max: maxBackoff},
 		claims: claims.Lister(), classes: classes.Lister(), volumes: volumes.Lister(),
 	}
-	return reconcile.Loop{Informers: watched, Coalesce: coalesce, Resync: retryEvery, Sync: p.sync}.Run(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer own.Shutdown()
+	defer cancel()
+	start := func() {
+		informers.Start()
+		own.Start(ctx.Done())
+	}
+	return reconcile.Loop{Informers: watched, Start: start, Coalesce: coalesce, Resync: retryEvery, Sync: p.sync}.Run(ctx)
+}
+
+// quiet makes an informer log a refused list or watch at Debug
+// (quietWhenForbidden); it has not started, so this cannot fail.
+func quiet(i cache.SharedIndexInformer) cache.SharedIndexInformer {
+	_ = i.SetWatchErrorHandlerWithContext(quietWhenForbidden)
+	return i
 }
 
 // quietWhenForbidden logs at Debug that the cluster refused an informer its
@@ -268,9 +296,9 @@ func (p *provisioner) delete(ctx context.Context, volume *corev1.PersistentVolum
 	l.WithField("path", dir).Info("local-path volume deleted")
 }
 
-// trimClaim keeps of a claim only what sync reads, and of a claim of
+// TrimClaim keeps of a claim only what sync reads, and of a claim of
 // another node only its name: every node caches every claim.
-func trimClaim(node string) cache.TransformFunc {
+func TrimClaim(node string) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		claim, ok := obj.(*corev1.PersistentVolumeClaim)
 		if !ok {

@@ -377,7 +377,7 @@ func TestDeletedByHand(t *testing.T) {
 // Of a claim placed on another node only its name is cached; of this
 // node's, what sync reads.
 func TestTrimClaim(t *testing.T) {
-	trim := trimClaim("n1")
+	trim := TrimClaim("n1")
 	other := claim("data-1", func(c *corev1.PersistentVolumeClaim) {
 		c.Annotations["volume.kubernetes.io/selected-node"] = "n2"
 		c.Labels = map[string]string{"app": "db"}

@@ -19,14 +19,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	discoveryv1ac "k8s.io/client-go/applyconfigurations/discovery/v1"
-	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/kelp-dev/kelp/internal/apply"
 	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/informer"
 	"github.com/kelp-dev/kelp/internal/pki"
 )
 
@@ -48,9 +50,12 @@ var log = logrus.WithField("component", "metrics")
 
 // Config is what the metrics API is served with.
 type Config struct {
-	// Client reaches the apiserver as the admin: it lists nodes and pods
-	// and publishes the EndpointSlice.
+	// Client reaches the apiserver as the admin: it lists pods and
+	// publishes the EndpointSlice.
 	Client *rest.Config
+	// Informers are the server's cache, whose Nodes the scraper and the
+	// API read.
+	Informers *informer.Cache
 	// BindAddress is where to listen (the apiserver's --bind-address);
 	// AdvertiseAddress is where the apiservers reach this server.
 	BindAddress, AdvertiseAddress netip.Addr
@@ -101,45 +106,48 @@ func Start(ctx context.Context, cfg Config) (*component.Running, error) {
 
 	store := NewStore()
 	s := &server{
-		client:  client,
-		meta:    meta,
-		slice:   slice,
-		listen:  ln,
-		tls:     apiTLS,
-		store:   store,
-		scraper: NewScraper(store, kubeletTLS, log),
+		informers: cfg.Informers,
+		nodes:     cfg.Informers.Core().V1().Nodes(),
+		client:    client,
+		meta:      meta,
+		slice:     slice,
+		listen:    ln,
+		tls:       apiTLS,
+		store:     store,
+		scraper:   NewScraper(store, kubeletTLS, log),
 	}
+	// Asked for now, before the server starts its cache.
+	s.nodes.Informer()
 	return component.Go("metrics", s.run), nil
 }
 
 type server struct {
-	client  kubernetes.Interface
-	meta    metadata.Interface
-	slice   string
-	listen  net.Listener
-	tls     *tls.Config
-	store   *Store
-	scraper *Scraper
+	informers *informer.Cache
+	nodes     coreinformers.NodeInformer
+	client    kubernetes.Interface
+	meta      metadata.Interface
+	slice     string
+	listen    net.Listener
+	tls       *tls.Config
+	store     *Store
+	scraper   *Scraper
 }
 
 func (s *server) run(ctx context.Context) error {
 	defer s.listen.Close()
 	defer s.withdraw()
-	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(slimNode))
-	nodes := nodeFactory.Core().V1().Nodes()
+	nodes := s.nodes
+	// Metadata only, unlike the server's cache of whole objects: pods
+	// are the most numerous objects, and the API needs their labels.
 	podFactory := metadatainformer.NewSharedInformerFactoryWithOptions(s.meta, 0, metadatainformer.WithTransform(slimMetadata))
 	pods := podFactory.ForResource(corev1.SchemeGroupVersion.WithResource("pods"))
 	// A factory starts the informers asked for before its Start.
-	nodes.Informer()
 	pods.Informer()
-	nodeFactory.Start(ctx.Done())
+	s.informers.Start()
 	podFactory.Start(ctx.Done())
-	defer nodeFactory.Shutdown()
 	defer podFactory.Shutdown()
-	for typ, ok := range nodeFactory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("list %v: %w", typ, ctx.Err())
-		}
+	if !cache.WaitForCacheSync(ctx.Done(), nodes.Informer().HasSynced) {
+		return fmt.Errorf("list nodes: %w", ctx.Err())
 	}
 	for gvr, ok := range podFactory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
@@ -231,33 +239,6 @@ func publish(ctx context.Context, c kubernetes.Interface, name string, addr neti
 
 func endpointSliceName(node string) string {
 	return Service + "-" + strings.ToLower(node)
-}
-
-// slimNode keeps of a Node what the scraper and the API read: a Node's
-// status lists every image on it, which would otherwise be held in memory
-// for nothing.
-func slimNode(obj any) (any, error) {
-	n, ok := obj.(*corev1.Node)
-	if !ok {
-		return obj, nil
-	}
-	return &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels},
-		Status: corev1.NodeStatus{
-			Conditions:      readyCondition(n.Status.Conditions),
-			Addresses:       n.Status.Addresses,
-			DaemonEndpoints: n.Status.DaemonEndpoints,
-		},
-	}, nil
-}
-
-func readyCondition(conds []corev1.NodeCondition) []corev1.NodeCondition {
-	for _, c := range conds {
-		if c.Type == corev1.NodeReady {
-			return []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
-		}
-	}
-	return nil
 }
 
 // slimMetadata keeps of a pod's metadata what label selectors need.

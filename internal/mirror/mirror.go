@@ -16,11 +16,10 @@ import (
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
 
 	"github.com/kelp-dev/kelp/internal/component"
+	"github.com/kelp-dev/kelp/internal/informer"
 )
 
 var log = logrus.WithField("component", "registry mirror")
@@ -51,9 +50,9 @@ type Config struct {
 const askTimeout = 2 * time.Second
 
 // Start listens on the mirror's two addresses and serves until the piece
-// is stopped; nodes lists the cluster's nodes, the peers, under the node's
-// own identity.
-func Start(cfg Config, nodes kubernetes.Interface) (*component.Running, error) {
+// is stopped; informers are the node's cache, whose Nodes are the peers
+// (TrimNodeStatus says what of them it reads).
+func Start(cfg Config, informers *informer.Cache) (*component.Running, error) {
 	if len(cfg.Registries) == 0 {
 		return nil, errors.New("mirror: no registry to mirror")
 	}
@@ -75,8 +74,7 @@ func Start(cfg Config, nodes kubernetes.Interface) (*component.Running, error) {
 		}
 		listeners = append(listeners, l)
 	}
-	factory := informers.NewSharedInformerFactory(nodes, 10*time.Minute)
-	lister := factory.Core().V1().Nodes().Lister()
+	lister := informers.Core().V1().Nodes().Lister()
 	peers := func() []Peer { return peersOf(lister, cfg.NodeName, cfg.NodeIP) }
 	shares := func(registry string) bool {
 		return slices.Contains(cfg.Registries, "*") || slices.Contains(cfg.Registries, registry)
@@ -89,8 +87,7 @@ func Start(cfg Config, nodes kubernetes.Interface) (*component.Running, error) {
 	return component.Go("registry mirror", func(ctx context.Context) error {
 		defer c.Close()
 		defer transport.CloseIdleConnections()
-		factory.Start(ctx.Done())
-		defer factory.Shutdown()
+		informers.Start()
 		errc := make(chan error, len(servers))
 		go func() { errc <- servers[0].ServeTLS(listeners[0], "", "") }()
 		go func() { errc <- servers[1].Serve(listeners[1]) }()
@@ -128,6 +125,18 @@ func peersOf(lister listersv1.NodeLister, self string, ip netip.Addr) []Peer {
 				out = append(out, Peer{Name: n.Name, Addr: netip.AddrPortFrom(addr, Port)})
 				break
 			}
+		}
+	}
+	return out
+}
+
+// TrimNodeStatus keeps of a Node's status what peersOf reads: its
+// addresses and whether it is Ready.
+func TrimNodeStatus(s corev1.NodeStatus) corev1.NodeStatus {
+	out := corev1.NodeStatus{Addresses: s.Addresses}
+	for _, c := range s.Conditions {
+		if c.Type == corev1.NodeReady {
+			out.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
 		}
 	}
 	return out

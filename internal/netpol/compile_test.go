@@ -397,7 +397,7 @@ func TestCompile(t *testing.T) {
 			// informers' lists does not matter.
 			var trimmed []*corev1.Pod
 			for _, p := range testPods {
-				tp, _ := trimPod(p)
+				tp, _ := TrimPod(p)
 				trimmed = append(trimmed, tp.(*corev1.Pod))
 			}
 			rand.Shuffle(len(trimmed), func(i, j int) { trimmed[i], trimmed[j] = trimmed[j], trimmed[i] })

@@ -11,12 +11,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kelp-dev/kelp/internal/informer"
 	"github.com/kelp-dev/kelp/internal/nft"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
@@ -43,19 +42,20 @@ type Config struct {
 // namespace, and again whenever the table was changed behind its back.
 // On return it leaves the table in place, as the proxy does: pods outlive
 // kelp, and their policies must too (`kelp killall` removes it).
-func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
-	return run(ctx, client, cfg, checkEvery)
+//
+// informers are the node's cache; TrimPod says what of a Pod it reads.
+func Run(ctx context.Context, informers *informer.Cache, cfg Config) error {
+	return run(ctx, informers, cfg, checkEvery)
 }
 
-func run(ctx context.Context, client kubernetes.Interface, cfg Config, checkEvery time.Duration) error {
+func run(ctx context.Context, informers *informer.Cache, cfg Config, checkEvery time.Duration) error {
 	conn, err := nft.New()
 	if err != nil {
 		return err
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimPod))
-	policies := factory.Networking().V1().NetworkPolicies()
-	pods := factory.Core().V1().Pods()
-	namespaces := factory.Core().V1().Namespaces()
+	policies := informers.Networking().V1().NetworkPolicies()
+	pods := informers.Core().V1().Pods()
+	namespaces := informers.Core().V1().Namespaces()
 	e := &enforcer{
 		cfg: cfg, conn: conn, reapply: true,
 		policies: policies.Lister(), pods: pods.Lister(), namespaces: namespaces.Lister(),
@@ -66,6 +66,7 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, checkEver
 			"pods":            pods.Informer(),
 			"namespaces":      namespaces.Informer(),
 		},
+		Start:    informers.Start,
 		Coalesce: coalesce,
 		Resync:   checkEvery,
 		Sync:     e.sync,
@@ -135,9 +136,9 @@ func (e *enforcer) sync(_ context.Context, resync bool) error {
 	return nil
 }
 
-// trimPod keeps of a pod only what Compile reads: every node caches every
+// TrimPod keeps of a pod only what Compile reads: every node caches every
 // pod of the cluster, so the rest would cost memory on each of them.
-func trimPod(obj any) (any, error) {
+func TrimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil

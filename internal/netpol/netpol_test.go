@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kelp-dev/kelp/internal/informer/informertest"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
@@ -95,7 +96,7 @@ func TestRun(t *testing.T) {
 			}
 			waitFor("the flushed chain back", func(r map[string]int) bool { return r["forward"] == forwardRules })
 		}()
-		if err := run(ctx, client, Config{NodeName: node}, 50*time.Millisecond); err != nil {
+		if err := run(ctx, informertest.Cache(t, client, TrimPod), Config{NodeName: node}, 50*time.Millisecond); err != nil {
 			t.Errorf("run: %v", err)
 		}
 		// The policies stay enforced while kelp is stopped or restarts.
@@ -111,7 +112,7 @@ func TestTrimPod(t *testing.T) {
 		ports(corev1.ContainerPort{Name: "http", ContainerPort: 8080}))
 	p.Annotations = map[string]string{"big": "yes"}
 	p.Spec.Containers[0].Image = "web:1"
-	got, err := trimPod(p)
+	got, err := TrimPod(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestTrimPod(t *testing.T) {
 		t.Errorf("trimmed too much: %+v", trimmed)
 	}
 	ns := namespace("default", nil)
-	if got, _ := trimPod(ns); got != ns {
+	if got, _ := TrimPod(ns); got != ns {
 		t.Errorf("a namespace changed: %+v", got)
 	}
 }

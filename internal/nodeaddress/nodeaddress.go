@@ -8,12 +8,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	cloudprovider "k8s.io/cloud-provider"
 	cloudapi "k8s.io/cloud-provider/api"
 	nodecontroller "k8s.io/cloud-provider/controllers/node"
 	controllersmetrics "k8s.io/component-base/metrics/prometheus/controllers"
+
+	"github.com/kelp-dev/kelp/internal/informer"
 )
 
 // ExternalIPAnnotation holds a node's --node-external-ip values,
@@ -24,15 +25,14 @@ const ExternalIPAnnotation = "node.kelp.io/external-ip"
 // date with the annotations.
 const statusUpdate = 10 * time.Second
 
-// Run sets the addresses of every node until ctx ends.
-func Run(ctx context.Context, client kubernetes.Interface) error {
-	factory := informers.NewSharedInformerFactory(client, 0)
-	c, err := nodecontroller.NewCloudNodeController(factory.Core().V1().Nodes(), client, provider{}, statusUpdate, 1, 1)
+// Run sets the addresses of every node until ctx ends. It reads and
+// writes whole Nodes: the server's cache must not trim them.
+func Run(ctx context.Context, client kubernetes.Interface, informers *informer.Cache) error {
+	c, err := nodecontroller.NewCloudNodeController(informers.Core().V1().Nodes(), client, provider{}, statusUpdate, 1, 1)
 	if err != nil {
 		return fmt.Errorf("node addresses: %w", err)
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	informers.Start()
 	c.RunWithContext(ctx, controllersmetrics.NewControllerManagerMetrics("kelp"))
 	return nil
 }

@@ -16,11 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kelp-dev/kelp/internal/informer"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
@@ -180,12 +180,13 @@ func (cfg Config) primary() family {
 // and tried again, since the API server or the peer may be fine later; Run
 // returns an error only when cfg is unusable or the VXLAN device cannot be
 // made. On return it leaves everything in place: pods keep talking while
-// kelp restarts.
-func Run(ctx context.Context, client kubernetes.Interface, cfg Config) error {
-	return run(ctx, client, cfg, resyncEvery)
+// kelp restarts. It reads the Nodes of informers, the node's cache
+// (TrimNode says what of them), and patches its own through client.
+func Run(ctx context.Context, client kubernetes.Interface, informers *informer.Cache, cfg Config) error {
+	return run(ctx, client, informers, cfg, resyncEvery)
 }
 
-func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync time.Duration) error {
+func run(ctx context.Context, client kubernetes.Interface, informers *informer.Cache, cfg Config, resync time.Duration) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -222,11 +223,11 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, resync ti
 		}
 	}
 
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trimNode))
-	nodes := factory.Core().V1().Nodes()
+	nodes := informers.Core().V1().Nodes()
 	o.nodes = nodes.Lister()
 	return reconcile.Loop{
 		Informers: map[string]cache.SharedIndexInformer{"nodes": nodes.Informer()},
+		Start:     informers.Start,
 		Coalesce:  coalesce,
 		Resync:    resync,
 		Sync:      o.sync,
@@ -358,10 +359,10 @@ func publish(ctx context.Context, client kubernetes.Interface, node *corev1.Node
 	return nil
 }
 
-// trimNode keeps of a node only what Peers reads: every node caches every
+// TrimNode keeps of a node only what Peers reads: every node caches every
 // node of the cluster, and a node's status (images, conditions, heartbeats)
 // is most of it.
-func trimNode(obj any) (any, error) {
+func TrimNode(obj any) (any, error) {
 	node, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil

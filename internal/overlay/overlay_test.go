@@ -18,8 +18,11 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kelp-dev/kelp/internal/informer/informertest"
 	"github.com/kelp-dev/kelp/internal/testcluster"
 )
 
@@ -70,7 +73,7 @@ func TestTrimNode(t *testing.T) {
 	n.Annotations["big"] = "yes"
 	n.Labels = map[string]string{"kubernetes.io/hostname": "node-b"}
 	n.Status.Images = []corev1.ContainerImage{{Names: []string{"pause"}}}
-	got, err := trimNode(n)
+	got, err := TrimNode(n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +85,7 @@ func TestTrimNode(t *testing.T) {
 	if got := Peers([]*corev1.Node{trimmed}, cfg); len(want) != 1 || len(want[0].PodCIDRs) != 2 || len(want[0].IPs) != 2 || !reflect.DeepEqual(got, want) {
 		t.Errorf("trimmed too much: Peers %+v, want %+v", got, want)
 	}
-	if got, _ := trimNode(&corev1.Pod{}); got == nil {
+	if got, _ := TrimNode(&corev1.Pod{}); got == nil {
 		t.Error("a pod was dropped")
 	}
 }
@@ -300,7 +303,7 @@ func runBeside(t *testing.T, client *fake.Clientset, cfg Config, test func(ctx c
 		}
 		test(ctx)
 	}()
-	if err := run(ctx, client, cfg, 50*time.Millisecond); err != nil {
+	if err := run(ctx, client, informertest.Cache(t, client, TrimNode), cfg, 50*time.Millisecond); err != nil {
 		t.Errorf("run: %v", err)
 	}
 }
@@ -332,9 +335,10 @@ func TestRunIPv6Off(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := configOf(BackendVXLAN, "10.99.0.2", "10.42.0.0/16,fd42::/56")
+		client := fake.NewClientset()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		err := run(ctx, fake.NewClientset(), cfg, time.Second)
+		err := run(ctx, client, informertest.Cache(t, client, TrimNode), cfg, time.Second)
 		if want := "IPv6 is off on this node (sysctl net.ipv6.conf.default.disable_ipv6=1)"; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("run with IPv6 off: %v, want %q", err, want)
 		}
@@ -342,10 +346,13 @@ func TestRunIPv6Off(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Past its checks run waits for the informer, which a stopped
-		// context ends.
+		// context ends: one that never lists, so that it has not synced.
+		client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+			return true, nil, errors.New("refused")
+		})
 		ctx, cancel = context.WithCancel(context.Background())
 		cancel()
-		if err := run(ctx, fake.NewClientset(), cfg, time.Second); err == nil || !errors.Is(err, context.Canceled) {
+		if err := run(ctx, client, informertest.Cache(t, client, TrimNode), cfg, time.Second); err == nil || !errors.Is(err, context.Canceled) {
 			t.Errorf("run with IPv6 on: %v, want it to get as far as the informer", err)
 		}
 		if data, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + Device + "/disable_ipv6"); err != nil || string(data) != "0\n" {
@@ -388,7 +395,7 @@ func TestRunNone(t *testing.T) {
 			}
 			t.Error("backend none never published")
 		}()
-		if err := run(ctx, client, config(BackendNone), 50*time.Millisecond); err != nil {
+		if err := run(ctx, client, informertest.Cache(t, client, TrimNode), config(BackendNone), 50*time.Millisecond); err != nil {
 			t.Errorf("run: %v", err)
 		}
 		checkState(t, "after run", state{})

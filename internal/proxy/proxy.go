@@ -83,9 +83,12 @@ func run(ctx context.Context, client kubernetes.Interface, cfg Config, tamperChe
 	if err != nil {
 		return err
 	}
+	// Under the proxy's identity (system:kube-proxy), which may list
+	// Services: not the node's cache, whose controller identity may not.
 	factory := informers.NewSharedInformerFactory(client, 0)
 	services := factory.Core().V1().Services()
 	endpointSlices := factory.Discovery().V1().EndpointSlices()
+	// This node's pods alone, under the kubelet's identity.
 	podFactory := informers.NewSharedInformerFactoryWithOptions(cfg.Pods, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
 	}))

@@ -30,8 +30,13 @@ import (
 // Loop is one controller's watch-and-reconcile loop.
 type Loop struct {
 	// Informers are what Sync reads, by the name errors call them
-	// ("services"). Run starts them, and stops them before it returns.
+	// ("services"). Run starts them, and stops them before it returns,
+	// unless Start is set.
 	Informers map[string]cache.SharedIndexInformer
+	// Start, if set, starts the informers instead, and Run neither runs
+	// nor stops them: those of a shared cache (informer.Cache.Start)
+	// outlive this loop. Run then removes its handlers before it returns.
+	Start func()
 	// Coalesce is how long Run waits after a change for more before it
 	// syncs.
 	Coalesce time.Duration
@@ -72,6 +77,9 @@ func (l Loop) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("watch %s: %w", name, err)
 		}
+		if l.Start != nil {
+			defer func() { _ = informer.RemoveEventHandler(reg) }()
+		}
 		synced[name] = reg.HasSynced
 	}
 
@@ -79,8 +87,12 @@ func (l Loop) Run(ctx context.Context) error {
 	var informers sync.WaitGroup
 	defer informers.Wait()
 	defer stop()
-	for _, informer := range l.Informers {
-		informers.Go(func() { informer.RunWithContext(ctx) })
+	if l.Start != nil {
+		l.Start()
+	} else {
+		for _, informer := range l.Informers {
+			informers.Go(func() { informer.RunWithContext(ctx) })
+		}
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), slices.Collect(maps.Values(synced))...) {
 		return notSynced(ctx, synced)

@@ -208,3 +208,67 @@ func TestSyncFailureEndsRun(t *testing.T) {
 		t.Error("informer still running after Run returned")
 	}
 }
+
+// With Start, the informers are a shared cache's: Run starts them through
+// it, and they run on, without its handler, once it returned, for the next
+// loop over them.
+func TestSharedInformers(t *testing.T) {
+	client := fake.NewClientset(service("a"))
+	factory := informers.NewSharedInformerFactory(client, 0)
+	stop := make(chan struct{})
+	defer factory.Shutdown()
+	defer close(stop)
+	services := factory.Core().V1().Services()
+	loop := func(passes chan<- int) Loop {
+		return Loop{
+			Informers: map[string]cache.SharedIndexInformer{"services": services.Informer()},
+			Start:     func() { factory.Start(stop) },
+			Sync: func(context.Context, bool) error {
+				svcs, err := services.Lister().List(labels.Everything())
+				passes <- len(svcs)
+				return err
+			},
+		}
+	}
+	for i, want := range []int{1, 2} {
+		ctx, cancel := context.WithCancel(context.Background())
+		passes := make(chan int, 10)
+		done := make(chan error, 1)
+		go func() { done <- loop(passes).Run(ctx) }()
+		select {
+		case n := <-passes:
+			if n != want {
+				t.Errorf("loop %d saw %d Services, want %d", i, n, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("loop %d: no Sync", i)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("loop %d: %v", i, err)
+		}
+		if services.Informer().IsStopped() {
+			t.Fatal("a loop stopped the shared informer")
+		}
+		if i > 0 {
+			break
+		}
+		if _, err := client.CoreV1().Services("default").Create(context.Background(), service("b"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The cache follows without the loop.
+		if err := waitFor(func() bool { l, _ := services.Lister().List(labels.Everything()); return len(l) == 2 }); err != nil {
+			t.Fatal("the shared cache did not follow once the loop returned")
+		}
+	}
+}
+
+// waitFor polls ok for up to 10 s.
+func waitFor(ok func() bool) error {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if ok() {
+			return nil
+		}
+	}
+	return errors.New("timed out")
+}

@@ -15,11 +15,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
+	"github.com/kelp-dev/kelp/internal/informer"
 	"github.com/kelp-dev/kelp/internal/reconcile"
 )
 
@@ -31,10 +31,9 @@ var log = logrus.WithField("component", "servicelb")
 
 // Run keeps the load balancer status of every LoadBalancer Service without
 // a loadBalancerClass until ctx ends.
-func Run(ctx context.Context, client kubernetes.Interface) error {
-	factory := informers.NewSharedInformerFactory(client, 0)
-	services := factory.Core().V1().Services()
-	nodes := factory.Core().V1().Nodes()
+func Run(ctx context.Context, client kubernetes.Interface, informers *informer.Cache) error {
+	services := informers.Core().V1().Services()
+	nodes := informers.Core().V1().Nodes()
 	sync := func(ctx context.Context, _ bool) error {
 		allNodes, err := nodes.Lister().List(labels.Everything())
 		if err != nil {
@@ -70,6 +69,7 @@ func Run(ctx context.Context, client kubernetes.Interface) error {
 	}
 	return reconcile.Loop{
 		Informers: map[string]cache.SharedIndexInformer{"services": services.Informer(), "nodes": nodes.Informer()},
+		Start:     informers.Start,
 		Sync:      sync,
 	}.Run(ctx)
 }

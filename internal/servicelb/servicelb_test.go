@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kelp-dev/kelp/internal/informer/informertest"
 )
 
 // node is a node with InternalIPs ips (comma-separated).
@@ -99,7 +101,7 @@ func TestRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, client) }()
+	go func() { done <- Run(ctx, client, informertest.Cache(t, client, nil)) }()
 	want := map[string][]string{
 		"v4":   {"10.0.0.1", "10.0.0.2"},
 		"v6":   {"fd00::1", "fd00::2"},
