@@ -66,7 +66,9 @@ go run "$staticcheck" ./...
 # GOMAXPROCS, the number of CPUs) run at once in each package, beside other
 # packages' tests (-p). More at once does not pay on 2 CPUs: with 4, the
 # server package took 1718 s against 1888 s, and the other cluster packages
-# twice as long (the nodes' CPU, not their waits, bounds the run). Every
+# twice as long; six server tests took 360 s with 4 against 353 s with 2,
+# the CPU 99 % busy while their nodes started (the nodes' CPU and a few
+# long waits bound the run, not the number at once). Every
 # node has its own namespaces and cgroups (internal/testcluster), so any of
 # them may run together. ./server/ is
 # named first so that its cluster tests, the longest package by far, start
@@ -74,6 +76,6 @@ go run "$staticcheck" ./...
 # The upstream Gateway API conformance suite runs too, as a cluster test of
 # its own (internal/gatewayconformance, about a minute).
 # -timeout is the bound of a hung package, not a budget: the server
-# package takes 29-35 minutes on a busy 2-CPU machine, and at 35 a CI run
-# once ended it in its last test. Each cluster test has bounds of its own.
+# package takes 29-36 minutes on a 2-CPU machine (2172 s in a clean-clone
+# run on an idle one), and at 35 a CI run once ended it in its last test. Each cluster test has bounds of its own.
 KELP_BIN=$PWD/bin/kelp KELP_GATEWAY_CONFORMANCE=1 go test -modfile="$modfile" -count=1 -timeout 60m "$@" ./server/ ./...
