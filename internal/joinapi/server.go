@@ -64,34 +64,49 @@ type ServerJoinResponse struct {
 	EncryptionConfig []byte `json:"encryptionConfig,omitempty"`
 }
 
-// errSettings is a joining server whose settings differ from the cluster's.
-var errSettings = errors.New("settings differ from the cluster's")
-
-func (s *joinAPI) serverJoin(w http.ResponseWriter, r *http.Request) {
+// serverTokenPost answers a request to a path only the server token may
+// post to, unless it is one: a method other than POST, a source that
+// guessed wrong too often, a token other than the server token (told
+// wrongToken, or the error itself if empty) or none to check it against.
+// who ("server", "witness") names the one that joins in the log.
+func (s *joinAPI) serverTokenPost(w http.ResponseWriter, r *http.Request, who, wrongToken string) bool {
 	if r.Method != http.MethodPost {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
-		return
+		return false
 	}
 	src, id := sourceOf(r.RemoteAddr), tokenID(r.Header.Get(TokenHeader))
 	if wait, ok := s.limit.retryAfter(src, id); ok {
 		tooManyWrongTokens(w, wait)
-		return
+		return false
 	}
 	switch err := s.serverAuthorized(r.Header.Get(TokenHeader)); {
 	case errors.Is(err, errNotServerToken):
-		s.limit.failed(src, id, r.RemoteAddr, "a server tried to join with a token other than the server token")
-		http.Error(w, err.Error(), http.StatusUnauthorized)
-		return
+		s.limit.failed(src, id, r.RemoteAddr, "a "+who+" tried to join with a token other than the server token")
+		if wrongToken == "" {
+			wrongToken = err.Error()
+		}
+		http.Error(w, wrongToken, http.StatusUnauthorized)
+		return false
 	case err != nil:
 		status := http.StatusUnauthorized
 		if errors.Is(err, errNoServerToken) {
 			status = http.StatusServiceUnavailable
 		}
-		log.WithError(err).WithField("from", r.RemoteAddr).Warn("server join refused")
+		log.WithError(err).WithField("from", r.RemoteAddr).Warn(who + " join refused")
 		http.Error(w, err.Error(), status)
-		return
+		return false
 	}
 	s.limit.succeeded(src, id)
+	return true
+}
+
+// errSettings is a joining server whose settings differ from the cluster's.
+var errSettings = errors.New("settings differ from the cluster's")
+
+func (s *joinAPI) serverJoin(w http.ResponseWriter, r *http.Request) {
+	if !s.serverTokenPost(w, r, "server", "") {
+		return
+	}
 	var req ServerJoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
 		http.Error(w, "malformed join request: "+err.Error(), http.StatusBadRequest)

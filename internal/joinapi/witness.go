@@ -42,30 +42,9 @@ type WitnessJoinResponse struct {
 // It gets what serving etcd takes and no more: no CA key, no client
 // certificate of the apiserver's, no Secrets encryption keys, no tokens.
 func (s *joinAPI) witnessJoin(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+	if !s.serverTokenPost(w, r, "witness", "a witness joins with the server token (<data-dir>/server/token on a server): it is a voting member of the cluster's etcd") {
 		return
 	}
-	src, id := sourceOf(r.RemoteAddr), tokenID(r.Header.Get(TokenHeader))
-	if wait, ok := s.limit.retryAfter(src, id); ok {
-		tooManyWrongTokens(w, wait)
-		return
-	}
-	switch err := s.serverAuthorized(r.Header.Get(TokenHeader)); {
-	case errors.Is(err, errNotServerToken):
-		s.limit.failed(src, id, r.RemoteAddr, "a witness tried to join with a token other than the server token")
-		http.Error(w, "a witness joins with the server token (<data-dir>/server/token on a server): it is a voting member of the cluster's etcd", http.StatusUnauthorized)
-		return
-	case err != nil:
-		status := http.StatusUnauthorized
-		if errors.Is(err, errNoServerToken) {
-			status = http.StatusServiceUnavailable
-		}
-		log.WithError(err).WithField("from", r.RemoteAddr).Warn("witness join refused")
-		http.Error(w, err.Error(), status)
-		return
-	}
-	s.limit.succeeded(src, id)
 	var req WitnessJoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
 		http.Error(w, "malformed join request: "+err.Error(), http.StatusBadRequest)
