@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -83,9 +84,19 @@ func app(find func() (containerd.Node, error)) *cli.App {
 
 var (
 	quietFlag     = &cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "print IDs only"}
-	nameFlag      = &cli.StringFlag{Name: "name", Usage: "only those whose name contains this"}
+	nameFlag      = &cli.StringFlag{Name: "name", Usage: "only those whose name matches this regular expression, as crictl's (e.g. ^web$)"}
 	namespaceFlag = &cli.StringFlag{Name: "namespace", Usage: "only the pods of this namespace"}
 )
+
+// nameMatcher is --name as crictl reads it: a regular expression that
+// matches anywhere in the name unless anchored; none matches every name.
+func nameMatcher(c *cli.Context) (*regexp.Regexp, error) {
+	re, err := regexp.Compile(c.String("name"))
+	if err != nil {
+		return nil, fmt.Errorf("--name %q is not a regular expression: %w", c.String("name"), err)
+	}
+	return re, nil
+}
 
 type clients struct {
 	runtime runtimeapi.RuntimeServiceClient
@@ -151,9 +162,13 @@ func pods(ctx context.Context, c *cli.Context, cl clients) error {
 	if err != nil {
 		return err
 	}
+	name, err := nameMatcher(c)
+	if err != nil {
+		return err
+	}
 	items := slices.DeleteFunc(resp.Items, func(p *runtimeapi.PodSandbox) bool {
 		ns := c.String("namespace")
-		return !strings.Contains(p.Metadata.GetName(), c.String("name")) || (ns != "" && p.Metadata.GetNamespace() != ns)
+		return !name.MatchString(p.Metadata.GetName()) || (ns != "" && p.Metadata.GetNamespace() != ns)
 	})
 	sort.Slice(items, func(i, j int) bool { return items[i].CreatedAt > items[j].CreatedAt })
 	return table(c.App.Writer, c.Bool("quiet"), 0, []string{"POD ID", "CREATED", "STATE", "NAME", "NAMESPACE", "ATTEMPT"}, len(items), func(i int) []string {
@@ -173,8 +188,12 @@ func ps(ctx context.Context, c *cli.Context, cl clients) error {
 	if err != nil {
 		return err
 	}
+	name, err := nameMatcher(c)
+	if err != nil {
+		return err
+	}
 	items := slices.DeleteFunc(resp.Containers, func(ct *runtimeapi.Container) bool {
-		return !strings.Contains(ct.Metadata.GetName(), c.String("name"))
+		return !name.MatchString(ct.Metadata.GetName())
 	})
 	sort.Slice(items, func(i, j int) bool { return items[i].CreatedAt > items[j].CreatedAt })
 	return table(c.App.Writer, c.Bool("quiet"), 0, []string{"CONTAINER", "IMAGE", "CREATED", "STATE", "NAME", "ATTEMPT", "POD ID", "POD"}, len(items), func(i int) []string {

@@ -200,3 +200,62 @@ func TestMainDataDir(t *testing.T) {
 		t.Errorf("kelp crictl --runtime-endpoint: %v, stopped %q", err, f.stopped)
 	}
 }
+
+// listing serves ListContainers and ListPodSandbox: one container and one
+// pod named web, another of each named web-sidecar.
+type listing struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+}
+
+func (listing) ListContainers(context.Context, *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	return &runtimeapi.ListContainersResponse{Containers: []*runtimeapi.Container{
+		{Id: "aaaa0000000000000000", Metadata: &runtimeapi.ContainerMetadata{Name: "web"}, State: runtimeapi.ContainerState_CONTAINER_RUNNING},
+		{Id: "bbbb0000000000000000", Metadata: &runtimeapi.ContainerMetadata{Name: "web-sidecar"}, State: runtimeapi.ContainerState_CONTAINER_RUNNING},
+	}}, nil
+}
+
+func (listing) ListPodSandbox(context.Context, *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	return &runtimeapi.ListPodSandboxResponse{Items: []*runtimeapi.PodSandbox{
+		{Id: "cccc0000000000000000", Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "default"}},
+		{Id: "dddd0000000000000000", Metadata: &runtimeapi.PodSandboxMetadata{Name: "web-sidecar", Namespace: "default"}},
+	}}, nil
+}
+
+// TestNameIsARegularExpression: --name of ps and pods is crictl's regular
+// expression, so ^web$ picks web alone (it was a substring, and the VM
+// lab's `crictl ps --name ^web$` found nothing); a bad one is refused.
+func TestNameIsARegularExpression(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, listing{})
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	endpoint := "unix://" + sock
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ps", "-q", "--name", "^web$"}, "aaaa"},
+		{[]string{"ps", "-q", "--name", "web"}, "aaaa bbbb"},
+		{[]string{"ps", "-q", "--name", "side"}, "bbbb"},
+		{[]string{"ps", "-q"}, "aaaa bbbb"},
+		{[]string{"pods", "-q", "--name", "^web$"}, "cccc"},
+		{[]string{"pods", "-q", "--name", "car$"}, "dddd"},
+	} {
+		out, err := run(endpoint, tc.args...)
+		var got []string
+		for _, id := range strings.Fields(out) {
+			got = append(got, id[:4])
+		}
+		if err != nil || strings.Join(got, " ") != tc.want {
+			t.Errorf("crictl %s: %v, printed %q, want the IDs %s", strings.Join(tc.args, " "), err, out, tc.want)
+		}
+	}
+	if _, err := run(endpoint, "ps", "--name", "web["); err == nil || !strings.Contains(err.Error(), `--name "web[" is not a regular expression`) {
+		t.Errorf("crictl ps --name web[: %v, want it refused as no regular expression", err)
+	}
+}
