@@ -13,9 +13,10 @@ cd "$(dirname "$0")/.."
 staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 # Packages the tests use: ip/nsenter/unshare/mount for node namespaces, pkill,
-# PostgreSQL for the external-datastore test, shellcheck for the scripts.
+# PostgreSQL for the external-datastore test, shellcheck for the scripts,
+# qemu-io (qemu-utils) as the client of the VM lab's disk (scripts/vm/flushdisk).
 need=()
-for p in iproute2 util-linux mount procps postgresql shellcheck busybox dash zstd xz-utils systemd; do
+for p in iproute2 util-linux mount procps postgresql shellcheck busybox dash zstd xz-utils systemd qemu-utils; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if ((${#need[@]})); then
