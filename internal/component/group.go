@@ -17,9 +17,17 @@ import (
 var ErrStopped = errors.New("stopped during start-up")
 
 const (
-	// ReadyTimeout bounds each readiness wait of Run's group; a Raspberry
-	// Pi on an SD card is the slow end.
-	ReadyTimeout = 2 * time.Minute
+	// ReadyTimeout bounds each readiness wait of Run's group. It is long:
+	// a start that ends at the bound begins again under the service
+	// manager, doing the same work, so a bound that a slow machine (an
+	// SD card, a board beside its real workload, a VM under emulation) can
+	// reach makes it restart for ever; at 2 minutes, kelp never became
+	// ready in the VM lab under load. A piece that fails says so at once;
+	// the bound is for one that hangs. Meanwhile Start says what it waits
+	// for every ProgressEvery.
+	ReadyTimeout = 10 * time.Minute
+	// ProgressEvery is how often a readiness wait says that it still waits.
+	ProgressEvery = 30 * time.Second
 	// StopTimeout bounds Run's whole shutdown, as after SIGTERM.
 	StopTimeout = 10 * time.Second
 )
@@ -86,6 +94,7 @@ type Group struct {
 	until        context.Context
 	readyTimeout time.Duration
 	stopReserve  time.Duration
+	progress     time.Duration // between two "still waiting" lines
 
 	pieces   []Component // in start order; only the goroutine that starts and stops touches it
 	failed   chan error  // fan-in of the pieces' Err, named
@@ -103,10 +112,16 @@ func StopReserve(d time.Duration) GroupOption {
 	return func(g *Group) { g.stopReserve = d }
 }
 
+// Progress makes a readiness wait say every d that it still waits
+// (default ProgressEvery).
+func Progress(d time.Duration) GroupOption {
+	return func(g *Group) { g.progress = d }
+}
+
 // NewGroup makes a Group whose start-up ends with ErrStopped once until
 // ends, and whose readiness waits each last at most readyTimeout.
 func NewGroup(until context.Context, readyTimeout time.Duration, opts ...GroupOption) *Group {
-	g := &Group{until: until, readyTimeout: readyTimeout, failed: make(chan error), stopping: make(chan struct{})}
+	g := &Group{until: until, readyTimeout: readyTimeout, progress: ProgressEvery, failed: make(chan error), stopping: make(chan struct{})}
 	for _, o := range opts {
 		o(g)
 	}
@@ -127,21 +142,32 @@ func (g *Group) Start(c Component, err error) error {
 	began := time.Now()
 	timeout := time.NewTimer(g.readyTimeout)
 	defer timeout.Stop()
-	select {
-	case <-c.Ready():
-		logrus.WithField("component", c.Name()).WithField("took", time.Since(began).Round(time.Millisecond)).Debug("ready")
-		return nil
-	case err := <-g.failed:
-		return err
-	case <-g.until.Done():
-		return ErrStopped
-	case <-timeout.C:
-		reason := ""
-		if nr, ok := c.(notReady); ok && nr.NotReady() != nil {
-			reason = fmt.Sprintf(" (last: %v)", nr.NotReady())
+	progress := time.NewTicker(g.progress)
+	defer progress.Stop()
+	for {
+		select {
+		case <-c.Ready():
+			logrus.WithField("component", c.Name()).WithField("took", time.Since(began).Round(time.Millisecond)).Debug("ready")
+			return nil
+		case err := <-g.failed:
+			return err
+		case <-g.until.Done():
+			return ErrStopped
+		case <-progress.C:
+			logrus.WithField("component", c.Name()).WithField("waited", time.Since(began).Round(time.Second)).
+				Info(fmt.Sprintf("waiting for %s to be ready%s; kelp gives up after %s", c.Name(), lastReason(c), g.readyTimeout))
+		case <-timeout.C:
+			return fmt.Errorf("%s not ready after %s%s", c.Name(), g.readyTimeout, lastReason(c))
 		}
-		return fmt.Errorf("%s not ready after %s%s", c.Name(), g.readyTimeout, reason)
 	}
+}
+
+// lastReason is why c is not ready, as it last said, for a message.
+func lastReason(c Component) string {
+	if nr, ok := c.(notReady); ok && nr.NotReady() != nil {
+		return fmt.Sprintf(" (last: %v)", nr.NotReady())
+	}
+	return ""
 }
 
 // Go starts fn as a piece of the group (see Go and Start).

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
 )
 
 // fake is a piece whose readiness, failure and stop the test controls.
@@ -94,6 +95,31 @@ func TestGroupReadyTimeoutSaysWhy(t *testing.T) {
 	err := g.Start(newFake("kubelet", func(string) {}), nil)
 	if err == nil || !strings.Contains(err.Error(), "kubelet not ready after 50ms (last: still dialling)") {
 		t.Errorf("got %v", err)
+	}
+}
+
+// TestGroupSaysWhileItWaits: a slow piece is waited for, and the wait
+// says every interval what it waits for and why, until the piece is ready.
+func TestGroupSaysWhileItWaits(t *testing.T) {
+	logs := logtest.NewGlobal()
+	defer logs.Reset()
+	g := NewGroup(context.Background(), time.Minute, Progress(20*time.Millisecond))
+	f := newFake("apiserver", func(string) {})
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		close(f.ready)
+	}()
+	if err := g.Start(f, nil); err != nil {
+		t.Fatalf("a piece ready after 200 ms: %v", err)
+	}
+	said := 0
+	for _, e := range logs.AllEntries() {
+		if e.Message == "waiting for apiserver to be ready (last: still dialling); kelp gives up after 1m0s" {
+			said++
+		}
+	}
+	if said < 2 {
+		t.Errorf("said %d times that it waits, want one line every 20 ms of the 200", said)
 	}
 }
 
