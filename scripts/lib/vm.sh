@@ -55,7 +55,9 @@ vm_table() {
 vm_host_packages() { # ARCH...
   local need=() p pkgs=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client openssl xz-utils zstd file)
   for p in "$@"; do
-    [[ $p == arm64 ]] && pkgs+=(qemu-system-arm qemu-efi-aarch64)
+    # debootstrap, kmod (depmod, modprobe) and cpio make the image and
+    # its first boot: see vm_image_foreign.
+    [[ $p == arm64 ]] && pkgs+=(qemu-system-arm debootstrap kmod cpio)
   done
   for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
@@ -90,91 +92,245 @@ vm_keys() {
 # vm_image ARCH INIT builds, once, the image of Debian $VM_SUITE for ARCH
 # with INIT (systemd or openrc) as PID 1: $VM_CACHE/images/ARCH-INIT/ holds
 # disk.raw (ext4, labelled root, no partition table), vmlinuz and
-# initrd.img for qemu's direct kernel boot. The root file system is made
-# in a directory by mmdebstrap and packed by mkfs.ext4 -d: no loop mount.
+# initrd.img for qemu's direct kernel boot. No loop mount: the root file
+# system is made in a directory and packed by mkfs.ext4 -d.
+#
+# What makes a Debian root a guest of the lab is written once, for either
+# way of building it: vm_image_overlay lays the lab's files over the root,
+# vm_image_setup prints the commands run inside it.
 vm_image() {
   local arch=$1 init=$2 dir=$VM_CACHE/images/$1-$2
   [[ -f $dir/disk.raw ]] && return 0
-  local tmp=$dir.tmp root=$dir.tmp/root kernel=linux-image-$arch
+  local tmp=$dir.tmp
   # An mmdebstrap that was killed may have left /proc or /dev mounted in
   # its root: never rm -rf through them.
   if grep -q " $tmp/" /proc/self/mountinfo; then
     vm_die "something is still mounted below $tmp: unmount it, then run again"
   fi
   rm -rf "$tmp"
-  mkdir -p "$root"
+  mkdir -p "$tmp/root"
+  vm_image_overlay "$init" "$tmp/overlay"
+  if [[ $arch == "$(dpkg --print-architecture)" ]]; then
+    vm_image_native "$arch" "$init" "$tmp"
+  else
+    vm_image_foreign "$arch" "$init" "$tmp"
+  fi
+  rm -rf "$tmp/root" "$tmp/overlay"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+}
+
+vm_image_packages() { # INIT
   local pkgs=(openssh-server ca-certificates curl xz-utils python3 iproute2 kmod procps
     sqlite3 nftables initramfs-tools less)
-  case $init in
+  case $1 in
   systemd) pkgs+=(systemd systemd-sysv dbus udev) ;;
   openrc) pkgs+=(sysvinit-core openrc ifupdown udev) ;;
   esac
-  vm_log "building the $arch-$init image (mmdebstrap $VM_SUITE; a few minutes)"
+  (IFS=,; echo "${pkgs[*]}")
+}
+
+# vm_image_overlay INIT DIR writes the lab's files into DIR, a tree laid
+# over the root once its packages are installed.
+vm_image_overlay() {
+  local init=$1 o=$2
+  mkdir -p "$o/etc/initramfs-tools/conf.d" "$o/etc/initramfs-tools/hooks" "$o/root/.ssh" "$o/root/lab" \
+    "$o/usr/local/share/ca-certificates"
+  chmod 0700 "$o/root"
+  echo kelp-vm >"$o/etc/hostname"
+  printf '127.0.0.1 localhost %s\n127.0.1.1 kelp-vm\n' "$VM_RELEASE_HOST" >"$o/etc/hosts"
+  printf 'LABEL=root / ext4 defaults 0 1\n' >"$o/etc/fstab"
+  # qemu's user network: the guest is always 10.0.2.15, its gateway
+  # 10.0.2.2 (which, with restrict=on, forwards nothing out).
+  printf 'nameserver 10.0.2.3\n' >"$o/etc/resolv.conf"
+  case $init in
+  systemd)
+    mkdir -p "$o/etc/systemd/network"
+    printf '[Match]\nName=eth0\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nDNS=10.0.2.3\n' \
+      >"$o/etc/systemd/network/eth0.network"
+    ;;
+  openrc)
+    mkdir -p "$o/etc/network"
+    printf 'auto lo\niface lo inet loopback\nauto eth0\niface eth0 inet static\n  address 10.0.2.15/24\n  gateway 10.0.2.2\n' \
+      >"$o/etc/network/interfaces"
+    ;;
+  esac
   # The initramfs holds only what finds the root disk: with every module
-  # (MODULES=most) mkinitramfs takes many minutes on a busy machine.
-  mkdir -p "$tmp/initramfs/conf.d" "$tmp/initramfs/hooks"
-  echo MODULES=list >"$tmp/initramfs/conf.d/kelp-vm.conf"
-  cat >"$tmp/initramfs/hooks/kelp-vm" <<'EOF'
+  # (MODULES=most) mkinitramfs takes many minutes on a busy machine, and
+  # far longer under emulation.
+  echo MODULES=list >"$o/etc/initramfs-tools/conf.d/kelp-vm.conf"
+  cat >"$o/etc/initramfs-tools/hooks/kelp-vm" <<'EOF'
 #!/bin/sh
 [ "$1" = prereqs ] && exit 0
 . /usr/share/initramfs-tools/hook-functions
 manual_add_modules virtio_pci virtio_mmio virtio_blk ext4 crc32c_generic libcrc32c
 EOF
-  chmod 0755 "$tmp/initramfs/hooks/kelp-vm"
-  mmdebstrap --arch="$arch" --variant=apt --include="$kernel,$(IFS=,; echo "${pkgs[*]}")" \
-    --essential-hook="mkdir -p \"\$1/etc/initramfs-tools\" && cp -r $tmp/initramfs/conf.d $tmp/initramfs/hooks \"\$1/etc/initramfs-tools/\"" \
-    "$VM_SUITE" "$root" "$VM_MIRROR" >"$tmp/mmdebstrap.log" 2>&1 ||
-    vm_die "mmdebstrap failed: see $tmp/mmdebstrap.log"
-  vm_image_finish "$init" "$tmp"
-  rm -rf "$dir"
-  mv "$tmp" "$dir"
+  chmod 0755 "$o/etc/initramfs-tools/hooks/kelp-vm"
+  install -m 0600 "$VM_CACHE/keys/id_ed25519.pub" "$o/root/.ssh/authorized_keys"
+  install -m 0644 "$VM_CACHE/keys/ca.crt" "$o/usr/local/share/ca-certificates/kelp-vm-lab.crt"
+  install -m 0600 "$VM_CACHE/keys/server.key" "$VM_CACHE/keys/server.crt" "$o/root/lab/"
+  install -m 0755 "$VM_LIB_DIR/../vm/releases.py" "$o/root/lab/releases.py"
 }
 
-# vm_image_finish INIT TMP makes the root file system TMP/root, as
-# mmdebstrap left it, a guest of the lab, and packs it into TMP/disk.raw.
-vm_image_finish() {
-  local init=$1 tmp=$2 root=$2/root
-  echo kelp-vm >"$root/etc/hostname"
-  printf '127.0.0.1 localhost %s\n127.0.1.1 kelp-vm\n' "$VM_RELEASE_HOST" >"$root/etc/hosts"
-  printf 'LABEL=root / ext4 defaults 0 1\n' >"$root/etc/fstab"
-  # qemu's user network: the guest is always 10.0.2.15, its gateway
-  # 10.0.2.2 (which, with restrict=on, forwards nothing out).
-  rm -f "$root/etc/resolv.conf"
-  printf 'nameserver 10.0.2.3\n' >"$root/etc/resolv.conf"
-  case $init in
+# vm_image_setup INIT prints the commands that finish the root from
+# inside it, after the overlay.
+vm_image_setup() {
+  case $1 in
   systemd)
-    mkdir -p "$root/etc/systemd/network"
-    printf '[Match]\nName=eth0\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nDNS=10.0.2.3\n' \
-      >"$root/etc/systemd/network/eth0.network"
-    chroot "$root" systemctl enable systemd-networkd >/dev/null 2>&1
+    echo 'systemctl enable systemd-networkd'
     # Nothing that would reach out or churn the disk while a scenario runs.
-    chroot "$root" systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
+    echo 'systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer fstrim.timer || true'
     ;;
   openrc)
-    printf 'auto lo\niface lo inet loopback\nauto eth0\niface eth0 inet static\n  address 10.0.2.15/24\n  gateway 10.0.2.2\n' \
-      >"$root/etc/network/interfaces"
     # A login on the serial console, for a look by hand.
-    sed -i 's/^#\?T0:.*/T0:23:respawn:\/sbin\/getty -L ttyS0 115200 vt100/' "$root/etc/inittab"
+    echo "sed -i 's/^#\\?T0:.*/T0:23:respawn:\\/sbin\\/getty -L ttyS0 115200 vt100/' /etc/inittab"
     ;;
   esac
-  mkdir -p "$root/root/.ssh"
-  install -m 0600 "$VM_CACHE/keys/id_ed25519.pub" "$root/root/.ssh/authorized_keys"
-  install -m 0644 "$VM_CACHE/keys/ca.crt" "$root/usr/local/share/ca-certificates/kelp-vm-lab.crt"
-  chroot "$root" update-ca-certificates >/dev/null 2>&1
-  mkdir -p "$root/root/lab"
-  install -m 0600 "$VM_CACHE/keys/server.key" "$VM_CACHE/keys/server.crt" "$root/root/lab/"
-  install -m 0755 "$VM_LIB_DIR/../vm/releases.py" "$root/root/lab/releases.py"
+  echo 'update-ca-certificates'
+  echo 'rm -rf /var/cache/apt/archives/*.deb /var/lib/apt/lists/*_Packages'
+}
 
+# vm_image_native ARCH INIT TMP: mmdebstrap builds the root in a chroot,
+# which runs the packages' scripts on the host.
+vm_image_native() {
+  local arch=$1 init=$2 tmp=$3 root=$3/root
+  vm_log "building the $arch-$init image (mmdebstrap $VM_SUITE; a few minutes)"
+  # The initramfs settings go in before the kernel, whose package makes
+  # the initramfs.
+  mmdebstrap --arch="$arch" --variant=apt --include="linux-image-$arch,$(vm_image_packages "$init")" \
+    --essential-hook="cp -r $tmp/overlay/etc/initramfs-tools \"\$1/etc/\"" \
+    "$VM_SUITE" "$root" "$VM_MIRROR" >"$tmp/mmdebstrap.log" 2>&1 ||
+    vm_die "mmdebstrap failed: see $tmp/mmdebstrap.log"
+  cp -a --remove-destination "$tmp/overlay/." "$root/"
+  chroot "$root" sh -ec "$(vm_image_setup "$init")" >"$tmp/setup.log" 2>&1 ||
+    vm_die "setting up the image failed: see $tmp/setup.log"
   cp -L "$root/vmlinuz" "$tmp/vmlinuz" 2>/dev/null || cp "$root"/boot/vmlinuz-* "$tmp/vmlinuz"
   cp -L "$root/initrd.img" "$tmp/initrd.img" 2>/dev/null || cp "$root"/boot/initrd.img-* "$tmp/initrd.img"
-  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*_Packages
   mkfs.ext4 -q -L root -d "$root" "$tmp/disk.raw" 8G
-  rm -rf "$root"
+}
+
+# vm_image_foreign ARCH INIT TMP builds the root of another architecture
+# without running any of its programs on the host (no binfmt_misc here):
+# debootstrap --foreign only unpacks the packages; the guest itself, booted
+# once under qemu from a kernel and a small initramfs of the same packages,
+# runs debootstrap's second stage and vm_image_setup, and powers off.
+vm_image_foreign() {
+  local arch=$1 init=$2 tmp=$3 root=$3/root
+  vm_log "building the $arch-$init image (debootstrap $VM_SUITE, then its second stage under qemu: long)"
+  mkdir -p "$VM_CACHE/debs-$arch"
+  # busybox-static: the first boot's initramfs takes its shell from it.
+  debootstrap --foreign --arch="$arch" --variant=minbase --cache-dir="$VM_CACHE/debs-$arch" \
+    --include="linux-image-$arch,busybox-static,$(vm_image_packages "$init")" \
+    "$VM_SUITE" "$root" "$VM_MIRROR" >"$tmp/debootstrap.log" 2>&1 ||
+    vm_die "debootstrap failed: see $tmp/debootstrap.log"
+  cp -r "$tmp/overlay/etc/initramfs-tools" "$root/etc/"
+  vm_first_boot "$tmp" || vm_die "the first boot's kernel and initramfs: see $tmp"
+  mkdir -p "$root/kelp-vm"
+  cp -a "$tmp/overlay" "$root/kelp-vm/overlay"
+  cp "$tmp/first-boot/busybox" "$root/kelp-vm/busybox"
+  {
+    echo 'set -e'
+    echo 'cp -a --remove-destination /kelp-vm/overlay/. /'
+    vm_image_setup "$init"
+  } >"$root/kelp-vm/setup"
+  cat >"$root/kelp-vm/stage2" <<'EOF'
+# PID 1 of the first boot, run by busybox from the root disk.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+if /debootstrap/debootstrap --second-stage && sh -x /kelp-vm/setup && ls /boot/vmlinuz-* /boot/initrd.img-*; then
+  echo "kelp-vm: second stage ok"
+else
+  echo "kelp-vm: second stage failed"
+  tail -n 40 /debootstrap/debootstrap.log 2>/dev/null
+fi
+# busybox from memory (/dev is devtmpfs) once /kelp-vm is gone: PID 1
+# must not exit, which is a panic, but power off. The shell's own binary
+# is deleted and open, so only the emergency remount makes / read-only.
+cp /kelp-vm/busybox /dev/busybox
+rm -rf /kelp-vm
+/dev/busybox mount -t proc proc /proc 2>/dev/null
+sync
+echo u >/proc/sysrq-trigger
+/dev/busybox sleep 2
+exec /dev/busybox poweroff -f
+EOF
+  mkfs.ext4 -q -L root -d "$root" "$tmp/disk.raw" 8G
+  # -no-reboot: a panic of the first boot ends qemu too. VM_PID lets
+  # vm_cleanup end it if the lab is stopped meanwhile.
+  qemu-system-aarch64 -machine virt -cpu cortex-a72 -accel tcg,thread=multi -smp "$VM_CPUS" -m "$VM_MEMORY" \
+    -kernel "$tmp/first-boot/vmlinuz" -initrd "$tmp/first-boot/initrd.img" \
+    -append "console=ttyAMA0 panic=1" -no-reboot \
+    -drive "file=$tmp/disk.raw,if=virtio,format=raw" -nic none \
+    -display none -monitor none -serial "file:$tmp/first-boot.log" -no-user-config \
+    </dev/null >"$tmp/qemu.log" 2>&1 &
+  VM_PID=$!
+  local deadline=$((SECONDS + ${VM_IMAGE_TIMEOUT:-14400}))
+  while kill -0 "$VM_PID" 2>/dev/null; do
+    ((SECONDS < deadline)) || { vm_kill; vm_die "the first boot took too long: see $tmp/first-boot.log"; }
+    sleep 10
+  done
+  wait "$VM_PID" || { VM_PID=; vm_die "qemu failed: see $tmp/qemu.log"; }
+  VM_PID=
+  grep -q '^kelp-vm: second stage ok' "$tmp/first-boot.log" ||
+    vm_die "the second stage failed: see $tmp/first-boot.log"
+  local f
+  for f in vmlinuz initrd.img; do
+    local name
+    name=$(debugfs -R 'ls -p /boot' "$tmp/disk.raw" 2>/dev/null | cut -d/ -f6 | grep "^$f-" | sort -V | tail -n 1)
+    [[ -n $name ]] || vm_die "no /boot/$f-* in the image"
+    debugfs -R "dump /boot/$name $tmp/$f" "$tmp/disk.raw" >/dev/null 2>&1
+    [[ -s $tmp/$f ]] || vm_die "could not copy /boot/$name out of the image"
+  done
+  rm -rf "$tmp/first-boot"
+}
+
+# vm_first_boot TMP makes TMP/first-boot/: vmlinuz and the modules that
+# find the root disk, from the kernel package that debootstrap fetched,
+# busybox from busybox-static, and an initramfs whose /init loads the
+# modules, mounts /dev/vda and hands it /kelp-vm/stage2.
+vm_first_boot() {
+  local tmp=$1 debs=$1/root/var/cache/apt/archives fb=$1/first-boot
+  local kdir=$fb/kernel ird=$fb/initramfs kver m
+  mkdir -p "$kdir" "$ird/bin" "$ird/lib" "$fb/busybox-static"
+  local kernels=("$debs"/linux-image-[0-9]*.deb)
+  dpkg-deb -x "${kernels[-1]}" "$kdir" || return 1
+  dpkg-deb -x "$debs"/busybox-static_*.deb "$fb/busybox-static" || return 1
+  kver=$(ls "$kdir/lib/modules")
+  cp "$kdir/boot/vmlinuz-$kver" "$fb/vmlinuz"
+  cp "$fb/busybox-static/bin/busybox" "$fb/busybox"
+  cp "$fb/busybox" "$ird/bin/busybox"
+  depmod -b "$kdir" "$kver"
+  # The kernel's config has virtio, PCI and the PL011 console built in;
+  # these are modules (crc32c: ext4 asks for it by name, not as a symbol).
+  for m in virtio_pci virtio_mmio virtio_blk crc32c_generic ext4; do
+    modprobe -d "$kdir" -S "$kver" --show-depends "$m" || return 1
+  done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }' >"$fb/modules"
+  : >"$ird/modules"
+  while read -r m; do
+    cp "$m" "$ird/lib/"
+    basename "$m" >>"$ird/modules"
+  done <"$fb/modules"
+  cat >"$ird/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mkdir -p /proc /dev /newroot
+mount -t proc proc /proc
+mount -t devtmpfs dev /dev
+for m in $(cat /modules); do insmod "/lib/$m"; done
+i=0
+while [ ! -b /dev/vda ] && [ $i -lt 60 ]; do sleep 1; i=$((i + 1)); done
+mount -t ext4 /dev/vda /newroot || { echo "kelp-vm: no root disk"; poweroff -f; }
+mount --move /dev /newroot/dev
+umount /proc
+exec switch_root /newroot /kelp-vm/busybox sh /kelp-vm/stage2
+EOF
+  chmod 0755 "$ird/init"
+  (cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1) >"$fb/initrd.img"
 }
 
 # --- a running VM ----------------------------------------------------------
 
 VM_PID=
+VM_DISK_PID=
 VM_DIR=
 VM_SSH_PORT=
 VM_API_PORT=
@@ -186,7 +342,12 @@ vm_new() {
   VM_ARCH=$arch
   VM_IMAGE=$VM_CACHE/images/$arch-$init
   VM_DIR=$(mktemp -d "$VM_CACHE/run.XXXXXX")
-  qemu-img create -q -f qcow2 -F raw -b "$VM_IMAGE/disk.raw" "$VM_DIR/disk.qcow2"
+  if [[ ${VM_DISK:-} == volatile ]]; then
+    go build -o "$VM_CACHE/flushdisk" ./scripts/vm/flushdisk
+    cp --sparse=always "$VM_IMAGE/disk.raw" "$VM_DIR/disk.raw"
+  else
+    qemu-img create -q -f qcow2 -F raw -b "$VM_IMAGE/disk.raw" "$VM_DIR/disk.qcow2"
+  fi
   VM_SSH_PORT=$((20000 + RANDOM % 20000))
   VM_API_PORT=$((VM_SSH_PORT + 1))
 }
@@ -196,14 +357,28 @@ vm_new() {
 # The disk is cache=none (O_DIRECT on the host): a write the guest's
 # kernel sent to its disk is in the host's hands, and what the guest
 # holds in its own page cache is not. Killing qemu with SIGKILL is then a
-# power cut of the guest that keeps what it flushed.
+# power cut of the guest that keeps what it flushed... and also what it
+# only wrote. VM_DISK=volatile is a card with a write cache that a power
+# cut empties: the disk is scripts/vm/flushdisk, an NBD server that puts
+# writes into the image only when the guest flushes, and drops the rest
+# when qemu dies (vm_new made a private copy of the image for it).
 vm_start() {
-  local append="root=LABEL=root rw console=ttyS0 net.ifnames=0 panic=10 $*"
-  local qemu=(qemu-system-x86_64 -machine q35 -cpu max)
-  [[ $VM_ARCH == arm64 ]] && qemu=(qemu-system-aarch64 -machine virt -cpu max)
+  local console=ttyS0 qemu=(qemu-system-x86_64 -machine q35 -cpu max)
+  # A Pi 4's cores; under TCG also quicker than -cpu max, whose pointer
+  # authentication qemu computes the slow way.
+  [[ $VM_ARCH == arm64 ]] && console=ttyAMA0 qemu=(qemu-system-aarch64 -machine virt -cpu cortex-a72)
+  local append="root=LABEL=root rw console=$console net.ifnames=0 panic=10 $*"
+  local drive="file=$VM_DIR/disk.qcow2,if=virtio,format=qcow2,cache=none,discard=unmap"
+  if [[ ${VM_DISK:-} == volatile ]]; then
+    rm -f "$VM_DIR/nbd.sock"
+    "$VM_CACHE/flushdisk" -socket "$VM_DIR/nbd.sock" "$VM_DIR/disk.raw" 2>>"$VM_DIR/flushdisk.log" &
+    VM_DISK_PID=$!
+    until [[ -S $VM_DIR/nbd.sock ]]; do sleep 0.2; done
+    drive="file=nbd+unix:///?socket=$VM_DIR/nbd.sock,if=virtio,format=raw,cache=writeback"
+  fi
   "${qemu[@]}" -accel tcg,thread=multi -smp "$VM_CPUS" -m "$VM_MEMORY" \
     -kernel "$VM_IMAGE/vmlinuz" -initrd "$VM_IMAGE/initrd.img" -append "$append" \
-    -drive "file=$VM_DIR/disk.qcow2,if=virtio,format=qcow2,cache=none,discard=unmap" \
+    -drive "$drive" \
     -nic "user,model=virtio-net-pci,restrict=on,hostfwd=tcp:127.0.0.1:$VM_SSH_PORT-:22,hostfwd=tcp:127.0.0.1:$VM_API_PORT-:6443" \
     -display none -monitor none -serial "file:$VM_DIR/console.log" -no-user-config \
     </dev/null >>"$VM_DIR/qemu.log" 2>&1 &
@@ -216,6 +391,13 @@ vm_kill() {
   kill -9 "$VM_PID" 2>/dev/null || true
   wait "$VM_PID" 2>/dev/null || true
   VM_PID=
+  # The disk's server ends with its connection, dropping what the guest
+  # had not flushed; it says how much in flushdisk.log.
+  if [[ -n ${VM_DISK_PID:-} ]]; then
+    wait "$VM_DISK_PID" 2>/dev/null || true
+    VM_DISK_PID=
+    [[ ! -s $VM_DIR/flushdisk.log ]] || vm_log "disk: $(tail -n 1 "$VM_DIR/flushdisk.log")"
+  fi
 }
 
 vm_cleanup() {
@@ -256,5 +438,7 @@ vm_dump() {
   if [[ -n $VM_PID ]]; then
     vm_log "kelp's log (last 60 lines):"
     vm_ssh 'journalctl -u kelp --no-pager -n 60 2>/dev/null || tail -n 60 /var/log/kelp.log' >&2 || true
+    vm_log "kelp's last errors (the lines 'kelp: …' it ends with):"
+    vm_ssh '{ journalctl -u kelp --no-pager -o cat 2>/dev/null || cat /var/log/kelp.log; } | grep "^kelp: " | tail -n 5' >&2 || true
   fi
 }
