@@ -54,6 +54,19 @@ const (
 	// spends preparing its query (the first write after it starts, or
 	// after a failed query) reaches watchers at the next poll.
 	sqlitePollInterval = 5 * time.Second
+	// progressNotifyInterval is how often kine tells each watch that asked
+	// for progress notifications (the apiserver's watch cache, one per
+	// resource, each on a gRPC connection of its own) the current
+	// revision when nothing it watches changed. kine's default of 5 s,
+	// across the ~80 watches of an idle server, woke the apiserver's
+	// watch path (kine's sender, gRPC on both ends, the etcd client, the
+	// storage watcher, the cacher) about 16 times a second for nothing:
+	// the apiserver asks for progress itself when a read must wait for
+	// the cache (RequestWatchProgress, which kine answers at once,
+	// whatever this interval), and etcd's own default is 10 minutes.
+	// A minute keeps the revision a quiet resource's watch cache hands
+	// out in bookmarks about as fresh as the bookmarks are frequent.
+	progressNotifyInterval = time.Minute
 )
 
 // kineEngine is kine serving etcd's API on a unix socket, backed by SQLite,
@@ -205,7 +218,7 @@ func (k *kineEngine) stop() error {
 
 // kineConfig is how kelp runs kine: listening on listener, storing in
 // dsn, with the values of kine's own command-line defaults (zero poll and
-// batch settings make kine fail or spin).
+// batch settings make kine fail or spin) but for progressNotifyInterval.
 func kineConfig(listener, dsn string, wg *sync.WaitGroup, backendTLS kinetls.Config) endpoint.Config {
 	return endpoint.Config{
 		Listener:             listener,
@@ -213,7 +226,7 @@ func kineConfig(listener, dsn string, wg *sync.WaitGroup, backendTLS kinetls.Con
 		WaitGroup:            wg,
 		BackendTLSConfig:     backendTLS,
 		ConnectionPoolConfig: generic.ConnectionPoolConfig{MaxIdleTime: 2 * time.Minute},
-		NotifyInterval:       5 * time.Second,
+		NotifyInterval:       progressNotifyInterval,
 		EmulatedETCDVersion:  "3.6.11",
 		CompactTimeout:       5 * time.Second,
 		CompactMinRetain:     1000,

@@ -472,6 +472,47 @@ func TestSQLiteWatchNeedsNoPoll(t *testing.T) {
 	}
 }
 
+// TestWatchProgressOnRequest: a watch that asked for progress
+// notifications, as the apiserver's watch cache does, hears nothing while
+// what it watches is quiet, not every 5 s (kine's default, which woke the
+// apiserver's watch path ~16 times a second on an idle server:
+// progressNotifyInterval), yet the apiserver's own request for progress,
+// which a read that must wait for its cache makes, is answered at once.
+func TestWatchProgressOnRequest(t *testing.T) {
+	d := startReady(t, Config{DataDir: t.TempDir()})
+	cli, err := newClient(d.Backend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	defer cancel()
+	watch := cli.Watch(ctx, "/registry/pods/", clientv3.WithPrefix(), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify())
+	if resp := <-watch; !resp.Created {
+		t.Fatalf("first watch response is not the created one: %+v", resp)
+	}
+	rev := putRevision(t, d.Backend(), "/registry/leases/kube-node-lease/n", "1")
+	const quiet = 7 * time.Second
+	select {
+	case resp := <-watch:
+		t.Fatalf("watch of a quiet prefix got a response within %s: progress notify %v, revision %d, %d events",
+			quiet, resp.IsProgressNotify(), resp.Header.Revision, len(resp.Events))
+	case <-time.After(quiet):
+	}
+	if err := cli.RequestProgress(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case resp := <-watch:
+		if !resp.IsProgressNotify() || resp.Header.Revision < rev {
+			t.Fatalf("asked for progress, got: progress notify %v, revision %d (want >= %d), %d events",
+				resp.IsProgressNotify(), resp.Header.Revision, rev, len(resp.Events))
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("asked for progress, got no answer within 2 s")
+	}
+}
+
 // TestCheckpointLeavesTheDataInTheFile: a migration to SQLite moves only
 // state.db; after checkpoint the file alone holds what the WAL held.
 func TestCheckpointLeavesTheDataInTheFile(t *testing.T) {
