@@ -54,6 +54,13 @@ func Args(cfg Config) []string {
 		"service-account-private-key-file": cfg.Certs.ServiceAccountKey,
 		"use-service-account-credentials":  "true",
 		"profiling":                        "false",
+		// The secure port serves kelp's /healthz probe (anonymous) on
+		// loopback, and metrics the apiserver's /metrics serves too (one
+		// process, one registry); bearer tokens still authenticate there.
+		// Looking up the client CAs in
+		// kube-system/extension-apiserver-authentication costs two
+		// single-ConfigMap informers with their watches (issue 37).
+		"authentication-skip-lookup": "true",
 		// Kubelet client and apiserver client certificates are signed by
 		// the client CA the apiserver trusts; kubelet serving certificates
 		// by the kubelet CA the apiserver verifies kubelets with, never by

@@ -33,6 +33,7 @@ func TestArgs(t *testing.T) {
 		"--cluster-signing-kubelet-serving-cert-file=/tls/kubelet-ca-signer.crt",
 		"--cluster-signing-kubelet-serving-key-file=/tls/kubelet-ca.key",
 		"--bind-address=127.0.0.1",
+		"--authentication-skip-lookup=true",
 		"--feature-gates=ControllerManagerReleaseLeaderElectionLockOnExit=true",
 	} {
 		if !slices.Contains(args, want) {

@@ -38,7 +38,10 @@ func Args(cfg Config) []string {
 		"authorization-kubeconfig":  cfg.Kubeconfig,
 		"bind-address":              "127.0.0.1",
 		"secure-port":               securePort,
-		"profiling":                 "false",
+		// As the controller-manager's (controllermanager.Args): no lookup
+		// of client CAs for a port kelp only probes.
+		"authentication-skip-lookup": "true",
+		"profiling":                  "false",
 	}, cfg.LeaderElection), cfg.ExtraArgs)
 }
 

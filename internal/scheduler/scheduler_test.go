@@ -15,6 +15,7 @@ func TestArgs(t *testing.T) {
 		"--leader-elect-lease-duration=60s",
 		"--bind-address=127.0.0.1",
 		"--secure-port=10259",
+		"--authentication-skip-lookup=true",
 		"--v=3",
 	} {
 		if !slices.Contains(args, want) {
