@@ -8,6 +8,7 @@
 package killall
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -20,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
 	"github.com/sirupsen/logrus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -80,6 +83,7 @@ func Run(dataDir string) error {
 		errs = append(errs, removeNetwork(c.dataDir))
 	}
 	if !p.keep.cgroups {
+		errs = append(errs, stopSlices(c.paths.CgroupRoot, systemdRuns, stopUnit))
 		errs = append(errs, removeCgroups(cgroupsMount, c.paths.CgroupRoot))
 	}
 	if !p.keep.podLogs {
@@ -365,6 +369,63 @@ func cgroupProcs(root string) []int {
 		return nil
 	})
 	return pids
+}
+
+// stopSlices has systemd stop the slice units of the node's pods. Under
+// systemd's cgroup driver the kubelet asks systemd for its slices
+// (kubepods.slice, or kelp_<hash>.slice); removing their directories
+// leaves the units active, and systemd makes the directories again at its
+// next daemon-reload, as the uninstaller's (found by scripts/vm.sh
+// amd64-systemd). Stopping the top slice stops the ones in it. Without
+// systemd, or when it has no such unit, there is nothing to stop.
+func stopSlices(cgroupRoot string, systemd func() bool, stop func(unit string) error) error {
+	if !systemd() {
+		return nil
+	}
+	var errs []error
+	for _, name := range nodepaths.PodCgroups(cgroupRoot) {
+		if strings.HasSuffix(name, ".slice") {
+			errs = append(errs, stop(name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// systemdRuns tells whether systemd is the machine's init, as
+// sd_booted(3) does.
+func systemdRuns() bool {
+	_, err := os.Stat("/run/systemd/system")
+	return err == nil
+}
+
+// stopUnit stops a systemd unit and waits, at most 30 s, for the job; a
+// unit systemd does not have is stopped already.
+func stopUnit(unit string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := sddbus.NewSystemConnectionContext(ctx)
+	if err != nil {
+		return fmt.Errorf("stop %s: reach systemd: %w", unit, err)
+	}
+	defer conn.Close()
+	done := make(chan string, 1)
+	if _, err := conn.StopUnitContext(ctx, unit, "replace", done); err != nil {
+		var dbusErr godbus.Error
+		if errors.As(err, &dbusErr) && dbusErr.Name == "org.freedesktop.systemd1.NoSuchUnit" {
+			return nil
+		}
+		return fmt.Errorf("stop %s: %w", unit, err)
+	}
+	select {
+	case result := <-done:
+		if result != "done" {
+			return fmt.Errorf("stop %s: systemd says %s", unit, result)
+		}
+		log.WithField("unit", unit).Info("stopped the pods' systemd slice")
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop %s: %w", unit, ctx.Err())
+	}
 }
 
 // removeCgroups removes the pod cgroups of cgroupRoot in the hierarchies

@@ -1,6 +1,7 @@
 package killall
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -99,5 +101,34 @@ func TestRemoveCgroupsKillsLatecomers(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("%s after removeCgroups: %v, want it gone", dir, err)
+	}
+}
+
+// TestStopSlices: under systemd, killall has systemd stop the node's top
+// pod slice (the kubelet's systemd cgroup driver made it a unit, which a
+// daemon-reload would bring back after its directory was removed);
+// without systemd it asks nothing.
+func TestStopSlices(t *testing.T) {
+	for _, tc := range []struct {
+		root    string
+		systemd bool
+		want    []string
+	}{
+		{"/", true, []string{"kubepods.slice"}},
+		{"/kelp_0123abcd", true, []string{"kelp_0123abcd.slice"}},
+		{"/", false, nil},
+	} {
+		var stopped []string
+		err := stopSlices(tc.root, func() bool { return tc.systemd }, func(unit string) error {
+			stopped = append(stopped, unit)
+			return nil
+		})
+		if err != nil || !slices.Equal(stopped, tc.want) {
+			t.Errorf("cgroup root %s, systemd %v: stopped %v (%v), want %v", tc.root, tc.systemd, stopped, err, tc.want)
+		}
+	}
+	failed := stopSlices("/", func() bool { return true }, func(unit string) error { return errors.New("job failed") })
+	if failed == nil || !strings.Contains(failed.Error(), "job failed") {
+		t.Errorf("a slice systemd did not stop: %v, want its error", failed)
 	}
 }
