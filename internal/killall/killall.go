@@ -82,6 +82,7 @@ func Run(dataDir string) error {
 	if !p.keep.network {
 		errs = append(errs, removeNetwork(c.dataDir))
 	}
+	errs = append(errs, removeCNIResults(layout.Agent(c.dataDir).ContainerdRoot, cniCacheDir))
 	if !p.keep.cgroups {
 		errs = append(errs, stopSlices(c.paths.CgroupRoot, systemdRuns, stopUnit))
 		errs = append(errs, removeCgroups(cgroupsMount, c.paths.CgroupRoot))
@@ -369,6 +370,40 @@ func cgroupProcs(root string) []int {
 		return nil
 	})
 	return pids
+}
+
+// cniCacheDir is libcni's cache of what each pod's network setup returned,
+// shared by every runtime on the machine: containerd has no setting to
+// give a node its own.
+const cniCacheDir = "/var/lib/cni"
+
+// removeCNIResults removes the entries the node's pods left in the CNI
+// cache: a sandbox torn down in order removes its own, a node killed with
+// its pods leaves <network>-<sandbox ID>-<interface> for each, and the
+// tests' and benches' nodes left thousands on one machine. The node's
+// sandboxes are those containerd still keeps a directory for.
+func removeCNIResults(containerdRoot, cacheDir string) error {
+	sandboxes, err := os.ReadDir(filepath.Join(containerdRoot, "io.containerd.grpc.v1.cri", "sandboxes"))
+	if err != nil || len(sandboxes) == 0 {
+		return nil
+	}
+	results := filepath.Join(cacheDir, "results")
+	entries, err := os.ReadDir(results)
+	if err != nil {
+		return nil
+	}
+	var errs []error
+	for _, e := range entries {
+		for _, sb := range sandboxes {
+			if strings.Contains(e.Name(), "-"+sb.Name()+"-") {
+				if err := os.Remove(filepath.Join(results, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, err)
+				}
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // stopSlices has systemd stop the slice units of the node's pods. Under

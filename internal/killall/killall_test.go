@@ -132,3 +132,34 @@ func TestStopSlices(t *testing.T) {
 		t.Errorf("a slice systemd did not stop: %v, want its error", failed)
 	}
 }
+
+// TestRemoveCNIResults: the CNI cache entries of the node's sandboxes go,
+// those of other nodes' and runtimes' stay.
+func TestRemoveCNIResults(t *testing.T) {
+	root, cache := t.TempDir(), t.TempDir()
+	for _, id := range []string{"aaaa1111", "bbbb2222"} {
+		if err := os.MkdirAll(filepath.Join(root, "io.containerd.grpc.v1.cri", "sandboxes", id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	results := filepath.Join(cache, "results")
+	if err := os.MkdirAll(results, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"kelp-aaaa1111-eth0", "cni-loopback-aaaa1111-lo", "kelp-bbbb2222-eth0", "kelp-cccc3333-eth0", "podman-dddd4444-eth0"} {
+		if err := os.WriteFile(filepath.Join(results, name), []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := removeCNIResults(root, cache); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	entries, _ := os.ReadDir(results)
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if want := []string{"kelp-cccc3333-eth0", "podman-dddd4444-eth0"}; !slices.Equal(left, want) {
+		t.Errorf("left %v, want %v", left, want)
+	}
+}
