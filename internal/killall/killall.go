@@ -403,6 +403,9 @@ func removeCNIResults(containerdRoot, cacheDir string) error {
 			}
 		}
 	}
+	// Emptied, the cache goes too; with other entries it stays.
+	_ = os.Remove(results)
+	_ = os.Remove(cacheDir)
 	return errors.Join(errs...)
 }
 

@@ -162,4 +162,19 @@ func TestRemoveCNIResults(t *testing.T) {
 	if want := []string{"kelp-cccc3333-eth0", "podman-dddd4444-eth0"}; !slices.Equal(left, want) {
 		t.Errorf("left %v, want %v", left, want)
 	}
+	// The node's entries were the last: the cache goes with them.
+	for _, name := range left {
+		if err := os.Remove(filepath.Join(results, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(results, "kelp-aaaa1111-eth0"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeCNIResults(root, cache); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cache); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the emptied cache dir stays (%v)", err)
+	}
 }
