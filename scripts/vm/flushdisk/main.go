@@ -204,7 +204,7 @@ func (d *disk) transmit(rw *bufio.ReadWriter) error {
 				}
 				continue
 			}
-			buf = buf[:req.Length]
+			buf = sized(buf, req.Length)
 			errno := uint32(0)
 			if err := d.read(buf, req.Offset); err != nil {
 				log.Printf("flushdisk: read %d at %d: %v", req.Length, req.Offset, err)
@@ -221,7 +221,7 @@ func (d *disk) transmit(rw *bufio.ReadWriter) error {
 			if req.Length > maxRequest {
 				return fmt.Errorf("write of %d bytes: more than %d", req.Length, maxRequest)
 			}
-			buf = buf[:req.Length]
+			buf = sized(buf, req.Length)
 			if _, err := io.ReadFull(rw, buf); err != nil {
 				return err
 			}
@@ -253,6 +253,14 @@ func (d *disk) transmit(rw *bufio.ReadWriter) error {
 			}
 		}
 	}
+}
+
+// sized is buf with length n, grown if its capacity is less.
+func sized(buf []byte, n uint32) []byte {
+	if cap(buf) < int(n) {
+		return make([]byte, n)
+	}
+	return buf[:n]
 }
 
 // read fills p from offset off: each block from the cache if it is

@@ -21,7 +21,7 @@ func TestPowerCut(t *testing.T) {
 	}
 	dir := t.TempDir()
 	image, socket := filepath.Join(dir, "disk.raw"), filepath.Join(dir, "nbd.sock")
-	if err := os.Truncate(mustCreate(t, image), 1<<20); err != nil {
+	if err := os.Truncate(mustCreate(t, image), 4<<20); err != nil {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
@@ -32,7 +32,7 @@ func TestPowerCut(t *testing.T) {
 	// flushes (writethrough would flush after every write). abort ends
 	// qemu-io as a kill would: without the flush of an orderly close.
 	qio := exec.Command("stdbuf", "-oL", qemuIO, "-t", "writeback", "-f", "raw",
-		"-c", "write -P 0xab 0 4k", "-c", "flush",
+		"-c", "write -P 0xab 0 4k", "-c", "write -P 0xee 64k 2M", "-c", "flush",
 		"-c", "write -P 0xcd 4k 4k", "-c", "read -P 0xcd 4k 4k", "-c", "abort",
 		"nbd+unix:///?socket="+socket)
 	out, err := qio.CombinedOutput()
@@ -54,6 +54,9 @@ func TestPowerCut(t *testing.T) {
 	}
 	if !bytes.Equal(got[:4096], bytes.Repeat([]byte{0xab}, 4096)) {
 		t.Error("the flushed block is not in the image")
+	}
+	if !bytes.Equal(got[64<<10:64<<10+2<<20], bytes.Repeat([]byte{0xee}, 2<<20)) {
+		t.Error("the flushed 2 MiB write (more than one request buffer) is not in the image")
 	}
 	if !bytes.Equal(got[4096:8192], make([]byte, 4096)) {
 		t.Error("the block written after the last flush is in the image: it should have been lost with the cache")
