@@ -84,7 +84,11 @@ func Run(dataDir string) error {
 	}
 	errs = append(errs, removeCNIResults(layout.Agent(c.dataDir).ContainerdRoot, cniCacheDir))
 	if !p.keep.cgroups {
-		errs = append(errs, stopSlices(c.paths.CgroupRoot, systemdRuns, stopUnit))
+		// A slice left is a unit systemd keeps, not data in use: it does
+		// not fail killall (the uninstaller would keep the data dir).
+		if err := stopSlices(c.paths.CgroupRoot, systemdRuns, stopUnit); err != nil {
+			log.WithError(err).Warn("the pods' systemd slices stay: systemctl stop them by hand (systemctl list-units --type=slice)")
+		}
 		errs = append(errs, removeCgroups(cgroupsMount, c.paths.CgroupRoot))
 	}
 	if !p.keep.podLogs {
