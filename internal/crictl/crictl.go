@@ -156,13 +156,13 @@ func version(ctx context.Context, c *cli.Context, cl clients) error {
 }
 
 func pods(ctx context.Context, c *cli.Context, cl clients) error {
-	ctx, cancel := cl.call(ctx)
-	defer cancel()
-	resp, err := cl.runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	name, err := nameMatcher(c)
 	if err != nil {
 		return err
 	}
-	name, err := nameMatcher(c)
+	ctx, cancel := cl.call(ctx)
+	defer cancel()
+	resp, err := cl.runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 	if err != nil {
 		return err
 	}
@@ -178,6 +178,10 @@ func pods(ctx context.Context, c *cli.Context, cl clients) error {
 }
 
 func ps(ctx context.Context, c *cli.Context, cl clients) error {
+	name, err := nameMatcher(c)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := cl.call(ctx)
 	defer cancel()
 	req := &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{PodSandboxId: c.String("pod")}}
@@ -185,10 +189,6 @@ func ps(ctx context.Context, c *cli.Context, cl clients) error {
 		req.Filter.State = &runtimeapi.ContainerStateValue{State: runtimeapi.ContainerState_CONTAINER_RUNNING}
 	}
 	resp, err := cl.runtime.ListContainers(ctx, req)
-	if err != nil {
-		return err
-	}
-	name, err := nameMatcher(c)
 	if err != nil {
 		return err
 	}
