@@ -45,8 +45,16 @@ as_root() {
     if [ -n "$SUDO" ]; then sudo "$@"; else "$@"; fi
 }
 
+# durable PATH... flushes the files or directories to disk, so a power
+# cut after it keeps them: sync with arguments fsyncs just those
+# (coreutils, busybox); a sync without them flushes everything.
+durable() {
+    as_root sync "$@" 2>/dev/null || as_root sync
+}
+
 # write_file PATH MODE writes stdin to PATH through a temporary file in
-# the same directory, so PATH is whole or as it was.
+# the same directory, so PATH is whole or as it was, also after a power
+# cut: the file is on disk before its rename, the rename after it.
 write_file() {
     _tmp="$1.kelp-install.$$"
     # shellcheck disable=SC2016 # expanded by the inner shell
@@ -55,7 +63,9 @@ write_file() {
         fatal "cannot write $1"
     }
     as_root chmod "$2" "$_tmp"
+    durable "$_tmp"
     as_root mv -f "$_tmp" "$1"
+    durable "$(dirname "$1")"
 }
 
 setup_root() {
@@ -507,7 +517,8 @@ run_check_config() {
 }
 
 # install_binary moves NEW_BIN into place with one rename: a running kelp
-# keeps its old file, and no one ever sees half a binary. The old binary
+# keeps its old file, and no one ever sees half a binary, not even after
+# a power cut (NEW_BIN is on disk before the rename). The old binary
 # stays as kelp.previous.
 install_binary() {
     [ -n "$NEW_BIN" ] || return 0
@@ -520,7 +531,9 @@ install_binary() {
         as_root mv -f "$TMP_DIR/kelp.previous" "$BIN_DIR/kelp.previous"
         info "the previous binary is kept as $BIN_DIR/kelp.previous"
     fi
+    durable "$NEW_BIN"
     as_root mv -f "$NEW_BIN" "$BIN_DIR/kelp"
+    durable "$BIN_DIR"
     info "installed $BIN_DIR/kelp ($KELP_VERSION_LINE)"
 }
 

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -33,15 +34,43 @@ func hostHas(cmd string) bool {
 }
 
 // calls drops the fake kelp's --version calls, which say nothing about
-// what was done.
+// what was done, and the syncs, which syncs lists.
 func calls(s *sandbox) []string {
 	var out []string
 	for _, c := range s.callLog() {
-		if c != "" && !strings.HasSuffix(c, " --version") {
+		if c != "" && !strings.HasSuffix(c, " --version") && !isSync(c) {
 			out = append(out, c)
 		}
 	}
 	return out
+}
+
+func isSync(call string) bool {
+	return strings.HasPrefix(call, "sync ") || strings.HasPrefix(call, "  installed: ")
+}
+
+// syncs lists the script's syncs, each as "sync ARGS (installed: VERSION)".
+func syncs(s *sandbox) []string {
+	var out []string
+	for _, c := range s.callLog() {
+		switch {
+		case strings.HasPrefix(c, "sync "):
+			out = append(out, c)
+		case strings.HasPrefix(c, "  installed: ") && len(out) > 0:
+			out[len(out)-1] += " (" + strings.TrimSpace(c) + ")"
+		}
+	}
+	return out
+}
+
+// wantSynced fails unless one of the script's syncs matches pattern.
+func wantSynced(t *testing.T, s *sandbox, pattern string) {
+	t.Helper()
+	re := regexp.MustCompile(pattern)
+	got := syncs(s)
+	if !slices.ContainsFunc(got, re.MatchString) {
+		t.Errorf("no sync matches %q; syncs:\n  %s", pattern, strings.Join(got, "\n  "))
+	}
 }
 
 func wantCalls(t *testing.T, s *sandbox, want ...string) {
@@ -137,6 +166,10 @@ func testSystemd(t *testing.T, shell string) {
 		t.Errorf("env file gives %q, want %q:\n%s", got, want, s.read(envFile))
 	}
 	verifyUnit(t, s, "/etc/systemd/system/kelp.service")
+	// A power cut after the install keeps the unit whole: on disk before
+	// its rename, the rename after it.
+	wantSynced(t, s, `^sync /etc/systemd/system/kelp\.service\.kelp-install\.[0-9]+ `)
+	wantSynced(t, s, `^sync /etc/systemd/system `)
 	wantCalls(t, s, "kelp check-config", "systemctl daemon-reload", "systemctl enable kelp", "systemctl restart kelp")
 	s.sh("/usr/local/bin/crictl ps") // kelp is multicall: a link runs it as crictl
 	wantCalls(t, s, "crictl ps")
@@ -165,6 +198,11 @@ func testSystemd(t *testing.T, shell string) {
 	if s.read("/etc/systemd/system/kelp.service") != unit || s.read(envFile) != env {
 		t.Error("the upgrade changed the unit or its env file")
 	}
+	// After a power cut kelp is the old binary or the whole new one: the
+	// new one is on disk while the old is still in place, and the rename
+	// is made durable after it.
+	wantSynced(t, s, `^sync /usr/local/bin/\.kelp-install\.[^/]+/kelp \(installed: kelp v1\.0\.0\)$`)
+	wantSynced(t, s, `^sync /usr/local/bin \(installed: kelp v2\.0\.0\)$`)
 	wantCalls(t, s, "kelp check-config", "systemctl daemon-reload", "systemctl enable kelp", "systemctl restart kelp")
 	out = s.mustInstall(run{shell: shell, env: []string{"INSTALL_KELP_VERSION=v2.0.0"}})
 	if !strings.Contains(out, "already this kelp") || s.read(kelp+".previous") != string(fakeKelp("v1.0.0")) {

@@ -104,6 +104,9 @@ func newSandbox(t *testing.T, manager, mirror string) *sandbox {
 	for name := range stubs {
 		s.stub(name, "")
 	}
+	// sync records, besides its arguments, which kelp was installed when
+	// it ran: that shows whether a new binary was on disk before its rename.
+	s.stub("sync", `echo "  installed: $(grep -o 'kelp v[^ ]*' /usr/local/bin/kelp 2>/dev/null | head -n 1)" >>`+s.calls)
 	if mirror != "" {
 		l, err := n.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
