@@ -70,27 +70,28 @@ vm_keys
 # release finds the release artifacts of ARCH: dist/ as scripts/release.sh
 # left it, or else (release.sh's zstd --ultra -22 and xz -9e take many
 # minutes on a busy machine, and the guests have no zstd) the same names
-# made quicker in $VM_CACHE/release: the binary of scripts/build.sh,
+# made quicker in $VM_CACHE/release-ARCH (one per ARCH, so runs of two
+# architectures at once do not race): the binary of scripts/build.sh,
 # compressed with xz -1 (one block, CRC32, as release.sh), install.sh and
 # sha256sums.txt. VM_RELEASE=release runs scripts/release.sh first;
 # VM_KELP=PATH takes that kelp binary instead of building one. With
-# VM_REUSE_RELEASE=1 a release already in $VM_CACHE/release is kept.
+# VM_REUSE_RELEASE=1 a release already in $VM_CACHE/release-ARCH is kept.
 release() {
   if [[ ${VM_RELEASE:-} == release ]]; then
-    scripts/release.sh "$arch" >"$VM_CACHE/release.log" 2>&1 || { tail -n 20 "$VM_CACHE/release.log" >&2; return 1; }
+    scripts/release.sh "$arch" >"$VM_CACHE/release-$arch.log" 2>&1 || { tail -n 20 "$VM_CACHE/release-$arch.log" >&2; return 1; }
   fi
   if [[ -f dist/kelp-linux-$arch.xz && -f dist/sha256sums.txt ]]; then
     RELEASE_DIR=$PWD/dist
-  elif [[ -n ${VM_REUSE_RELEASE:-} && -f $VM_CACHE/release/kelp-linux-$arch.xz ]]; then
-    RELEASE_DIR=$VM_CACHE/release
+  elif [[ -n ${VM_REUSE_RELEASE:-} && -f $VM_CACHE/release-$arch/kelp-linux-$arch.xz ]]; then
+    RELEASE_DIR=$VM_CACHE/release-$arch
   else
-    RELEASE_DIR=$VM_CACHE/release
+    RELEASE_DIR=$VM_CACHE/release-$arch
     mkdir -p "$RELEASE_DIR"
     if [[ -n ${VM_KELP:-} ]]; then
       cp "$VM_KELP" "$RELEASE_DIR/kelp-linux-$arch"
     else
-      scripts/build.sh "$arch" "$RELEASE_DIR/kelp-linux-$arch" >"$VM_CACHE/release.log" 2>&1 ||
-        { tail -n 20 "$VM_CACHE/release.log" >&2; return 1; }
+      scripts/build.sh "$arch" "$RELEASE_DIR/kelp-linux-$arch" >"$VM_CACHE/release-$arch.log" 2>&1 ||
+        { tail -n 20 "$VM_CACHE/release-$arch.log" >&2; return 1; }
     fi
     xz -1 -T1 --check=crc32 -c "$RELEASE_DIR/kelp-linux-$arch" >"$RELEASE_DIR/kelp-linux-$arch.xz"
   fi
@@ -153,8 +154,12 @@ node_ready() { # [TIMEOUT]
   until_true "${1:-900}" vm_ssh 'kelp kubectl get nodes --no-headers 2>/dev/null | grep -qw Ready'
 }
 
+# The guest's kubectl: the installed server's, or (GHA recipe) a
+# `kelp cluster`'s through its kubeconfig.
+KUBECTL='kelp kubectl'
+
 apply_app() {
-  vm_ssh 'kelp kubectl apply -f - >/dev/null' <<'EOF'
+  vm_ssh "$KUBECTL apply -f - >/dev/null" <<'EOF'
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: web}
@@ -186,7 +191,7 @@ EOF
 # app_answers: the client pod reaches the web pod through its Service, by
 # the Service's DNS name.
 app_answers() {
-  until_true "${1:-600}" vm_ssh 'kelp kubectl exec client -- /testapp get http://web.default.svc.cluster.local/ | grep -q "^web-"'
+  until_true "${1:-600}" vm_ssh "$KUBECTL exec client -- /testapp get http://web.default.svc.cluster.local/ | grep -q '^web-'"
 }
 
 web_container() { vm_ssh 'kelp crictl ps --name "^web$" -q'; }
@@ -266,7 +271,34 @@ scenario_systemd() {
   step "$s" "nothing left: files mounts cgroups nft links procs" nothing_left
 }
 
-scenario_amd64_systemd() { scenario_systemd; }
+# The README's GitHub Actions recipe for `kelp cluster`, as written but
+# for the image (the test app's, not docker save's) and --wait (30m, not
+# 3m: three nodes start under emulation).
+gha_install() { VM_INSTALL_ENV=INSTALL_KELP_SKIP_ENABLE=true install_kelp; }
+
+gha_create() {
+  vm_scp "$VM_CACHE/testapp-$arch/testapp.tar" /root/app.tar &&
+    vm_ssh 'kelp cluster create ci --agents 2 --image /root/app.tar --wait 30m >/dev/null &&
+      kelp cluster kubeconfig ci >/root/kubeconfig &&
+      [ "$(kelp kubectl --kubeconfig /root/kubeconfig get nodes --no-headers | grep -cw Ready)" = 3 ]'
+}
+
+gha_rollout() { vm_ssh "$KUBECTL rollout status deploy/web --timeout 15m >/dev/null"; }
+
+gha_delete() { vm_ssh 'kelp cluster delete --all >/dev/null && [ "$(kelp cluster list | wc -l)" = 1 ]'; }
+
+scenario_amd64_systemd() {
+  scenario_systemd
+  local s=gha-recipe KUBECTL='kelp kubectl --kubeconfig /root/kubeconfig'
+  step "$s" "curl … | INSTALL_KELP_SKIP_ENABLE=true sh -" gha_install
+  step "$s" "kelp cluster create ci --agents 2 --image (3 Ready)" gha_create
+  step "$s" "kubectl apply" apply_app
+  step "$s" "kubectl rollout status deploy/web" gha_rollout
+  step "$s" "the app answers by DNS name" app_answers
+  step "$s" "kelp cluster delete --all" gha_delete
+  step "$s" "kelp-uninstall.sh" uninstall
+  step "$s" "nothing left: files mounts cgroups nft links procs" nothing_left
+}
 scenario_arm64_systemd() { scenario_systemd; }
 
 openrc_init() { vm_ssh '[ "$(cat /proc/1/comm)" = init ] && command -v openrc >/dev/null && [ ! -d /run/systemd/system ]'; }
