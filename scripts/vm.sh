@@ -470,7 +470,90 @@ snapshots_readable() {
   vm_log "snapshots: $(printf '%s\n' "$out" | tail -n +2 | wc -l)"
 }
 
-scenario_powercut_sqlite() { powercut "" "PRAGMA integrity_check ok" integrity_ok; }
+# --- cuts during an upgrade and a migration --------------------------------
+
+# serve_upgrade puts a second release, $VM_UPGRADE_VERSION, beside the
+# first: the same kelp with bytes appended, which install.sh takes for
+# another binary (it keeps one it has already), so it swaps it in.
+VM_UPGRADE_VERSION=v0.0.1-lab
+serve_upgrade() {
+  local d=$VM_DIR/upgrade w=/root/lab/www/kelp-dev/kelp/releases/download/$VM_UPGRADE_VERSION
+  mkdir -p "$d"
+  { xz -dc "$RELEASE_DIR/kelp-linux-$arch.xz" && printf '\nkelp lab upgrade\n'; } | xz -1 -T1 --check=crc32 >"$d/kelp-linux-$arch.xz"
+  cp "$RELEASE_DIR/install.sh" "$d/"
+  (cd "$d" && sha256sum -- "kelp-linux-$arch.xz" install.sh >sha256sums.txt)
+  vm_ssh "mkdir -p $w" && vm_scp "$d/kelp-linux-$arch.xz" "$d/install.sh" "$d/sha256sums.txt" "$w/"
+}
+
+# upgrade_started runs the README's upgrade (install.sh again, here for
+# $VM_UPGRADE_VERSION) in the guest, detached, so the cut can fall
+# anywhere in it: download, check, the swap, kelp's restart.
+upgrade_started() {
+  vm_ssh "setsid sh -c 'curl -sfL $VM_RELEASE_BASE/latest/download/install.sh |
+    INSTALL_KELP_VERSION=$VM_UPGRADE_VERSION INSTALL_KELP_URL=$VM_RELEASE_BASE/download sh - >/root/upgrade.log 2>&1' </dev/null >/dev/null 2>&1 &"
+}
+
+# binary_whole: after the cut /usr/local/bin/kelp is one of the two
+# releases, whole, and runs; kelp.previous, if any, runs too.
+binary_whole() {
+  local which
+  which=$(vm_ssh 'b=/usr/local/bin/kelp
+    /usr/local/bin/kelp --version >/dev/null || exit 1
+    [ ! -e $b.previous ] || $b.previous --version >/dev/null || exit 1
+    if tail -c 17 $b | grep -q "kelp lab upgrade"; then echo upgraded; else echo old; fi') || return 1
+  vm_log "installed after the cut: the $which binary"
+}
+
+# migrate_started stops kelp and starts `kelp datastore migrate --to etcd`
+# detached, so the cut can fall anywhere in it.
+migrate_started() {
+  vm_ssh "systemctl stop kelp && setsid sh -c 'kelp datastore migrate --to etcd >/root/migrate.log 2>&1' </dev/null >/dev/null 2>&1 &"
+}
+
+# migrate_outcome: after the cut the server runs on whichever datastore
+# holds the cluster: SQLite if the migration had not switched over (kelp
+# comes back by itself); embedded etcd if it had, which a server started
+# with the old settings refuses, saying so, and which it then serves once
+# started with --cluster-init, as the migration says to.
+migrate_outcome() {
+  if until_true 300 service_notify_active; then
+    vm_log "after the cut: SQLite, the migration had not switched over"
+    return 0
+  fi
+  vm_ssh 'journalctl -u kelp -b --no-pager | grep -q "an embedded etcd datastore exists"' || {
+    vm_log "kelp neither runs nor says that an etcd datastore is in place"
+    return 1
+  }
+  vm_log "after the cut: embedded etcd, the migration had switched over; installing with --cluster-init"
+  install_kelp server --cluster-init
+}
+
+# migrate_redone: if the cut left SQLite in place, the migration runs
+# again, to its end, and the server runs on etcd; nothing is lost.
+migrate_redone() {
+  vm_ssh '[ -d /var/lib/kelp/server/db/etcd ]' && return 0
+  vm_ssh 'systemctl stop kelp && kelp datastore migrate --to etcd >/root/migrate.log 2>&1' || {
+    vm_ssh 'tail -n 20 /root/migrate.log' >&2
+    return 1
+  }
+  install_kelp server --cluster-init
+}
+
+scenario_powercut_sqlite() {
+  powercut "" "PRAGMA integrity_check ok" integrity_ok
+  local s=$scenario delay acked=$VM_DIR/acked
+  # A cut during `kelp datastore migrate --to etcd`, at a random moment.
+  delay=$((2 + RANDOM % 40))
+  step "$s" "migrate: kelp datastore migrate --to etcd started" migrate_started
+  step "$s" "migrate: SIGKILL qemu after ${delay}s" sleep "$delay"
+  vm_kill
+  step "$s" "migrate: boot" boot
+  step "$s" "migrate: the server on SQLite, or refused and on etcd" migrate_outcome
+  step "$s" "migrate: migrated to its end, on etcd" migrate_redone
+  step "$s" "migrate: etcdctl endpoint health" etcd_healthy
+  step "$s" "migrate: node Ready" node_ready
+  step "$s" "migrate: no acknowledged write lost ($(wc -l <"$acked"))" writes_kept "$acked"
+}
 scenario_powercut_etcd() { powercut "server --cluster-init" "etcdctl endpoint health" etcd_healthy; }
 
 # powercut INSTALL_ARGS CHECK_NAME CHECK: --cuts power cuts of a server
@@ -507,6 +590,21 @@ powercut() {
     step "$s" "cut $n: node Ready" node_ready
     step "$s" "cut $n: no acknowledged write lost ($(wc -l <"$acked"))" writes_kept "$acked"
   done
+  # A cut during an upgrade: install.sh again, for another release.
+  step "$s" "upgrade: release $VM_UPGRADE_VERSION served" serve_upgrade
+  writer "$acked" &
+  WRITER_PID=$!
+  delay=$((5 + RANDOM % 90))
+  step "$s" "upgrade: install.sh started" upgrade_started
+  step "$s" "upgrade: SIGKILL qemu after ${delay}s" sleep "$delay"
+  vm_kill
+  stop_writer
+  step "$s" "upgrade: boot" boot
+  step "$s" "upgrade: kelp back under systemd by itself" until_true 900 service_notify_active
+  step "$s" "upgrade: kelp (and kelp.previous) whole" binary_whole
+  step "$s" "upgrade: $check_name" "$check"
+  step "$s" "upgrade: node Ready" node_ready
+  step "$s" "upgrade: no acknowledged write lost ($(wc -l <"$acked"))" writes_kept "$acked"
 }
 
 on_exit() {
