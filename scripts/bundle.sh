@@ -23,11 +23,10 @@
 #
 # Packages it needs (gcc, pkg-config, libseccomp-dev, file) are installed with
 # apt-get when missing, which needs root. Building for another architecture
-# cross-compiles runc with a cross gcc and that architecture's libseccomp:
-#   arm64 on amd64: CC=aarch64-linux-gnu-gcc, packages gcc-aarch64-linux-gnu and
-#                   libseccomp-dev:arm64 (after dpkg --add-architecture arm64)
-#   amd64 on arm64: CC=x86_64-linux-gnu-gcc, packages gcc-x86-64-linux-gnu and
-#                   libseccomp-dev:amd64
+# cross-compiles runc with a cross gcc (gcc-aarch64-linux-gnu on amd64,
+# gcc-x86-64-linux-gnu on arm64) against that architecture's libseccomp-dev,
+# which is downloaded from the host's apt sources and unpacked into a sysroot
+# in the cache: the host's dpkg architectures stay as they are.
 # Set CC to use another compiler; the script then installs no compiler for it.
 set -euo pipefail
 
@@ -53,19 +52,19 @@ esac
 DEBARCH=$ARCH # Debian and Go agree on these two names
 
 # Packages: the host gets gcc/pkg-config/file, and patch for build.sh's
-# scripts/overlay.sh; the target arch gets libseccomp.
+# scripts/overlay.sh; the target arch gets libseccomp (installed for the
+# host's own, unpacked into SYSROOT for another).
 pkgs=(pkg-config file patch)
+SYSROOT=
 if [[ $ARCH == "$HOSTARCH" ]]; then
 	CC=${CC:-gcc}
-	# Qualified: once another architecture's libseccomp-dev is installed,
-	# a bare name is ambiguous to dpkg -s.
 	pkgs+=(gcc "libseccomp-dev:$DEBARCH")
 else
 	if [[ -z ${CC:-} ]]; then
 		CC=$TRIPLET-gcc
 		pkgs+=("$CROSS_GCC")
 	fi
-	pkgs+=("libseccomp-dev:$DEBARCH")
+	SYSROOT=$CACHE_ROOT/sysroot-$DEBARCH
 fi
 
 install_missing() {
@@ -75,13 +74,30 @@ install_missing() {
 	done
 	((${#missing[@]})) || return 0
 	[[ $(id -u) == 0 ]] || die "missing packages: ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root"
-	if [[ $ARCH != "$HOSTARCH" ]] && ! dpkg --print-foreign-architectures | grep -qx "$DEBARCH"; then
-		log "adding dpkg architecture $DEBARCH"
-		dpkg --add-architecture "$DEBARCH"
-	fi
 	log "installing ${missing[*]}"
 	apt-get update -q >/dev/null
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+}
+
+# Unpacks DEBARCH's libseccomp-dev and libseccomp2 into SYSROOT, fetched with
+# a private apt state that knows only DEBARCH. Kept until the cache goes.
+fetch_sysroot() {
+	[[ -f $SYSROOT/.done ]] && return 0
+	local apt=$CACHE_ROOT/apt-$DEBARCH deb
+	rm -rf "$SYSROOT" "$apt"
+	mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$SYSROOT"
+	local opts=(-q -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache"
+		-o Dir::State::status=/dev/null -o "APT::Architecture=$DEBARCH"
+		-o "APT::Architectures::=$DEBARCH" -o APT::Sandbox::User=root)
+	log "fetching libseccomp-dev:$DEBARCH into $SYSROOT"
+	apt-get "${opts[@]}" update >/dev/null || die "apt-get update for $DEBARCH failed"
+	(cd "$apt/debs" && apt-get "${opts[@]}" download "libseccomp-dev:$DEBARCH" "libseccomp2:$DEBARCH" >/dev/null) ||
+		die "cannot download libseccomp-dev:$DEBARCH from the host's apt sources"
+	for deb in "$apt/debs"/*.deb; do
+		dpkg-deb -x "$deb" "$SYSROOT"
+	done
+	ls "$apt/debs" >"$SYSROOT/.done"
+	rm -rf "$apt"
 }
 
 # kelp's ctr and containerd client talk to the bundle's containerd: both
@@ -98,13 +114,14 @@ exec 9>"$CACHE_ROOT/.lock"
 flock 9
 
 install_missing
+[[ -z $SYSROOT ]] || fetch_sysroot
 
 # Everything that decides the bundle's content.
 inputs=$(
 	cd "$ROOT"
 	echo "arch=$ARCH cc=$CC image=$PAUSE_IMAGE"
 	go version
-	dpkg-query -W "libseccomp-dev:$DEBARCH" 2>/dev/null || dpkg-query -W libseccomp-dev
+	if [[ -n $SYSROOT ]]; then cat "$SYSROOT/.done"; else dpkg-query -W "libseccomp-dev:$DEBARCH"; fi
 	find scripts/bundle scripts/bundle.sh -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
 )
 inputs_hash=$(sha256sum <<<"$inputs" | cut -d' ' -f1)
@@ -140,7 +157,8 @@ GOOS=$(go env GOHOSTOS) GOARCH=$HOSTARCH CGO_ENABLED=0 go build -o "$CACHE/tools
 log "building runc $(go list -m -f '{{.Version}}' github.com/opencontainers/runc) for $ARCH"
 # The same recipe as runc's `make static`: static-pie on amd64/arm64.
 GOOS=linux GOARCH=$ARCH CGO_ENABLED=1 CC=$CC \
-	PKG_CONFIG_LIBDIR=/usr/lib/$TRIPLET/pkgconfig:/usr/share/pkgconfig \
+	PKG_CONFIG_LIBDIR=$SYSROOT/usr/lib/$TRIPLET/pkgconfig:$SYSROOT/usr/share/pkgconfig \
+	PKG_CONFIG_SYSROOT_DIR=$SYSROOT \
 	go build -buildmode=pie -tags "seccomp urfave_cli_no_docs netgo osusergo" \
 	-ldflags "-s -w -linkmode external -extldflags -static-pie" \
 	-o "$CACHE/bin/runc" github.com/opencontainers/runc
