@@ -14,18 +14,25 @@
 #                     images answering through a Service by DNS name,
 #                     `systemctl restart kelp` keeping the pod's container,
 #                     a reboot coming back Ready, an uninstall leaving
-#                     nothing
+#                     nothing; then the README's GitHub Actions recipe
+#                     for `kelp cluster` (three nodes, an app, delete)
 #   arm64-systemd     the same on arm64 (qemu virt, Cortex-A72), 4 vCPU and
 #                     2 GiB by default: the shape of a Pi 4. Its image is
 #                     built without binfmt_misc: debootstrap --foreign, then
 #                     the second stage in the guest (an hour or more)
+#   arm64-small       the arm64 VM with 1 GiB: the server and five pods for
+#                     VM_SOAK_MINUTES (30), a line of memory figures a
+#                     minute, no OOM kill, no restart
 #   powercut-sqlite   a server on SQLite under systemd, written to from the
 #                     host; the VM killed (SIGKILL to qemu) at a random
 #                     moment --cuts N times (default 50); after each boot
 #                     kelp is back by itself, PRAGMA integrity_check is ok,
-#                     no acknowledged write is lost, the node is Ready
-#   powercut-etcd     the same with embedded etcd (server --cluster-init);
-#                     its check is etcd's own (etcdctl endpoint health)
+#                     no acknowledged write is lost, the node is Ready;
+#                     then a cut during an upgrade (install.sh of another
+#                     release) and one during `kelp datastore migrate`
+#   powercut-etcd     the same with embedded etcd (server --cluster-init),
+#                     but for the migration; its check is etcd's own
+#                     (etcdctl endpoint health)
 #
 # Environment: VM_CACHE (default /var/cache/kelp-vm), VM_CPUS (2),
 # VM_MEMORY (MiB, 4096), VM_KEEP=1 keeps the VM's disk and console log,
@@ -54,8 +61,9 @@ done
 case $scenario in
 amd64-systemd | powercut-sqlite | powercut-etcd | nomemcg) arch=amd64 init=systemd ;;
 arm64-systemd) arch=arm64 init=systemd VM_CPUS=${VM_CPUS:-4} VM_MEMORY=${VM_MEMORY:-2048} ;;
+arm64-small) arch=arm64 init=systemd VM_CPUS=${VM_CPUS:-4} VM_MEMORY=${VM_MEMORY:-1024} ;;
 openrc) arch=amd64 init=openrc ;;
-*) vm_die "usage: scripts/vm.sh amd64-systemd|arm64-systemd|powercut-sqlite|powercut-etcd|openrc|nomemcg [--cuts N]" ;;
+*) vm_die "usage: scripts/vm.sh amd64-systemd|arm64-systemd|arm64-small|powercut-sqlite|powercut-etcd|openrc|nomemcg [--cuts N]" ;;
 esac
 VM_CPUS=${VM_CPUS:-2}
 VM_MEMORY=${VM_MEMORY:-4096}
@@ -300,6 +308,67 @@ scenario_amd64_systemd() {
   step "$s" "nothing left: files mounts cgroups nft links procs" nothing_left
 }
 scenario_arm64_systemd() { scenario_systemd; }
+
+# --- a small board ---------------------------------------------------------
+
+apply_five_pods() {
+  vm_ssh 'kelp kubectl apply -f - >/dev/null' <<'EOF'
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: five}
+spec:
+  replicas: 5
+  selector: {matchLabels: {app: five}}
+  template:
+    metadata: {labels: {app: five}}
+    spec:
+      containers:
+      - {name: app, image: docker.io/kelp-test/testapp:1.0, imagePullPolicy: Never, args: [serve]}
+EOF
+  vm_ssh 'kelp kubectl rollout status deploy/five --timeout 20m >/dev/null'
+}
+
+# node_memory prints one line: the guest's MemAvailable, the PSS of kelp,
+# of containerd and the shims, the OOM kills since boot and kelp's
+# restarts by systemd.
+node_memory() {
+  vm_ssh 'pss() { s=0; for p in $(pgrep -x "$1"); do
+      v=$(awk "/^Pss:/ {print \$2}" /proc/$p/smaps_rollup 2>/dev/null) && s=$((s + v)); done; echo $((s / 1024)); }
+    echo "available $(($(awk "/^MemAvailable:/ {print \$2}" /proc/meminfo) / 1024)) MiB," \
+      "kelp $(pss kelp) MiB, containerd $(pss containerd) MiB, shims $(pss containerd-shim) MiB PSS," \
+      "oom_kill $(awk "/^oom_kill / {print \$2}" /proc/vmstat), restarts $(systemctl show -p NRestarts --value kelp)"'
+}
+
+# soak MINUTES: the node idles with its pods; a line of figures a minute.
+# It fails on an OOM kill, a restart of kelp, or a pod not Running.
+soak() {
+  local m line
+  for ((m = 1; m <= $1; m++)); do
+    sleep 60
+    line=$(node_memory) || return 1
+    vm_log "minute $m: $line"
+    [[ $line == *"oom_kill 0, restarts 0" ]] || return 1
+  done
+  vm_ssh '[ "$(kelp kubectl get pods -l app=five --no-headers | grep -c " Running ")" = 5 ]' &&
+    vm_ssh '! kelp kubectl get pods -l app=five -o jsonpath="{.items[*].status.containerStatuses[0].restartCount}" | grep -q "[1-9]"'
+}
+
+# arm64-small: the arm64 VM with 1 GiB, the server and five pods for
+# $VM_SOAK_MINUTES (30) minutes, without the OOM killer.
+scenario_arm64_small() {
+  local s=$scenario minutes=${VM_SOAK_MINUTES:-30}
+  step "$s" "the release ($arch)" release
+  step "$s" "build the test app image" testapp
+  step "$s" "image debian $VM_SUITE $arch $init (cached)" vm_image "$arch" "$init"
+  vm_new "$arch" "$init"
+  step "$s" "boot (${VM_MEMORY} MiB)" boot
+  step "$s" "release served on https://$VM_RELEASE_HOST" serve_release
+  step "$s" "testapp.tar into the airgap images dir" airgap_image
+  step "$s" "curl -sfL …/install.sh | sh - (until ready)" install_kelp
+  step "$s" "node Ready" node_ready
+  step "$s" "five pods Running" apply_five_pods
+  step "$s" "$minutes minutes: no OOM kill, no restart" soak "$minutes"
+}
 
 openrc_init() { vm_ssh '[ "$(cat /proc/1/comm)" = init ] && command -v openrc >/dev/null && [ ! -d /run/systemd/system ]'; }
 
