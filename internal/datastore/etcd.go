@@ -51,8 +51,8 @@ type etcdEngine struct {
 	// removed this member.
 	removed *atomic.Bool
 	dir     string
-	// stopPromote ends the learner promotion.
-	stopPromote context.CancelFunc
+	// stopMembership ends the learner promotion and the peer URL update.
+	stopMembership context.CancelFunc
 }
 
 func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend, rerr error) {
@@ -119,10 +119,11 @@ func startEtcd(cfg Config, log *logrus.Entry) (_ engine, desc string, _ Backend,
 		CertFile:  cfg.EtcdTLS.Client.Cert,
 		KeyFile:   cfg.EtcdTLS.Client.Key,
 	}
-	promoteCtx, stopPromote := context.WithCancel(context.Background())
-	s := &etcdEngine{etcd: e, lock: lock, failc: make(chan error, 1), stopping: make(chan struct{}), closing: closing, removed: removed, dir: dir, stopPromote: stopPromote}
+	membershipCtx, stopMembership := context.WithCancel(context.Background())
+	s := &etcdEngine{etcd: e, lock: lock, failc: make(chan error, 1), stopping: make(chan struct{}), closing: closing, removed: removed, dir: dir, stopMembership: stopMembership}
 	go s.watch()
-	go promoteLearners(promoteCtx, be, log)
+	go promoteLearners(membershipCtx, be, log)
+	go updatePeerURLs(membershipCtx, e, log)
 	return s, desc, be, nil
 }
 
@@ -250,7 +251,7 @@ func (s *etcdEngine) failed() <-chan error { return s.failc }
 // does not stop: it may still write.
 func (s *etcdEngine) stop() error {
 	close(s.stopping)
-	s.stopPromote()
+	s.stopMembership()
 	s.closing.Store(true)
 	done := make(chan struct{})
 	go func() {

@@ -13,6 +13,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/membership"
 )
 
 // Errors a joining server can be refused with.
@@ -181,6 +183,54 @@ func (m *Members) Remove(ctx context.Context, name string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// peerURLRetry is how long a member waits to ask again for its peer URLs
+// to be updated when the cluster could not do it.
+const peerURLRetry = 5 * time.Second
+
+// updatePeerURLs makes the cluster's record of this member's peer URLs the
+// ones it advertises now, once it has joined the cluster. etcd records
+// the URLs a member was added with and never changes them itself: a server
+// that starts at another address than it had (a new DHCP lease, a moved
+// machine) would be dialed by the other members at the old one, and
+// listed there. The moved member reaches the others at their recorded
+// URLs, so its proposal goes through them to the cluster.
+func updatePeerURLs(ctx context.Context, e *embed.Etcd, log *logrus.Entry) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-e.Server.ReadyNotify():
+	}
+	id := e.Server.MemberID()
+	var want []string
+	for _, u := range e.Config().AdvertisePeerUrls {
+		want = append(want, u.String())
+	}
+	for {
+		self := e.Server.Cluster().Member(id)
+		if self == nil || slices.Equal(sorted(self.PeerURLs), sorted(want)) {
+			return
+		}
+		_, err := e.Server.UpdateMember(ctx, membership.Member{ID: id, RaftAttributes: membership.RaftAttributes{PeerURLs: want}})
+		fields := logrus.Fields{"member": self.Name, "was": strings.Join(self.PeerURLs, ","), "now": strings.Join(want, ",")}
+		if err == nil {
+			log.WithFields(fields).Info("Updated this server's etcd peer URL to its new address")
+			return
+		}
+		log.WithError(err).WithFields(fields).Warnf("could not update this server's etcd peer URL to its new address; trying again in %s", peerURLRetry)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(peerURLRetry):
+		}
+	}
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
 
 // promoteLearners makes learners voting members once they have caught up,

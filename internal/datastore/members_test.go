@@ -12,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A second member joins as a learner, is promoted once it has caught up,
@@ -183,5 +184,35 @@ func TestWitnessClientURLs(t *testing.T) {
 	cfg.Witness = false
 	if ec, _ = etcdConfig(cfg, t.TempDir(), logrus.NewEntry(logrus.New()), &closing, &removed); urls(ec.ListenClientUrls) != "https://127.0.0.1:2379,https://10.0.0.9:2379" || urls(ec.AdvertiseClientUrls) != "https://10.0.0.9:2379" {
 		t.Errorf("a server's client URLs: %s advertised %s", urls(ec.ListenClientUrls), urls(ec.AdvertiseClientUrls))
+	}
+}
+
+// A member started at another address than it had has its peer URL
+// changed to it: etcd keeps the one the member was added with.
+func TestPeerURLFollowsAddress(t *testing.T) {
+	cfg := etcdTestConfig(t, t.TempDir(), etcdTestTLS(t))
+	stopWithin(t, startReady(t, cfg), 30*time.Second)
+	cfg.AdvertiseIP = "127.0.0.2"
+	d := startReady(t, cfg)
+	want := fmt.Sprintf("https://127.0.0.2:%d", cfg.peerPort)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var have []string
+		withClient(t, d.Backend(), func(ctx context.Context, cli *clientv3.Client) {
+			list, err := cli.MemberList(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range list.Members {
+				have = append(have, m.PeerURLs...)
+			}
+		})
+		if len(have) == 1 && have[0] == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("peer URLs %v, want %s", have, want)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
