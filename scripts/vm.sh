@@ -16,6 +16,7 @@
 #                     a reboot coming back Ready, an uninstall leaving
 #                     nothing; then the README's GitHub Actions recipe
 #                     for `kelp cluster` (three nodes, an app, delete)
+#   gha-recipe        that recipe alone
 #   arm64-systemd     the same on arm64 (qemu virt, Cortex-A72), 4 vCPU and
 #                     2 GiB by default: the shape of a Pi 4. Its image is
 #                     built without binfmt_misc: debootstrap --foreign, then
@@ -59,11 +60,11 @@ while (($#)); do
 done
 
 case $scenario in
-amd64-systemd | powercut-sqlite | powercut-etcd | nomemcg) arch=amd64 init=systemd ;;
+amd64-systemd | gha-recipe | powercut-sqlite | powercut-etcd | nomemcg) arch=amd64 init=systemd ;;
 arm64-systemd) arch=arm64 init=systemd VM_CPUS=${VM_CPUS:-4} VM_MEMORY=${VM_MEMORY:-2048} ;;
 arm64-small) arch=arm64 init=systemd VM_CPUS=${VM_CPUS:-4} VM_MEMORY=${VM_MEMORY:-1024} ;;
 openrc) arch=amd64 init=openrc ;;
-*) vm_die "usage: scripts/vm.sh amd64-systemd|arm64-systemd|arm64-small|powercut-sqlite|powercut-etcd|openrc|nomemcg [--cuts N]" ;;
+*) vm_die "usage: scripts/vm.sh amd64-systemd|gha-recipe|arm64-systemd|arm64-small|powercut-sqlite|powercut-etcd|openrc|nomemcg [--cuts N]" ;;
 esac
 VM_CPUS=${VM_CPUS:-2}
 VM_MEMORY=${VM_MEMORY:-4096}
@@ -270,7 +271,7 @@ scenario_systemd() {
   step "$s" "deploy web (Deployment+Service) and client" apply_app
   step "$s" "client gets web.default.svc.cluster.local" app_answers
   step "$s" "systemctl restart kelp keeps web's container" restart_keeps_container
-  step "$s" "app answers after the restart" app_answers 300
+  step "$s" "app answers after the restart" app_answers
   step "$s" "reboot" reboot_guest
   step "$s" "kelp active after the reboot" until_true 900 service_notify_active
   step "$s" "node Ready after the reboot" node_ready
@@ -295,8 +296,8 @@ gha_rollout() { vm_ssh "$KUBECTL rollout status deploy/web --timeout 15m >/dev/n
 
 gha_delete() { vm_ssh 'kelp cluster delete --all >/dev/null && [ "$(kelp cluster list | wc -l)" = 1 ]'; }
 
-scenario_amd64_systemd() {
-  scenario_systemd
+# gha_steps: the recipe on a guest that has booted and serves the release.
+gha_steps() {
   local s=gha-recipe KUBECTL='kelp kubectl --kubeconfig /root/kubeconfig'
   step "$s" "curl … | INSTALL_KELP_SKIP_ENABLE=true sh -" gha_install
   step "$s" "kelp cluster create ci --agents 2 --image (3 Ready)" gha_create
@@ -306,6 +307,24 @@ scenario_amd64_systemd() {
   step "$s" "kelp cluster delete --all" gha_delete
   step "$s" "kelp-uninstall.sh" uninstall
   step "$s" "nothing left: files mounts cgroups nft links procs" nothing_left
+}
+
+scenario_amd64_systemd() {
+  scenario_systemd
+  gha_steps
+}
+
+# gha-recipe: the recipe alone, on the amd64-systemd image.
+scenario_gha_recipe() {
+  local s=$scenario
+  step "$s" "the release ($arch)" release
+  step "$s" "build the test app image" testapp
+  step "$s" "image debian $VM_SUITE $arch $init (cached)" vm_image "$arch" "$init"
+  vm_new "$arch" "$init"
+  step "$s" "boot" boot
+  step "$s" "systemd is PID 1, cgroup v2" cgroup_v2
+  step "$s" "release served on https://$VM_RELEASE_HOST" serve_release
+  gha_steps
 }
 scenario_arm64_systemd() { scenario_systemd; }
 
