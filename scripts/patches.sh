@@ -20,7 +20,7 @@ dir=$(readlink -m "$1")
 cd "$(dirname "$0")/.."
 # The same DIR for every build keeps the Go build cache warm: the patched
 # modules' paths are part of what it compiles.
-stamp=$(cat go.mod go.sum scripts/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)
+stamp=$(cat go.mod go.sum scripts/patches.sh scripts/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)
 if [[ -f $dir/stamp && $(<"$dir/stamp") == "$stamp" ]]; then
   echo "$dir/go.mod"
   exit 0
@@ -42,7 +42,9 @@ for p in scripts/patches/*.patch; do
   chmod -R u+w "$copy"
   patch -s -p1 -d "$copy" --no-backup-if-mismatch -r - -i "$PWD/$p" ||
     die "$p no longer applies to $module $version: update it or drop it"
-  printf 'replace %s => %s\n' "$module" "$copy" >>"$dir/go.mod"
+  # -replace takes the place of a replace go.mod already has for the module
+  # (every k8s.io staging module has one: DESIGN.md's version table).
+  go mod edit -replace="$module=$copy" "$dir/go.mod"
 done
 echo "$stamp" >"$dir/stamp"
 echo "$dir/go.mod"
