@@ -286,10 +286,13 @@ scenario_systemd() {
 gha_install() { VM_INSTALL_ENV=INSTALL_KELP_SKIP_ENABLE=true install_kelp; }
 
 gha_create() {
-  vm_scp "$VM_CACHE/testapp-$arch/testapp.tar" /root/app.tar &&
-    vm_ssh 'kelp cluster create ci --agents 2 --image /root/app.tar --wait 30m >/dev/null &&
-      kelp cluster kubeconfig ci >/root/kubeconfig &&
-      [ "$(kelp kubectl --kubeconfig /root/kubeconfig get nodes --no-headers | grep -cw Ready)" = 3 ]'
+  vm_scp "$VM_CACHE/testapp-$arch/testapp.tar" /root/app.tar || return 1
+  vm_ssh 'kelp cluster create ci --agents 2 --image /root/app.tar --wait 30m >/root/create.log 2>&1' || {
+    vm_ssh 'tail -n 30 /root/create.log' >&2
+    return 1
+  }
+  vm_ssh 'kelp cluster kubeconfig ci >/root/kubeconfig &&
+    [ "$(kelp kubectl --kubeconfig /root/kubeconfig get nodes --no-headers | grep -cw Ready)" = 3 ]'
 }
 
 gha_rollout() { vm_ssh "$KUBECTL rollout status deploy/web --timeout 15m >/dev/null"; }
