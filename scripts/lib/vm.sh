@@ -89,8 +89,16 @@ vm_keys() {
 
 # --- images ----------------------------------------------------------------
 
+# vm_image_dir ARCH INIT names the cached image: by its suite and package
+# list too, so a change of either builds a new one.
+vm_image_dir() {
+  local id
+  id=$(printf '%s %s\n' "$VM_SUITE" "$(vm_image_packages "$2")" | sha256sum | cut -c1-8)
+  echo "$VM_CACHE/images/$1-$2-$id"
+}
+
 # vm_image ARCH INIT builds, once, the image of Debian $VM_SUITE for ARCH
-# with INIT (systemd or openrc) as PID 1: $VM_CACHE/images/ARCH-INIT/ holds
+# with INIT (systemd or openrc) as PID 1: $(vm_image_dir ARCH INIT) holds
 # disk.raw (ext4, labelled root, no partition table), vmlinuz and
 # initrd.img for qemu's direct kernel boot. No loop mount: the root file
 # system is made in a directory and packed by mkfs.ext4 -d.
@@ -99,7 +107,8 @@ vm_keys() {
 # way of building it: vm_image_overlay lays the lab's files over the root,
 # vm_image_setup prints the commands run inside it.
 vm_image() {
-  local arch=$1 init=$2 dir=$VM_CACHE/images/$1-$2
+  local arch=$1 init=$2 dir
+  dir=$(vm_image_dir "$1" "$2")
   [[ -f $dir/disk.raw ]] && return 0
   local tmp=$dir.tmp
   # An mmdebstrap that was killed may have left /proc or /dev mounted in
@@ -120,9 +129,12 @@ vm_image() {
   mv "$tmp" "$dir"
 }
 
+# e2fsprogs: fsck.ext4, so that a boot after a power cut checks the root
+# file system as a real Debian does (without it systemd skips the check
+# and OpenRC stops in a maintenance shell).
 vm_image_packages() { # INIT
   local pkgs=(openssh-server ca-certificates curl xz-utils python3 iproute2 kmod procps
-    sqlite3 nftables initramfs-tools less)
+    sqlite3 nftables initramfs-tools less e2fsprogs)
   case $1 in
   systemd) pkgs+=(systemd systemd-sysv dbus udev) ;;
   openrc) pkgs+=(sysvinit-core openrc ifupdown udev) ;;
@@ -340,7 +352,7 @@ VM_API_PORT=
 vm_new() {
   local arch=$1 init=$2
   VM_ARCH=$arch
-  VM_IMAGE=$VM_CACHE/images/$arch-$init
+  VM_IMAGE=$(vm_image_dir "$arch" "$init")
   VM_DIR=$(mktemp -d "$VM_CACHE/run.XXXXXX")
   if [[ ${VM_DISK:-} == volatile ]]; then
     go build -o "$VM_CACHE/flushdisk" ./scripts/vm/flushdisk
