@@ -54,15 +54,12 @@ func NewLab(t *testing.T) *Lab {
 func (l *Lab) NewNode(name, ip string) *Node {
 	t := l.t
 	t.Helper()
-	addr, err := netip.ParseAddr(ip)
-	if err != nil || !labNet.Contains(addr) || addr == labNet.Addr() || addr == labNet.Addr().Next() || addr.As4()[3] == 255 {
-		t.Fatalf("node address %q: want a host address of %s other than 10.99.0.1", ip, labNet)
-	}
 	for _, other := range l.nodes {
-		if other.Name == name || other.IP == ip {
-			t.Fatalf("node %s %s: the lab has node %s %s", name, ip, other.Name, other.IP)
+		if other.Name == name {
+			t.Fatalf("node %s: the lab has a node of that name", name)
 		}
 	}
+	addr := l.freeAddress(ip)
 	n := newNode(t, name, ip)
 	l.nodes = append(l.nodes, n)
 	n.makeMachine()
@@ -70,6 +67,44 @@ func (l *Lab) NewNode(name, ip string) *Node {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// freeAddress is ip, a node's new address: a host address of
+// 10.99.0.0/24 other than the gateway's that no node has.
+func (l *Lab) freeAddress(ip string) netip.Addr {
+	t := l.t
+	t.Helper()
+	addr, err := netip.ParseAddr(ip)
+	if err != nil || !labNet.Contains(addr) || addr == labNet.Addr() || addr == labNet.Addr().Next() || addr.As4()[3] == 255 {
+		t.Fatalf("node address %q: want a host address of %s other than 10.99.0.1", ip, labNet)
+	}
+	for _, other := range l.nodes {
+		if other.IP == ip {
+			t.Fatalf("address %s: the lab's node %s has it", ip, other.Name)
+		}
+	}
+	return addr
+}
+
+// Readdress gives node n of the lab the address ip in place of its own,
+// as a DHCP lease or a move to another port does to a machine: eth0 loses
+// the old address, and with it the default route, and gets ip and the
+// route back. n.IP is ip from then on.
+func (l *Lab) Readdress(n *Node, ip string) {
+	t := l.t
+	t.Helper()
+	addr := l.freeAddress(ip)
+	old := netip.PrefixFrom(netip.MustParseAddr(n.IP), labNet.Bits())
+	for _, args := range [][]string{
+		{"addr", "del", old.String(), "dev", "eth0"},
+		{"addr", "add", netip.PrefixFrom(addr, labNet.Bits()).String(), "dev", "eth0"},
+		{"route", "replace", "default", "via", labNet.Addr().Next().String(), "dev", "eth0"},
+	} {
+		if out, err := n.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("node %s: ip %v: %v\n%s", n.Name, args, err, out)
+		}
+	}
+	n.IP = ip
 }
 
 // NewDualStackNode makes a node of the lab as NewNode does, with an IPv6
