@@ -106,11 +106,7 @@ func TestServerMemberNewAddress(t *testing.T) {
 	s1, s2, s3 := lab.NewNode("server-1", "10.99.0.2"), lab.NewNode("server-2", "10.99.0.3"), lab.NewNode("server-3", "10.99.0.4")
 	s1.Start("--cluster-init")
 	s1.WaitReady(startTimeout)
-	tok, err := os.ReadFile(s1.TokenFile())
-	if err != nil {
-		t.Fatal(err)
-	}
-	joinArgs := []string{"--server", s1.URL(), "--token", strings.TrimSpace(string(tok))}
+	joinArgs := s1.JoinArgs()
 	var wg sync.WaitGroup
 	for _, s := range []*testcluster.Node{s2, s3} {
 		s.Start(joinArgs...)

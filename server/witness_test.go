@@ -35,11 +35,7 @@ func TestWitness(t *testing.T) {
 	s1, s2, w := lab.NewNode("server-1", "10.99.0.2"), lab.NewNode("server-2", "10.99.0.3"), lab.NewNode("pi", "10.99.0.4")
 	s1.Start("--cluster-init")
 	s1.WaitReady(startTimeout)
-	tok, err := os.ReadFile(s1.TokenFile())
-	if err != nil {
-		t.Fatal(err)
-	}
-	joinArgs := []string{"--server", s1.URL(), "--token", strings.TrimSpace(string(tok))}
+	joinArgs := s1.JoinArgs()
 	s2.Start(joinArgs...)
 	s2.WaitReady(2 * startTimeout)
 	w.StartWitness(s1.URL(), s1.TokenFile())

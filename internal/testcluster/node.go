@@ -249,6 +249,17 @@ func (n *Node) TokenFile() string {
 	return layout.Server(n.DataDir).Token
 }
 
+// JoinArgs are the flags that join another server to the server running
+// on n: its URL and the token it wrote.
+func (n *Node) JoinArgs() []string {
+	n.t.Helper()
+	tok, err := os.ReadFile(n.TokenFile())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return []string{"--server", n.URL(), "--token", strings.TrimSpace(string(tok))}
+}
+
 // Kubectl runs kelp's kubectl against the node with args.
 func (n *Node) Kubectl(args ...string) (string, error) {
 	n.t.Helper()
