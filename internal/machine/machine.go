@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -174,12 +175,38 @@ func clone(m map[string]string) map[string]string {
 
 // privateMounts are the shell commands that mount, over each private
 // path, an empty tmpfs or the host directory it maps to, in a stable order.
+// A path that hides the source of another is mounted after it: a cluster
+// node's /var/lib/kelp is bound from below the host's /var/lib/kelp,
+// where the sources of its kubelet root and pod logs are too.
 func privateMounts(private map[string]string) ([]string, error) {
-	paths := make([]string, 0, len(private))
+	hides := func(p string) bool {
+		for _, src := range private {
+			if src != "" && isBelow(src, p) {
+				return true
+			}
+		}
+		return false
+	}
+	var paths, hiding []string
 	for p := range private {
-		paths = append(paths, p)
+		if hides(p) {
+			hiding = append(hiding, p)
+		} else {
+			paths = append(paths, p)
+		}
 	}
 	slices.Sort(paths)
+	slices.Sort(hiding)
+	// What this order cannot serve: a path below one mounted late, or
+	// mapped from below another such path.
+	for _, p := range hiding {
+		for q, src := range private {
+			if q != p && (isBelow(q, p) || src != "" && isBelow(src, p) && hides(q)) {
+				return nil, fmt.Errorf("private path %s (from %q) is below %s, which hides sources: map them from directories outside both", q, src, p)
+			}
+		}
+	}
+	paths = append(paths, hiding...)
 	var script []string
 	for _, p := range paths {
 		// The mount point must exist on the host; an empty directory there
@@ -197,6 +224,12 @@ func privateMounts(private map[string]string) ([]string, error) {
 		}
 	}
 	return script, nil
+}
+
+// isBelow says whether path is dir or below it.
+func isBelow(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 func shellQuote(s string) string {
