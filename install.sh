@@ -625,10 +625,12 @@ set -a
 [ ! -f $(quote "$ENV_FILE") ] || . $(quote "$ENV_FILE")
 set +a
 
+# Only soft dependencies: Debian's OpenRC has no localmount service (its
+# mounts are done by the LSB scripts), and a need of one it lacks keeps
+# kelp from starting at all.
 depend() {
-    need localmount
     want cgroups
-    after net-online
+    after localmount net-online
 }
 
 start_pre() {

@@ -269,6 +269,15 @@ command -v depend >/dev/null && command -v start_pre >/dev/null && echo function
 	if got != want {
 		t.Errorf("init script gives\n%s\nwant\n%s", got, want)
 	}
+	// Soft dependencies only: a need of a service the distribution lacks
+	// (Debian's OpenRC has no localmount) keeps kelp from starting.
+	deps := s.sh(`need() { echo need "$@"; }; use() { echo use "$@"; }; want() { echo want "$@"; }
+after() { echo after "$@"; }; before() { echo before "$@"; }
+. ` + script + `
+depend`)
+	if want := "want cgroups\nafter localmount net-online\n"; deps != want {
+		t.Errorf("depend() declares\n%swant\n%s", deps, want)
+	}
 	if out, err := exec.Command("sh", "-n", s.hostPath(script)).CombinedOutput(); err != nil {
 		t.Errorf("sh -n %s: %v\n%s", script, err, out)
 	}
