@@ -288,7 +288,8 @@ gha_install() { VM_INSTALL_ENV=INSTALL_KELP_SKIP_ENABLE=true install_kelp; }
 gha_create() {
   vm_scp "$VM_CACHE/testapp-$arch/testapp.tar" /root/app.tar || return 1
   vm_ssh 'kelp cluster create ci --agents 2 --image /root/app.tar --wait 30m >/root/create.log 2>&1' || {
-    vm_ssh 'tail -n 30 /root/create.log' >&2
+    vm_ssh 'tail -n 30 /root/create.log; for l in /var/lib/kelp/clusters/ci/nodes/*/kelp.log; do
+      echo "== $l"; grep "^kelp: \|level=fatal\|level=error" "$l" | tail -n 15; done' >&2
     return 1
   }
   vm_ssh 'kelp cluster kubeconfig ci >/root/kubeconfig &&
